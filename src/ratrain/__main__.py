@@ -1,0 +1,5 @@
+import sys
+
+from ratrain.cli import main
+
+sys.exit(main())

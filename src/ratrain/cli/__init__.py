@@ -1,0 +1,58 @@
+"""`ratrain` command line. Each subcommand lives in its own module with
+`add_arguments(parser)` and `run(args) -> int`; this package is the only place that
+imports every layer. User mistakes (`RatrainError`) print one line and exit non-zero."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ratrain.errors import RatrainError
+
+__all__ = ["main", "COMMANDS"]
+
+COMMANDS = {
+    "train": "train a model (default: a tiny model on the synthetic source, CPU, ~1 minute)",
+    "simulate": "simulate one training step of a plan: step time, memory per stage, trace",
+    "plan": "search the fastest configuration that fits the memory cap",
+    "verify": "compare losses of the reference trainer, Baseline-1F1B and RATrain",
+    "bench": "benchmarks (bench paper: the paper's evaluation by simulation)",
+}
+
+
+def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
+    parser = argparse.ArgumentParser(prog="ratrain", description="Resource-aware LLM training runtime (RATrain).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Only the chosen subcommand's module is imported, so `ratrain simulate` never loads torch.
+    chosen = next((a for a in argv if a in COMMANDS), None)
+    module = None
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = importlib.import_module(f"ratrain.cli.{name}")
+            module.add_arguments(p)
+    return parser, module
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        argv = ["train"]  # the built-in default job
+    parser, module = _build_parser(argv)
+    args = parser.parse_args(argv)
+    if module is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(module.run(args) or 0)
+    except RatrainError as e:
+        print(f"ratrain {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"ratrain {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The backend interface and its registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from ratrain.errors import RatrainError
+
+__all__ = ["Backend", "register_backend", "get_backend", "available_backends"]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """y = x @ weightᵀ + bias. x: (..., k), weight: (n, k) -> (..., n)."""
+        ...
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool = True,
+        alibi_slopes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Scaled dot-product attention with scale 1/sqrt(head_dim).
+
+        q: (B, nh, T, hs); k, v: (B, nkv, T, hs) with nkv dividing nh (GQA: query head i
+        reads kv head i // (nh // nkv)). alibi_slopes: (nh,) or None; when given, the score
+        of query i for key j gets slopes[h] * (j - i) added before the softmax.
+        Returns (B, nh, T, hs).
+        """
+        ...
+
+
+_REGISTRY: dict[str, Callable[[], Backend]] = {}
+
+
+def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+    _REGISTRY[name] = factory
+
+
+def _load_builtin() -> None:
+    # Imported lazily so that `ratrain.kernels` costs nothing until a backend is asked for.
+    import ratrain.kernels.torch_backend  # noqa: F401
+
+    try:
+        import ratrain.kernels.tiled  # noqa: F401
+    except ImportError:
+        pass
+
+
+def available_backends() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def get_backend(name: str | Backend = "torch") -> Backend:
+    if not isinstance(name, str):
+        return name
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise RatrainError(f"unknown backend {name!r}; choose one of {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]()

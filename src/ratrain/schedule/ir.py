@@ -1,0 +1,178 @@
+"""The schedule IR: per stage, an ordered list of actions with explicit dependencies.
+
+One IR, three readers: the memory ledger replays it, the simulator times it, the runtime
+executes it. Pure Python (no torch).
+
+Layers are named by *unit* (see `ratrain.models.counts`): 0 the embedding, 1..L the
+blocks, L+1 the head. Text form, for debugging (after torch.distributed.pipelining's
+`2F0`, `1SEND_B3`): ``{stage}{OP}{mb}`` with ``@{unit}`` for layer-level actions and
+``@{first}-{last}`` for actions that cover several units, e.g.
+
+    1F3@5        stage 1, forward of unit 5, microbatch 3
+    0SEND_F3@4   stage 0 sends unit 4's output activation of microbatch 3
+    2SYNC@7      stage 2 starts the gradient sync of unit 7
+    0UPD@0-4     stage 0 updates units 0..4 (stage-wide optimizer step)
+    1NORM        stage 1 joins the global gradient-norm reduction
+
+Dependencies are explicit: `Schedule.deps[a]` lists the actions (on any stage) that must
+complete before `a` may start. Program order within a stage is also an order: actions
+of one stage on the same resource run in list order.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+__all__ = ["Op", "Resource", "Action", "Schedule", "format_action", "parse_action"]
+
+
+class Op(enum.Enum):
+    F = "F"  # forward of (unit, mb)
+    B = "B"  # backward of (unit, mb)
+    SEND_F = "SEND_F"  # activation to the next stage
+    RECV_F = "RECV_F"  # activation from the previous stage
+    SEND_B = "SEND_B"  # activation gradient to the previous stage
+    RECV_B = "RECV_B"  # activation gradient from the next stage
+    GRAD_SYNC = "SYNC"  # all-reduce (or reduce-scatter when sharded) of units' gradients over DP
+    UPDATE = "UPD"  # optimizer step of units
+    VIEW_FETCH = "VF"  # materialise the compute-dtype view (cast, or all-gather of shards)
+    VIEW_DROP = "VD"  # release the view
+    RECOMPUTE = "RC"  # recompute (unit, mb)'s activations from its input checkpoint
+    OFFLOAD = "OFF"  # move (unit, mb)'s checkpoint to the host tier
+    RELOAD = "REL"  # bring it back
+    GRAD_NORM = "NORM"  # global squared-gradient-norm reduction (clipping)
+    OVERFLOW = "OVF"  # global fp16 overflow check
+
+
+class Resource(enum.Enum):
+    """What an action occupies while it runs (the simulator's resources per stage)."""
+
+    COMPUTE = "compute"
+    COPY = "copy"  # DMA / tier moves
+    DP_NET = "dp_net"  # collectives over the data-parallel group
+    P2P = "p2p"  # stage-to-stage links
+    NONE = "none"  # bookkeeping (VIEW_DROP)
+
+
+_MB_OPS = {Op.F, Op.B, Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B, Op.RECOMPUTE, Op.OFFLOAD, Op.RELOAD}
+_RESOURCE = {
+    Op.F: Resource.COMPUTE,
+    Op.B: Resource.COMPUTE,
+    Op.RECOMPUTE: Resource.COMPUTE,
+    Op.UPDATE: Resource.COMPUTE,
+    Op.SEND_F: Resource.P2P,
+    Op.RECV_F: Resource.P2P,
+    Op.SEND_B: Resource.P2P,
+    Op.RECV_B: Resource.P2P,
+    Op.GRAD_SYNC: Resource.DP_NET,
+    Op.GRAD_NORM: Resource.DP_NET,
+    Op.OVERFLOW: Resource.DP_NET,
+    Op.OFFLOAD: Resource.COPY,
+    Op.RELOAD: Resource.COPY,
+    Op.VIEW_FETCH: Resource.COPY,  # a cast on the copy engine; an all-gather when sharded (see lowerings)
+    Op.VIEW_DROP: Resource.NONE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    op: Op
+    stage: int
+    units: tuple[int, ...] = ()
+    """The units the action touches: one for layer-level actions, several for bucketed or
+    stage-wide ones, none for global reductions."""
+    mb: int | None = None
+
+    def __post_init__(self) -> None:
+        assert (self.mb is not None) == (self.op in _MB_OPS), f"{self.op} mb={self.mb}"
+
+    @property
+    def unit(self) -> int:
+        """The single unit of a layer-level action."""
+        assert len(self.units) == 1, f"{format_action(self)} covers {self.units}"
+        return self.units[0]
+
+    @property
+    def resource(self) -> Resource:
+        return _RESOURCE[self.op]
+
+    def __str__(self) -> str:
+        return format_action(self)
+
+    def __repr__(self) -> str:
+        return f"<{format_action(self)}>"
+
+
+def _units_text(units: tuple[int, ...]) -> str:
+    if not units:
+        return ""
+    if len(units) == 1:
+        return f"@{units[0]}"
+    if units == tuple(range(units[0], units[-1] + 1)):
+        return f"@{units[0]}-{units[-1]}"
+    return "@" + ",".join(map(str, units))
+
+
+def format_action(a: Action) -> str:
+    mb = "" if a.mb is None else str(a.mb)
+    return f"{a.stage}{a.op.value}{mb}{_units_text(a.units)}"
+
+
+_BY_VALUE = sorted(Op, key=lambda o: -len(o.value))  # longest first: SEND_F before F
+
+
+def parse_action(text: str) -> Action:
+    """Inverse of `format_action`."""
+    i = 0
+    while i < len(text) and text[i].isdigit():
+        i += 1
+    if i == 0:
+        raise ValueError(f"action {text!r}: no stage number")
+    stage, rest = int(text[:i]), text[i:]
+    for op in _BY_VALUE:
+        if rest.startswith(op.value):
+            rest = rest[len(op.value) :]
+            break
+    else:
+        raise ValueError(f"action {text!r}: unknown op")
+    mb_text, _, units_text = rest.partition("@")
+    units: tuple[int, ...] = ()
+    if units_text:
+        if "-" in units_text:
+            lo, hi = units_text.split("-")
+            units = tuple(range(int(lo), int(hi) + 1))
+        else:
+            units = tuple(int(u) for u in units_text.split(","))
+    return Action(op, stage, units, int(mb_text) if mb_text else None)
+
+
+@dataclass
+class Schedule:
+    """Per-stage ordered action lists plus explicit dependencies."""
+
+    stages: list[list[Action]]
+    deps: dict[Action, tuple[Action, ...]] = field(default_factory=dict)
+    kind: str = ""
+    """Which lowering produced it: baseline | gpu-style | ratrain."""
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    def actions(self) -> Iterator[Action]:
+        for acts in self.stages:
+            yield from acts
+
+    def deps_of(self, a: Action) -> tuple[Action, ...]:
+        return self.deps.get(a, ())
+
+    def add_dep(self, a: Action, *before: Action) -> None:
+        self.deps[a] = self.deps.get(a, ()) + tuple(before)
+
+    def text(self, stage: int | None = None) -> str:
+        """One line per stage: its actions in order, in text form."""
+        rows: Iterable[int] = range(self.pp) if stage is None else (stage,)
+        return "\n".join(" ".join(format_action(a) for a in self.stages[s]) for s in rows)
