@@ -15,8 +15,21 @@ blocks, L+1 the head. Text form, for debugging (after torch.distributed.pipelini
     1NORM        stage 1 joins the global gradient-norm reduction
 
 Dependencies are explicit: `Schedule.deps[a]` lists the actions (on any stage) that must
-complete before `a` may start. Program order within a stage is also an order: actions
-of one stage on the same resource run in list order.
+complete before `a` may start.
+
+Execution semantics (shared by the simulator and the runtime, so predictions mean what
+runs): each stage walks its list in order with one issuing thread.
+- COMPUTE actions (F, B, RECOMPUTE, UPDATE) block the walk: one runs at a time, and it
+  starts when its deps have completed.
+- Every other action is *issued* asynchronously when the walk reaches it and runs on its
+  resource (P2P, DP_NET, COPY) in issue order (FIFO per resource), starting when the
+  resource is free and its deps have completed; the walk goes on at once.
+- So a stage waits for an async action only where a later action depends on it: a
+  lowering places, e.g., UPDATE(l) at the point in the list where it expects the sync
+  of l to have landed.
+- Global reductions (NORM, OVF) are one collective over all stages (and DP replicas):
+  each stage's instance starts when every stage's instance has been issued and its deps
+  have completed.
 """
 
 from __future__ import annotations
