@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Tier", "Link", "Platform"]
+__all__ = ["Tier", "Link", "Platform", "PLATFORM_PRESETS", "load"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +83,7 @@ class Platform:
     @property
     def main_memory(self) -> Tier:
         return self.tiers[-1]
+
+
+# After the dataclasses: the loader builds them.
+from ratrain.platforms.load import PLATFORM_PRESETS, load  # noqa: E402

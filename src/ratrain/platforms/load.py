@@ -1,0 +1,212 @@
+"""Read a platform file (YAML, schema in `ratrain.platforms`) into a `Platform`.
+
+Every number in a platform file is a mapping ``{value: ..., note: ...}`` whose note says
+where the value comes from: ``sourced: <where>``, ``derived: <how>`` (arithmetic on
+sourced or assumed figures) or ``assumed: <why>``. A value without such a note is an error:
+a cost model is only as good as what it can say about its constants.
+
+Sizes are bytes, bandwidths bytes/s, times seconds. Link bandwidths are what *one* compute
+unit gets when every unit of its node communicates at once (a shared NIC is divided by the
+units that share it). The last tier is main memory; its bandwidth is main memory's
+streaming bandwidth (what memory-bound work such as the optimizer step sees).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import yaml
+
+from ratrain.errors import RatrainError
+from ratrain.platforms import Link, Platform, Tier
+
+__all__ = ["PLATFORM_PRESETS", "COLLECTIVE_ALGORITHMS", "load"]
+
+_DIR = Path(__file__).parent
+PLATFORM_PRESETS = ("mt3000", "a100-80g", "h100-80g", "cpu-local")
+COLLECTIVE_ALGORITHMS = ("ring", "tree", "hierarchical")
+_NOTE_PREFIXES = ("sourced", "derived", "assumed")
+_TOP = {
+    "name",
+    "description",
+    "usable_memory_bytes",
+    "workspace_bytes",
+    "compute",
+    "tiers",
+    "host",
+    "network",
+}
+_LINK = ("bandwidth_bytes_per_s", "latency_s", "efficiency")
+_TIER = ("capacity_bytes", "bandwidth_bytes_per_s", "latency_s", "copies")
+
+
+class _Reader:
+    """Walks the parsed YAML, collecting provenance notes and raising one-line errors."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.notes: dict[str, str] = {}
+
+    def fail(self, msg: str) -> RatrainError:
+        return RatrainError(f"platform {self.source}: {msg}")
+
+    def section(self, d: dict, key: str, path: str) -> dict:
+        if key not in d:
+            raise self.fail(f"missing field {path + key}")
+        v = d[key]
+        if not isinstance(v, dict):
+            raise self.fail(f"{path + key} must be a mapping")
+        return v
+
+    def raw(self, d: dict, key: str, path: str):
+        """The `{value, note}` entry at d[key]: returns the value, records the note."""
+        dotted = path + key
+        if key not in d:
+            raise self.fail(f"missing field {dotted}")
+        entry = d[key]
+        if not isinstance(entry, dict) or "value" not in entry:
+            raise self.fail(
+                f"{dotted} must be {{value: ..., note: 'sourced: ...' or 'assumed: ...'}}"
+            )
+        note = entry.get("note")
+        if not isinstance(note, str) or not note.strip().lower().startswith(_NOTE_PREFIXES):
+            raise self.fail(
+                f"{dotted} has no provenance note; add note: 'sourced: <where>' or 'assumed: <why>'"
+            )
+        extra = set(entry) - {"value", "note"}
+        if extra:
+            raise self.fail(f"{dotted}: unknown key(s) {sorted(extra)}; expected value and note")
+        self.notes[dotted] = note.strip()
+        return entry["value"]
+
+    def number(
+        self, d: dict, key: str, path: str, *, integer: bool = False, upper: float | None = None
+    ):
+        v = self.raw(d, key, path)
+        dotted = path + key
+        if isinstance(v, str):  # YAML 1.1 reads 20.0e9 (no exponent sign) as a string
+            try:
+                v = float(v)
+            except ValueError:
+                raise self.fail(f"{dotted} must be a number, got {v!r}") from None
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise self.fail(f"{dotted} must be a number, got {v!r}")
+        if not v > 0:
+            raise self.fail(f"{dotted} must be positive, got {v!r}")
+        if upper is not None and v > upper:
+            raise self.fail(f"{dotted} must be at most {upper}, got {v!r}")
+        if integer:
+            if float(v) != int(v):
+                raise self.fail(f"{dotted} must be a whole number, got {v!r}")
+            return int(v)
+        return float(v)
+
+    def link(self, d: dict, key: str, path: str) -> Link:
+        sec = self.section(d, key, path)
+        p = f"{path}{key}."
+        return Link(
+            bandwidth_bytes_per_s=self.number(sec, "bandwidth_bytes_per_s", p),
+            latency_s=self.number(sec, "latency_s", p),
+            efficiency=self.number(sec, "efficiency", p, upper=1.0) if "efficiency" in sec else 1.0,
+        )
+
+    def tier(self, t, i: int) -> Tier:
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise self.fail(f"tiers[{i}] must be a mapping with a name")
+        p = f"tiers.{t['name']}."
+        unknown = set(t) - {"name", *_TIER}
+        if unknown:
+            raise self.fail(
+                f"{p[:-1]}: unknown field(s) {sorted(unknown)}; known: name, {', '.join(_TIER)}"
+            )
+        return Tier(
+            name=t["name"],
+            capacity_bytes=self.number(t, "capacity_bytes", p, integer=True),
+            bandwidth_bytes_per_s=self.number(t, "bandwidth_bytes_per_s", p),
+            latency_s=self.number(t, "latency_s", p),
+            copies=self.number(t, "copies", p, integer=True) if "copies" in t else 1,
+        )
+
+
+def _parse(data, source: str) -> Platform:
+    r = _Reader(source)
+    if not isinstance(data, dict):
+        raise r.fail("expected a mapping at the top level")
+    unknown = set(data) - _TOP
+    if unknown:
+        raise r.fail(f"unknown field(s) {sorted(unknown)}; known: {', '.join(sorted(_TOP))}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise r.fail("missing field name")
+    compute = r.section(data, "compute", "")
+    peaks = r.section(compute, "peak_flops", "compute.")
+    peak_flops = {dt: r.number(peaks, dt, "compute.peak_flops.") for dt in ("fp16", "bf16", "fp32")}
+    tiers_raw = data.get("tiers")
+    if not isinstance(tiers_raw, list) or not tiers_raw:
+        raise r.fail("tiers must be a non-empty list, fastest first, main memory last")
+    tiers = tuple(r.tier(t, i) for i, t in enumerate(tiers_raw))
+    if len({t.name for t in tiers}) != len(tiers):
+        raise r.fail("tier names must be unique")
+    net = r.section(data, "network", "")
+    algorithm = r.raw(net, "algorithm", "network.")
+    if algorithm not in COLLECTIVE_ALGORITHMS:
+        raise r.fail(
+            f"unknown collective algorithm {algorithm!r}; choose one of {', '.join(COLLECTIVE_ALGORITHMS)}"
+        )
+    host = r.section(data, "host", "")
+    usable = r.number(data, "usable_memory_bytes", "", integer=True)
+    workspace = r.number(data, "workspace_bytes", "", integer=True)
+    if workspace >= usable:
+        raise r.fail(f"workspace_bytes ({workspace}) must be below usable_memory_bytes ({usable})")
+    return Platform(
+        name=name,
+        usable_memory_bytes=usable,
+        workspace_bytes=workspace,
+        peak_flops=peak_flops,
+        efficiency=r.number(compute, "efficiency", "compute.", upper=1.0),
+        tiers=tiers,
+        host=Link(
+            bandwidth_bytes_per_s=r.number(host, "bandwidth_bytes_per_s", "host."),
+            latency_s=r.number(host, "latency_s", "host."),
+        ),
+        intra_node=r.link(net, "intra_node", "network."),
+        inter_node=r.link(net, "inter_node", "network."),
+        units_per_node=r.number(net, "units_per_node", "network.", integer=True),
+        collective_algorithm=algorithm,
+        notes=r.notes,
+        description=str(data.get("description", "")).strip(),
+    )
+
+
+def _read(path: Path) -> Platform:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise RatrainError(f"platform {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except OSError as e:
+        raise RatrainError(f"platform {path}: cannot read it ({e.strerror})") from None
+    return _parse(data, str(path))
+
+
+@functools.cache
+def _preset(name: str) -> Platform:
+    return _read(_DIR / f"{name}.yaml")
+
+
+def load(name_or_path: str | Path | Platform) -> Platform:
+    """A preset name (see `PLATFORM_PRESETS`), a path to a platform YAML file, or a `Platform`."""
+    if isinstance(name_or_path, Platform):
+        return name_or_path
+    text = str(name_or_path)
+    if text in PLATFORM_PRESETS:
+        return _preset(text)
+    p = Path(text)
+    if p.is_file():
+        return _read(p)
+    if p.suffix in (".yaml", ".yml", ".json") or "/" in text:
+        raise RatrainError(f"platform file {text!r} not found")
+    raise RatrainError(
+        f"unknown platform preset {text!r}; choose one of {', '.join(PLATFORM_PRESETS)} "
+        "or pass a path to a platform YAML file"
+    )
