@@ -1,0 +1,64 @@
+"""Token sources: deterministic, random-access, shardable by data-parallel replica.
+
+    source = make_source("synthetic", spec, seq=64, seed=0)   # or a .txt/.jsonl/.bin path
+    batches = Batches.from_plan(source, plan)
+    inputs, targets = batches.batch(step, micro, dp_rank)      # (micro_batch, seq) int64 each
+
+See `ratrain.data.base` for the map from (step, microbatch, replica) to sequences.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ratrain.data.base import Batches, TokenSource, WindowSource
+from ratrain.data.binfile import BIN_SUFFIXES, BinSource
+from ratrain.data.synthetic import SyntheticSource
+from ratrain.data.text import TextSource
+from ratrain.errors import RatrainError
+from ratrain.models.spec import ModelSpec
+
+__all__ = [
+    "Batches",
+    "TokenSource",
+    "WindowSource",
+    "SyntheticSource",
+    "TextSource",
+    "BinSource",
+    "make_source",
+]
+
+TEXT_SUFFIXES = (".txt", ".jsonl", ".text", ".md")
+
+
+def make_source(
+    kind_or_path: str | Path,
+    spec: ModelSpec,
+    seq: int,
+    seed: int = 0,
+    *,
+    tokenizer: str | Path | None = None,
+    dtype: str | None = None,
+    branching: int = 4,
+) -> TokenSource:
+    """The source named by `kind_or_path`.
+
+    "synthetic": the Markov-chain source; a .txt/.jsonl path: text tokenized with `tokenizer`
+    (else bytes); a .bin/.u16/.u32 path (or any path with `dtype`): a token file.
+    """
+    if str(kind_or_path) == "synthetic":
+        return SyntheticSource(spec.vocab, seq, seed, branching=branching)
+    path = Path(kind_or_path)
+    if not path.exists():
+        raise RatrainError(
+            f"data: {str(path)!r} not found; pass --data synthetic or an existing "
+            ".txt, .jsonl or token (.bin/.u16/.u32) file"
+        )
+    if path.suffix.lower() in TEXT_SUFFIXES:
+        return TextSource(path, spec.vocab, seq, seed, tokenizer=tokenizer)
+    if dtype is not None or path.suffix.lower() in BIN_SUFFIXES:
+        return BinSource(path, spec.vocab, seq, seed, dtype=dtype)
+    raise RatrainError(
+        f"data: cannot tell what {str(path)!r} holds; name it *.txt or *.jsonl (text) or "
+        "*.bin/*.u16/*.u32 (token ids), or pass --data-dtype for a token file"
+    )
