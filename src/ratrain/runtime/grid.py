@@ -1,0 +1,207 @@
+"""The process grid: pp x dp ranks, their layout, validation and process groups.
+
+Layout: `rank = replica * pp + stage`, i.e. `arange(world).view(dp, pp)` (picotron's
+order). The stages of one pipeline replica are neighbouring ranks, so the stage-to-stage
+links of a replica stay inside a node when a node holds a whole pipeline, and each DP group
+(one per stage) strides across replicas.
+
+One `ParallelGrid` owns the degrees, the rank's coordinates and every process group; the
+executor and the trainer receive it explicitly (no global state besides torch.distributed's
+default group, which `ParallelGrid.init` creates and `destroy` tears down).
+
+Rendezvous comes from the environment: torchrun's RANK / WORLD_SIZE / LOCAL_RANK /
+MASTER_ADDR / MASTER_PORT, or Slurm's SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (with
+MASTER_ADDR / MASTER_PORT exported by the job script). `ratrain train --nproc N` spawns its
+own local ranks (see `ratrain.runtime.launch`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ratrain.errors import RatrainError
+
+__all__ = [
+    "Rendezvous",
+    "ParallelGrid",
+    "rank_layout",
+    "rendezvous_from_env",
+    "DEFAULT_TIMEOUT_S",
+]
+
+DEFAULT_TIMEOUT_S = 120.0
+"""Rendezvous and collective timeout: a missing rank fails the job instead of hanging it."""
+
+
+def rank_layout(pp: int, dp: int) -> list[list[int]]:
+    """mesh[replica][stage] -> global rank (`arange(pp * dp).view(dp, pp)`)."""
+    return [[r * pp + s for s in range(pp)] for r in range(dp)]
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where this process sits in the job and how to find the others."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+    @property
+    def init_method(self) -> str:
+        return f"tcp://{self.master_addr}:{self.master_port}"
+
+
+def _env_int(env: Mapping[str, str], key: str) -> int:
+    try:
+        return int(env[key])
+    except ValueError:
+        raise RatrainError(f"environment: {key}={env[key]!r} is not an integer") from None
+
+
+def rendezvous_from_env(env: Mapping[str, str] | None = None) -> Rendezvous | None:
+    """The rendezvous of a launched job (torchrun or Slurm), or None outside one."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank, world = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
+        local = _env_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank, world = _env_int(env, "SLURM_PROCID"), _env_int(env, "SLURM_NTASKS")
+        local = _env_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else rank
+    else:
+        return None
+    if world < 1 or not 0 <= rank < world:
+        raise RatrainError(f"environment: rank {rank} is outside a world of {world} processes")
+    addr = env.get("MASTER_ADDR")
+    if not addr and world > 1:
+        raise RatrainError(
+            "environment: MASTER_ADDR is not set; export the address of rank 0 "
+            "(torchrun sets it; in Slurm scripts use the first host of $SLURM_JOB_NODELIST)"
+        )
+    port = _env_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
+    return Rendezvous(rank, world, local, addr or "127.0.0.1", port)
+
+
+def _pick_device(local_rank: int, device: str | None) -> torch.device:
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RatrainError(
+                "device cuda requested but no CUDA device is visible; use --device cpu"
+            )
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device(device)
+
+
+class ParallelGrid:
+    """pp x dp ranks; this rank's (stage, replica); the DP groups and neighbours."""
+
+    def __init__(self, pp: int, dp: int, rank: int, world_size: int, device: torch.device):
+        if pp * dp != world_size:
+            raise RatrainError(
+                f"world size {world_size} != pp x dp = {pp} x {dp} = {pp * dp}; "
+                f"launch {pp * dp} processes or change --pp/--dp"
+            )
+        assert 0 <= rank < world_size, (rank, world_size)
+        self.pp, self.dp, self.rank, self.world_size = pp, dp, rank, world_size
+        self.device = device
+        self.mesh = rank_layout(pp, dp)
+        self.replica, self.stage = divmod(rank, pp)
+        self.dp_group: dist.ProcessGroup | None = None
+        self._owns_default_group = False
+
+    # -- coordinates ----------------------------------------------------------------------
+    def rank_of(self, stage: int, replica: int | None = None) -> int:
+        return self.mesh[self.replica if replica is None else replica][stage]
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.stage == self.pp - 1
+
+    @property
+    def prev_rank(self) -> int | None:
+        return None if self.is_first_stage else self.rank_of(self.stage - 1)
+
+    @property
+    def next_rank(self) -> int | None:
+        return None if self.is_last_stage else self.rank_of(self.stage + 1)
+
+    @property
+    def dp_ranks(self) -> list[int]:
+        return [self.mesh[r][self.stage] for r in range(self.dp)]
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+    def __repr__(self) -> str:
+        return (
+            f"ParallelGrid(pp={self.pp}, dp={self.dp}, rank={self.rank}, stage={self.stage}, "
+            f"replica={self.replica}, device={self.device})"
+        )
+
+    # -- process groups -------------------------------------------------------------------
+    @classmethod
+    def init(
+        cls,
+        pp: int,
+        dp: int,
+        rdzv: Rendezvous,
+        *,
+        device: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> ParallelGrid:
+        """Join the job's default group (rendezvous) and build the DP groups."""
+        dev = _pick_device(rdzv.local_rank, device)
+        grid = cls(pp, dp, rdzv.rank, rdzv.world_size, dev)  # validates before connecting
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        if not dist.is_initialized():
+            _init_default_group(grid.backend, rdzv, timeout_s)
+            grid._owns_default_group = True
+        grid._build_groups(timeout_s)
+        return grid
+
+    def _build_groups(self, timeout_s: float) -> None:
+        # Every rank creates every group, in the same order (torch.distributed requires it).
+        timeout = datetime.timedelta(seconds=timeout_s)
+        for s in range(self.pp):
+            ranks = [self.mesh[r][s] for r in range(self.dp)]
+            group = dist.new_group(ranks, timeout=timeout) if self.dp > 1 else None
+            if s == self.stage:
+                self.dp_group = group
+
+    def destroy(self) -> None:
+        if self._owns_default_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_default_group = False
+
+
+def _init_default_group(backend: str, rdzv: Rendezvous, timeout_s: float) -> None:
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=rdzv.init_method,
+            rank=rdzv.rank,
+            world_size=rdzv.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    except (dist.DistError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RatrainError(
+            f"rendezvous at {rdzv.master_addr}:{rdzv.master_port} failed for rank {rdzv.rank} of "
+            f"{rdzv.world_size} within {timeout_s:g} s ({first}); check MASTER_ADDR/MASTER_PORT and "
+            "that every rank was started"
+        ) from None

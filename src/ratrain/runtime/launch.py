@@ -1,0 +1,156 @@
+"""Local launcher: spawn N ranks on this machine and bring back what each returns.
+
+`spawn(fn, nprocs, *args)` starts `fn(rdzv, *args)` in `nprocs` fresh processes with a free
+127.0.0.1 port as the rendezvous, waits for them with a deadline, and returns the list of
+their return values, rank order.
+
+Ranks are forked from a fork server that has imported torch once (the parent's own torch
+state is never inherited): a 4-rank job starts in well under a second after the first,
+instead of ~3 s of `import torch` per rank per job with the plain "spawn" method.
+
+No hangs: if any rank fails, the others are terminated; if the deadline passes, all are. A
+`RatrainError` raised in a rank comes back as the same one-line `RatrainError` in the
+parent; any other failure as a `RuntimeError` carrying the failing rank's traceback tail.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
+
+from ratrain.errors import RatrainError
+from ratrain.runtime.grid import Rendezvous
+
+__all__ = ["free_port", "spawn", "DEFAULT_DEADLINE_S"]
+
+DEFAULT_DEADLINE_S = 3600.0
+_PRELOAD = ["torch", "torch.distributed", "ratrain.runtime.launch"]
+
+
+def _start_method() -> str:
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.set_forkserver_preload(_PRELOAD)
+    return "forkserver"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(
+    local_rank: int,
+    fn: Callable[..., Any],
+    nprocs: int,
+    port: int,
+    out_dir: str,
+    threads: int,
+    args: tuple,
+) -> None:
+    torch.set_num_threads(threads)
+    rdzv = Rendezvous(local_rank, nprocs, local_rank, "127.0.0.1", port)
+    out = Path(out_dir) / f"rank{local_rank}.pkl"
+    try:
+        result = {"ok": fn(rdzv, *args)}
+    except RatrainError as e:
+        result, code = {"user_error": str(e), "t": time.time()}, 2
+    except Exception:
+        result, code = {"error": traceback.format_exc(), "t": time.time()}, 1
+    else:
+        code = 0
+    out.write_bytes(pickle.dumps(result))
+    if code:
+        raise SystemExit(code)
+
+
+def _threads_per_rank(nprocs: int) -> int:
+    if "OMP_NUM_THREADS" in os.environ:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    return max(1, (os.cpu_count() or 1) // nprocs)
+
+
+def spawn(
+    fn: Callable[..., Any],
+    nprocs: int,
+    *args: Any,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+) -> list[Any]:
+    """Run `fn(rdzv, *args)` on `nprocs` local ranks; their return values, rank order."""
+    if nprocs < 1:
+        raise RatrainError(f"--nproc must be >= 1, got {nprocs}")
+    with tempfile.TemporaryDirectory(prefix="ratrain-ranks-") as out_dir:
+        port = free_port()
+        threads = _threads_per_rank(nprocs)
+        ctx = mp.start_processes(
+            _child,
+            args=(fn, nprocs, port, out_dir, threads, args),
+            nprocs=nprocs,
+            join=False,
+            start_method=_start_method(),
+        )
+        failure = _join(ctx, deadline_s)
+        results = _read_results(Path(out_dir), nprocs)
+    if failure is not None or any(r is None or "ok" not in r for r in results):
+        _raise_failure(results, failure)
+    return [r["ok"] for r in results]
+
+
+def _join(ctx: mp.ProcessContext, deadline_s: float) -> str | None:
+    """Wait for every rank; a failure description, or None when all exited cleanly."""
+    end = time.monotonic() + deadline_s
+    try:
+        while not ctx.join(timeout=0.2):
+            if time.monotonic() > end:
+                _terminate(ctx)
+                return f"ranks did not finish within {deadline_s:g} s and were stopped"
+    except ProcessException as e:  # one rank failed; join already stopped the others
+        _terminate(ctx)
+        return str(e).strip().splitlines()[0]
+    return None
+
+
+def _terminate(ctx: mp.ProcessContext) -> None:
+    for p in ctx.processes:
+        if p.is_alive():
+            p.terminate()
+    for p in ctx.processes:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+
+
+def _read_results(out_dir: Path, nprocs: int) -> list[dict | None]:
+    results: list[dict | None] = []
+    for r in range(nprocs):
+        f = out_dir / f"rank{r}.pkl"
+        results.append(pickle.loads(f.read_bytes()) if f.exists() else None)
+    return results
+
+
+def _raise_failure(results: list[dict | None], failure: str | None) -> None:
+    # A user mistake is reported as such (every rank usually finds the same one); otherwise
+    # the earliest crash, since later ones are often its consequence (a peer went away).
+    user = [(r["t"], r["user_error"]) for r in results if r and "user_error" in r]
+    if user:
+        raise RatrainError(min(user)[1])
+    crashes = sorted((r["t"], i, r["error"]) for i, r in enumerate(results) if r and "error" in r)
+    if crashes:
+        _, rank, tb = crashes[0]
+        tail = "\n".join(tb.strip().splitlines()[-12:])
+        raise RuntimeError(f"rank {rank} failed:\n{tail}")
+    raise RuntimeError(failure or "a rank exited without a result")
