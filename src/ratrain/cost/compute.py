@@ -1,0 +1,192 @@
+"""Kernel time: the only place where ratrain decides how long a GEMM or an attention takes.
+
+Every compute action is a sum over kernels (`unit_kernels`), and every kernel's time comes
+from `gemm_time_s` or `attention_time_s` (plus memory-bound passes such as the embedding
+gather, timed by `memory_pass_time_s`). Both return ``(time_s, bound)``:
+
+- ``"flat"``: FLOPs / (peak[dtype] x efficiency), the platform's flat efficiency;
+- ``"compute"`` / ``"dma"``: from a tile-level model of the on-chip tiers, when one applies.
+
+A tile-level model plugs in as the module `ratrain.cost.tiling` exposing
+``applies(platform) -> bool`` and ``gemm_time_s`` / ``attention_time_s`` with the
+signatures below; when it is absent or does not apply, the flat model is used.
+
+FLOPs follow `ratrain.models.counts` (matmul FLOPs only, 2·m·n·k per GEMM; element-wise
+work is left out, as in Narayanan et al. 2021 §5.1), except that a causal attention kernel
+is charged half of the full s×s products it would do without the mask (flash-style kernels
+skip the masked tiles). Pure Python.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+
+from ratrain.config import DTYPE_BYTES
+from ratrain.models import counts
+from ratrain.models.spec import ModelSpec
+from ratrain.platforms import Platform
+
+__all__ = [
+    "Kernel",
+    "flat_time_s",
+    "gemm_time_s",
+    "attention_time_s",
+    "attention_flops",
+    "memory_pass_time_s",
+    "unit_kernels",
+    "kernels_time_s",
+]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a compute action: a GEMM (m, n, k), an attention, or a memory pass."""
+
+    kind: str  # "gemm" | "attention" | "memory"
+    name: str
+    args: tuple
+    """gemm: (m, n, k); attention: (batch, heads, kv_heads, seq, head_dim, causal, backward);
+    memory: (bytes,)."""
+
+    @property
+    def flops(self) -> int:
+        if self.kind == "gemm":
+            m, n, k = self.args
+            return 2 * m * n * k
+        if self.kind == "attention":
+            b, h, _, s, d, causal, backward = self.args
+            return attention_flops(b, h, s, d, causal=causal, backward=backward)
+        return 0
+
+
+@functools.cache
+def _tile_model():
+    try:
+        return importlib.import_module("ratrain.cost.tiling")
+    except ImportError:
+        return None
+
+
+def _tiled(platform: Platform):
+    tm = _tile_model()
+    if tm is None or not hasattr(tm, "applies") or not tm.applies(platform):
+        return None
+    return tm
+
+
+def flat_time_s(flops: float, dtype: str, platform: Platform) -> float:
+    """FLOPs at the platform's peak for `dtype` times its flat efficiency."""
+    return flops / (platform.peak_flops[dtype] * platform.efficiency)
+
+
+def gemm_time_s(m: int, n: int, k: int, dtype: str, platform: Platform) -> tuple[float, str]:
+    """Time of C(m, n) = A(m, k) @ B(k, n) in `dtype`, and what bounds it."""
+    tm = _tiled(platform)
+    if tm is not None:
+        return tm.gemm_time_s(m, n, k, dtype, platform)
+    return flat_time_s(2 * m * n * k, dtype, platform), "flat"
+
+
+def attention_flops(
+    batch: int, heads: int, seq: int, head_dim: int, *, causal: bool, backward: bool
+) -> int:
+    """Q·Kᵀ and P·V: 2 GEMMs of 2·b·h·s²·d (Narayanan et al. 2021); backward twice that
+    (dQ, dK from dS; dV, dP from dO). A causal kernel skips the masked half."""
+    fwd = 4 * batch * heads * seq * seq * head_dim
+    if causal:
+        fwd //= 2
+    return 2 * fwd if backward else fwd
+
+
+def attention_time_s(
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    seq: int,
+    head_dim: int,
+    dtype: str,
+    platform: Platform,
+    *,
+    causal: bool,
+    backward: bool,
+) -> tuple[float, str]:
+    """Time of the attention core (scores, softmax, values) forward or backward."""
+    tm = _tiled(platform)
+    if tm is not None:
+        return tm.attention_time_s(
+            batch, heads, kv_heads, seq, head_dim, dtype, platform, causal=causal, backward=backward
+        )
+    flops = attention_flops(batch, heads, seq, head_dim, causal=causal, backward=backward)
+    return flat_time_s(flops, dtype, platform), "flat"
+
+
+def memory_pass_time_s(nbytes: float, platform: Platform) -> tuple[float, str]:
+    """A memory-bound pass over main memory (gather, scatter-add, optimizer step)."""
+    mem = platform.main_memory
+    return mem.latency_s + nbytes / mem.bandwidth_bytes_per_s, "memory"
+
+
+def _gemm_bwd(name: str, m: int, n: int, k: int) -> list[Kernel]:
+    # Y(m, n) = X(m, k) Wᵀ: dX(m, k) = dY(m, n) W(n, k); dW(n, k) = dYᵀ(n, m) X(m, k).
+    return [Kernel("gemm", f"{name}.dx", (m, k, n)), Kernel("gemm", f"{name}.dw", (n, k, m))]
+
+
+def _attention(spec: ModelSpec, micro_batch: int, seq: int, backward: bool) -> Kernel:
+    args = (micro_batch, spec.n_heads, spec.n_kv_heads, seq, spec.head_dim, True, backward)
+    return Kernel("attention", "attention.bwd" if backward else "attention", args)
+
+
+def unit_kernels(
+    spec: ModelSpec, unit: int, micro_batch: int, seq: int, kind: str, *, dtype: str = "bf16"
+) -> list[Kernel]:
+    """The kernels of one unit's forward ("F"), backward ("B") or recomputation
+    ("RC:full" / "RC:selective") for one microbatch."""
+    tokens = micro_batch * seq
+    if unit == counts.embedding_unit(spec):
+        # A gather of rows forward; a scatter-add into the table's gradient backward.
+        row_bytes = tokens * spec.hidden * DTYPE_BYTES[dtype]
+        if kind == "F":
+            return [Kernel("memory", "embedding.gather", (2 * row_bytes,))]
+        if kind == "B":
+            return [Kernel("memory", "embedding.scatter_add", (3 * row_bytes,))]
+        return []
+    if unit == counts.head_unit(spec):
+        gemm = ("lm_head", tokens, spec.vocab, spec.hidden)
+        if kind == "F":
+            return [Kernel("gemm", gemm[0], gemm[1:])]
+        return _gemm_bwd(*gemm) if kind == "B" else []
+    gemms = counts.block_gemms(spec, tokens)
+    if kind == "F" or kind == "RC:full":
+        return [Kernel("gemm", g[0], g[1:]) for g in gemms] + [
+            _attention(spec, micro_batch, seq, False)
+        ]
+    if kind == "B":
+        out = [k for g in gemms for k in _gemm_bwd(*g)]
+        return out + [_attention(spec, micro_batch, seq, True)]
+    if kind == "RC:selective":
+        return [_attention(spec, micro_batch, seq, False)]
+    if kind == "RC:none":
+        return []
+    raise ValueError(f"unknown kernel group {kind!r}")
+
+
+def kernels_time_s(kernels: list[Kernel], dtype: str, platform: Platform) -> tuple[float, str]:
+    """Sum of the kernels' times; the bound is the one that took the most time."""
+    total, by_bound = 0.0, {}
+    for k in kernels:
+        if k.kind == "gemm":
+            t, bound = gemm_time_s(*k.args, dtype, platform)
+        elif k.kind == "attention":
+            b, h, kv, s, d, causal, backward = k.args
+            t, bound = attention_time_s(
+                b, h, kv, s, d, dtype, platform, causal=causal, backward=backward
+            )
+        else:
+            t, bound = memory_pass_time_s(k.args[0], platform)
+        total += t
+        by_bound[bound] = by_bound.get(bound, 0.0) + t
+    if not by_bound:
+        return 0.0, "none"
+    return total, max(by_bound, key=by_bound.__getitem__)

@@ -1,0 +1,236 @@
+"""The cost of every schedule action of a plan on a platform.
+
+`CostModel.action(a)` says how long one IR action occupies its resource, from the kernel
+model (`ratrain.cost.compute`), the α–β communication model (`ratrain.cost.comm`) and the
+platform's memory tiers:
+
+- F / B / RECOMPUTE: the sum of the unit's kernels (GEMMs, attention, memory passes).
+- UPDATE: memory-bound. Adam with fp32 master weights and states touches 24 + g bytes per
+  parameter (reads weight, gradient, m, v: 12 + g; writes weight, m, v: 12; g the gradient
+  dtype's size), as PyTorch's foreach/fused Adam does, at main-memory bandwidth; with
+  `shard_optimizer` each replica updates its 1/dp shard. (The often quoted 16–20 B/param
+  counts the states held, not the bytes moved by a step.)
+- GRAD_SYNC: all-reduce of the gradients over the stage's DP group (reduce-scatter when
+  the optimizer is sharded).
+- VIEW_FETCH: a cast fp32 -> compute dtype over main memory (reads 4, writes c bytes per
+  parameter), or, with a sharded optimizer, an all-gather of the compute-dtype view.
+- SEND_F / SEND_B: one activation (or gradient) tensor b·s·h in the compute dtype over the
+  link between the two stages; a RECV costs nothing itself: it completes when its send has.
+- OFFLOAD / RELOAD: a layer-input checkpoint (b·s·h) over the host link.
+- NORM / OVF: a scalar all-reduce over every rank.
+
+The rank layout (`ratrain.cost.comm.RANK_LAYOUTS`) decides which links a DP group and a
+stage boundary use; the default is the runtime's.
+
+`scale` multiplies the cost of whole categories (see `COST_CATEGORIES`), for what-if
+studies and analytical checks: ``scale={"p2p": 0, "collective": 0}`` removes
+communication, ``scale={"edge": 0}`` makes the embedding and head free so that every
+stage is uniform. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ratrain.config import DTYPE_BYTES, Plan
+from ratrain.cost import comm
+from ratrain.cost.compute import Kernel, kernels_time_s, memory_pass_time_s, unit_kernels
+from ratrain.errors import RatrainError
+from ratrain.models import counts
+from ratrain.models.spec import ModelSpec
+from ratrain.platforms import Platform
+from ratrain.schedule.ir import Action, Op
+
+__all__ = ["COST_CATEGORIES", "ActionCost", "CostModel", "only"]
+
+COST_CATEGORIES = {
+    "compute": "F and B of transformer blocks",
+    "edge": "F and B of the embedding and the head",
+    "recompute": "RECOMPUTE",
+    "update": "UPDATE (optimizer step)",
+    "p2p": "SEND/RECV between stages",
+    "collective": "GRAD_SYNC, and VIEW_FETCH when it is an all-gather",
+    "global": "NORM and OVF (global scalar reductions)",
+    "copy": "OFFLOAD, RELOAD, and VIEW_FETCH when it is a cast",
+}
+
+
+def only(*categories: str) -> dict[str, float]:
+    """A `scale` that keeps the named categories and zeroes every other one."""
+    for c in categories:
+        if c not in COST_CATEGORIES:
+            raise RatrainError(
+                f"unknown cost category {c!r}; choose from {', '.join(COST_CATEGORIES)}"
+            )
+    return {c: (1.0 if c in categories else 0.0) for c in COST_CATEGORIES}
+
+
+@dataclass(frozen=True)
+class ActionCost:
+    time_s: float
+    category: str
+    bound: str | None = None
+    """Kernels: flat | compute | dma | memory (what limits the largest part)."""
+    algorithm: str | None = None
+    """Collectives and transfers: the algorithm and link they were costed on."""
+    nbytes: int = 0
+    flops: int = 0
+
+
+class CostModel:
+    """Costs the actions of one (model, plan, platform); results are cached per action shape."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        plan: Plan,
+        platform: Platform,
+        *,
+        scale: dict[str, float] | None = None,
+        rank_layout: str = "pp-inner",
+    ) -> None:
+        self.spec, self.plan, self.platform = spec, plan, platform
+        if rank_layout not in comm.RANK_LAYOUTS:
+            raise RatrainError(
+                f"unknown rank layout {rank_layout!r}; choose one of {', '.join(comm.RANK_LAYOUTS)}"
+            )
+        self.rank_layout = rank_layout
+        scale = dict(scale or {})
+        for c, v in scale.items():
+            if c not in COST_CATEGORIES:
+                raise RatrainError(
+                    f"unknown cost category {c!r}; choose from {', '.join(COST_CATEGORIES)}"
+                )
+            if not v >= 0:
+                raise RatrainError(f"cost scale for {c!r} must be >= 0, got {v!r}")
+        self.scale = {c: float(scale.get(c, 1.0)) for c in COST_CATEGORIES}
+        self.cbytes = DTYPE_BYTES[plan.compute_dtype]
+        self.gbytes = DTYPE_BYTES[plan.grad_dtype]
+        self._cache: dict[tuple, ActionCost] = {}
+
+    # -- sizes ------------------------------------------------------------------------------
+    def params(self, units: tuple[int, ...]) -> int:
+        return sum(counts.unit_params(self.spec, u) for u in units)
+
+    def activation_bytes(self) -> int:
+        """One boundary activation (or its gradient), b·s·h in the compute dtype."""
+        return self.plan.micro_batch * self.plan.seq * self.spec.hidden * self.cbytes
+
+    def kernels(self, a: Action) -> list[Kernel]:
+        """The kernels of a compute action (F, B, RECOMPUTE), one microbatch."""
+        kind = a.op.value
+        if a.op is Op.RECOMPUTE:
+            # Offloaded checkpoints are layer inputs: a recompute is then a full forward.
+            policy = self.plan.recompute_of(self.spec, a.stage, a.units[0])
+            kind = f"RC:{'full' if policy == 'none' else policy}"
+        p = self.plan
+        return [
+            k
+            for u in a.units
+            for k in unit_kernels(self.spec, u, p.micro_batch, p.seq, kind, dtype=p.compute_dtype)
+        ]
+
+    # -- costs ------------------------------------------------------------------------------
+    def action(self, a: Action) -> ActionCost:
+        key = (a.op, a.stage, a.units)
+        cost = self._cache.get(key)
+        if cost is None:
+            cost = self._cache[key] = self._cost(a)
+        return cost
+
+    def time_s(self, a: Action) -> float:
+        return self.action(a).time_s
+
+    def _cost(self, a: Action) -> ActionCost:
+        c = self._raw_cost(a)
+        if a.op in (Op.F, Op.B):
+            return c  # scaled per unit: blocks and edge units apart
+        return ActionCost(
+            c.time_s * self.scale[c.category], c.category, c.bound, c.algorithm, c.nbytes, c.flops
+        )
+
+    def _raw_cost(self, a: Action) -> ActionCost:
+        op = a.op
+        if op in (Op.F, Op.B, Op.RECOMPUTE):
+            return self._compute(a)
+        if op is Op.UPDATE:
+            return self._update(a)
+        if op is Op.GRAD_SYNC:
+            return self._grad_sync(a)
+        if op is Op.VIEW_FETCH:
+            return self._view_fetch(a)
+        if op in (Op.SEND_F, Op.SEND_B):
+            return self._send(a)
+        if op in (Op.RECV_F, Op.RECV_B):
+            return ActionCost(0.0, "p2p", nbytes=self.activation_bytes())
+        if op in (Op.OFFLOAD, Op.RELOAD):
+            nbytes = self.activation_bytes() * len(a.units)
+            host = self.platform.host
+            return ActionCost(
+                comm.message_time_s(nbytes, host), "copy", algorithm="host", nbytes=nbytes
+            )
+        if op in (Op.GRAD_NORM, Op.OVERFLOW):
+            p = self.plan
+            group = comm.world_group(p.pp, p.dp, self.platform.units_per_node)
+            t, algo = comm.scalar_allreduce_s(group, self.platform)
+            return ActionCost(t, "global", algorithm=algo, nbytes=8)
+        if op is Op.VIEW_DROP:
+            return ActionCost(0.0, "copy")
+        raise AssertionError(f"no cost for {a}")
+
+    def _compute(self, a: Action) -> ActionCost:
+        """F and B are scaled here, per unit (blocks and edge units apart); RECOMPUTE later."""
+        if a.op is Op.RECOMPUTE:
+            ks = self.kernels(a)
+            t, bound = kernels_time_s(ks, self.plan.compute_dtype, self.platform)
+            return ActionCost(t, "recompute", bound, flops=sum(k.flops for k in ks))
+        total, flops, bound, best = 0.0, 0, None, -1.0
+        for u in a.units:
+            ks = self.kernels(Action(a.op, a.stage, (u,), a.mb))
+            t, b = kernels_time_s(ks, self.plan.compute_dtype, self.platform)
+            total += t * self.scale["compute" if counts.is_block(self.spec, u) else "edge"]
+            flops += sum(k.flops for k in ks)
+            if t > best:
+                bound, best = b, t
+        blocks = any(counts.is_block(self.spec, u) for u in a.units)
+        return ActionCost(total, "compute" if blocks else "edge", bound, flops=flops)
+
+    def _update(self, a: Action) -> ActionCost:
+        p = self.plan
+        n = self.params(a.units)
+        if p.shard_optimizer:
+            n = -(-n // p.dp)
+        nbytes = n * (24 + self.gbytes)
+        t, bound = memory_pass_time_s(nbytes, self.platform)
+        return ActionCost(t, "update", bound, nbytes=nbytes)
+
+    def _dp(self, a: Action) -> comm.Group:
+        p = self.plan
+        return comm.dp_group(a.stage, p.pp, p.dp, self.platform.units_per_node, self.rank_layout)
+
+    def _grad_sync(self, a: Action) -> ActionCost:
+        nbytes = self.params(a.units) * self.gbytes
+        kind = "reduce_scatter" if self.plan.shard_optimizer else "all_reduce"
+        t, algo = comm.collective_time_s(kind, nbytes, self._dp(a), self.platform)
+        return ActionCost(t, "collective", algorithm=f"{kind}:{algo}", nbytes=nbytes)
+
+    def _view_fetch(self, a: Action) -> ActionCost:
+        n = self.params(a.units)
+        if self.plan.shard_optimizer and self.plan.dp > 1:
+            nbytes = n * self.cbytes
+            t, algo = comm.collective_time_s("all_gather", nbytes, self._dp(a), self.platform)
+            return ActionCost(t, "collective", algorithm=f"all_gather:{algo}", nbytes=nbytes)
+        nbytes = n * (4 + self.cbytes)
+        t, bound = memory_pass_time_s(nbytes, self.platform)
+        return ActionCost(t, "copy", bound, algorithm="cast", nbytes=nbytes)
+
+    def _send(self, a: Action) -> ActionCost:
+        peer = a.stage + 1 if a.op is Op.SEND_F else a.stage - 1
+        link = comm.p2p_link(
+            a.stage, peer, self.plan.pp, self.plan.dp, self.platform, self.rank_layout
+        )
+        where = "intra" if link is self.platform.intra_node else "inter"
+        nbytes = self.activation_bytes()
+        return ActionCost(
+            comm.p2p_time_s(nbytes, link), "p2p", algorithm=f"p2p:{where}", nbytes=nbytes
+        )

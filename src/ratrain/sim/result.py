@@ -1,0 +1,161 @@
+"""What a simulated step produced: the timeline, its summary figures, and memory over time."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ratrain.schedule.ir import Op, Resource
+
+__all__ = ["SimEvent", "SimResult", "busy_s", "stage_metrics", "RESOURCES"]
+
+RESOURCES = tuple(r.value for r in Resource if r is not Resource.NONE)
+
+
+@dataclass(frozen=True, slots=True)
+class SimEvent:
+    """One action on the timeline. `name` is the IR's text form (e.g. ``1F3@5``)."""
+
+    stage: int
+    name: str
+    op: str
+    resource: str
+    start_s: float
+    end_s: float
+    issue_s: float
+    bound: str | None = None
+    """Kernels: what limits them (flat | compute | dma | memory)."""
+    algorithm: str | None = None
+    """Transfers and collectives: the algorithm and link they were costed on."""
+
+    @property
+    def dur_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def busy_s(
+    intervals: list[tuple[float, float]], lo: float = 0.0, hi: float = float("inf")
+) -> float:
+    """Length of the union of intervals, clipped to [lo, hi]."""
+    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in _union(intervals))
+
+
+def _clip(intervals: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
+
+
+def _minus(
+    a: list[tuple[float, float]], b: list[tuple[float, float]], lo: float, hi: float
+) -> float:
+    """Length of (∪a minus ∪b) within [lo, hi]."""
+    a, b = _union(_clip(a, lo, hi)), _union(_clip(b, lo, hi))
+    both = [(max(x0, y0), min(x1, y1)) for x0, x1 in a for y0, y1 in b]
+    return busy_s(a) - busy_s(both)
+
+
+@dataclass
+class SimResult:
+    step_time_s: float
+    tokens_per_s: float
+    bubble_fraction: float
+    """Mean over stages of the compute resource's idle time over the step time."""
+    stage_bubble: list[float]
+    utilization: list[dict[str, float]]
+    """Per stage, per resource: busy time / step time."""
+    exposed: list[dict[str, float]]
+    """Per stage, the tail after its last backward: tail_s, and in it update_s (optimizer on
+    the compute resource), sync_s (DP network busy while compute idles) and other_s."""
+    events: list[SimEvent]
+    memory_timeline: list[list[tuple[float, dict[str, int]]]] = field(default_factory=list)
+    """Per stage: (time_s, bytes per class) after each action, at the action's start."""
+    peak_memory_bytes: list[int] = field(default_factory=list)
+    memory_breakdown: list[dict[str, int]] = field(default_factory=list)
+    """Per stage: bytes per class at the stage's peak."""
+    memory_cap_bytes: int = 0
+    workspace_bytes: int = 0
+    schedule: str = ""
+    platform: str = ""
+    model: str = ""
+    plan: dict = field(default_factory=dict)
+
+    @property
+    def pp(self) -> int:
+        return len(self.stage_bubble)
+
+    def over_cap(self) -> list[int]:
+        """Stages whose peak plus the platform's workspace exceeds the usable memory."""
+        if not self.memory_cap_bytes:
+            return []
+        return [
+            s
+            for s, b in enumerate(self.peak_memory_bytes)
+            if b + self.workspace_bytes > self.memory_cap_bytes
+        ]
+
+    def to_json(self, *, detail: bool = False) -> dict:
+        """A JSON-ready dict; `detail` adds the events and the memory timeline."""
+        d = {
+            "model": self.model,
+            "platform": self.platform,
+            "schedule": self.schedule,
+            "plan": self.plan,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "bubble_fraction": self.bubble_fraction,
+            "stage_bubble": self.stage_bubble,
+            "utilization": self.utilization,
+            "exposed": self.exposed,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory_breakdown": self.memory_breakdown,
+            "memory_cap_bytes": self.memory_cap_bytes,
+            "workspace_bytes": self.workspace_bytes,
+            "over_cap_stages": self.over_cap(),
+        }
+        if detail:
+            d["events"] = [asdict(e) for e in self.events]
+            d["memory_timeline"] = [
+                [{"t_s": t, "bytes": b} for t, b in stage] for stage in self.memory_timeline
+            ]
+        return d
+
+
+def stage_metrics(events: list[SimEvent], pp: int, step_s: float):
+    """Bubble, utilization and exposed tail per stage, from the events."""
+    by: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    per_stage: list[list[SimEvent]] = [[] for _ in range(pp)]
+    for e in events:
+        by.setdefault((e.stage, e.resource), []).append((e.start_s, e.end_s))
+        per_stage[e.stage].append(e)
+    bubble, util, exposed = [], [], []
+    for s in range(pp):
+        u = {r: busy_s(by.get((s, r), [])) / step_s if step_s > 0 else 0.0 for r in RESOURCES}
+        util.append(u)
+        bubble.append(1.0 - u["compute"])
+        exposed.append(_exposed(per_stage[s], s, by))
+    return bubble, util, exposed
+
+
+def _exposed(mine: list[SimEvent], s: int, by: dict) -> dict[str, float]:
+    backs = [e.end_s for e in mine if e.op == Op.B.value]
+    end = max((e.end_s for e in mine), default=0.0)
+    lo = max(backs, default=end)
+    tail = end - lo
+    update = busy_s([(e.start_s, e.end_s) for e in mine if e.op == Op.UPDATE.value], lo, end)
+    sync = _minus(by.get((s, "dp_net"), []), by.get((s, "compute"), []), lo, end)
+    return {
+        "tail_s": tail,
+        "update_s": update,
+        "sync_s": sync,
+        "other_s": max(0.0, tail - update - sync),
+    }

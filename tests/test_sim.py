@@ -1,0 +1,138 @@
+import json
+
+import pytest
+
+from _sched import one_f_one_b
+from ratrain.config import Plan
+from ratrain.cost import CostModel, only
+from ratrain.errors import RatrainError
+from ratrain.models.spec import ModelSpec
+from ratrain.platforms import load
+from ratrain.schedule.ir import Action, Op, Schedule
+from ratrain.sim import RESOURCE_TIDS, plot, replay, simulate_schedule, trace_events, write_trace
+
+CPU = load("cpu-local")
+# Uniform blocks: 8 layers split evenly over 1, 2, 4 or 8 stages.
+UNIFORM = ModelSpec("uniform", 8, 256, 4, 4, 512, 1000, max_seq=64)
+
+
+def _plan(pp, m, **kw):
+    return Plan(pp=pp, dp=1, micro_batch=1, global_batch=m, seq=64, compute_dtype="fp32", **kw)
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4, 8])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16])
+def test_hand_1f1b_bubble_is_analytic(pp, m):
+    plan = _plan(pp, m)
+    cost = CostModel(UNIFORM, plan, CPU, scale=only("compute"))
+    r = simulate_schedule(one_f_one_b(UNIFORM, plan), cost)
+    assert r.bubble_fraction == pytest.approx((pp - 1) / (m + pp - 1), abs=1e-12)
+    per_mb = cost.time_s(Action(Op.F, 0, (1,), 0)) + cost.time_s(Action(Op.B, 0, (1,), 0))
+    assert r.step_time_s == pytest.approx((m + pp - 1) * per_mb * 8 / pp)
+
+
+def _fixed(times):
+    return lambda a: times.get(a.op, 0.0)
+
+
+def test_async_actions_run_fifo_and_compute_blocks_the_walk():
+    f0, f1 = Action(Op.F, 0, (1,), 0), Action(Op.F, 0, (1,), 1)
+    off0, off1 = Action(Op.OFFLOAD, 0, (1,), 0), Action(Op.OFFLOAD, 0, (1,), 1)
+    sch = Schedule([[f0, off0, f1, off1]])
+    sch.add_dep(off0, f0)
+    sch.add_dep(off1, f1)
+    (t,) = replay(sch, _fixed({Op.F: 1.0, Op.OFFLOAD: 3.0}))
+    got = {x.action: (x.issue_s, x.start_s, x.end_s) for x in t}
+    assert got[off0] == (1.0, 1.0, 4.0)
+    assert got[f1] == (1.0, 1.0, 2.0)  # the walk did not wait for the offload
+    assert got[off1] == (2.0, 4.0, 7.0)  # same resource: after off0, in issue order
+
+
+def test_global_reduction_starts_on_every_stage_at_once():
+    slow, fast = Action(Op.F, 0, (1,), 0), Action(Op.F, 1, (2,), 0)
+    n0, n1 = Action(Op.GRAD_NORM, 0), Action(Op.GRAD_NORM, 1)
+    sch = Schedule([[slow, n0], [fast, n1]])
+    sch.add_dep(n0, slow)
+    sch.add_dep(n1, fast)
+    t = replay(sch, lambda a: {Op.F: 5.0 if a.stage == 0 else 1.0, Op.GRAD_NORM: 0.5}[a.op])
+    assert t[0][1].start_s == t[1][1].start_s == 5.0
+    assert t[1][1].issue_s == 1.0 and t[1][1].end_s == 5.5
+
+
+def test_receive_waits_for_its_send_even_without_a_stated_dep():
+    sch = Schedule(
+        [
+            [Action(Op.F, 0, (1,), 0), Action(Op.SEND_F, 0, (1,), 0)],
+            [Action(Op.RECV_F, 1, (1,), 0), Action(Op.F, 1, (2,), 0)],
+        ]
+    )
+    sch.add_dep(sch.stages[0][1], sch.stages[0][0])
+    sch.add_dep(sch.stages[1][1], sch.stages[1][0])
+    t = replay(sch, _fixed({Op.F: 1.0, Op.SEND_F: 0.25}))
+    assert t[1][0].end_s == 1.25 and t[1][1].start_s == 1.25
+
+
+def test_deadlock_is_reported():
+    a, b = Action(Op.F, 0, (1,), 0), Action(Op.F, 1, (2,), 0)
+    sch = Schedule([[a], [b]])
+    sch.add_dep(a, b)
+    sch.add_dep(b, a)
+    with pytest.raises(RatrainError, match="deadlocks: stage 0 never completes 0F0@1"):
+        replay(sch, _fixed({Op.F: 1.0}))
+
+
+def _sim(pp=4, m=8, **kw):
+    plan = _plan(pp, m, **kw)
+    return simulate_schedule(one_f_one_b(UNIFORM, plan), CostModel(UNIFORM, plan, CPU))
+
+
+def test_deterministic():
+    a, b = _sim(), _sim()
+    assert a.events == b.events and a.to_json() == b.to_json()
+
+
+def test_exposed_tail_and_utilization():
+    r = _sim()
+    for s in range(r.pp):
+        e = r.exposed[s]
+        assert e["tail_s"] > 0 and e["update_s"] > 0 and e["sync_s"] >= 0
+        assert e["update_s"] + e["sync_s"] + e["other_s"] == pytest.approx(e["tail_s"])
+        u = r.utilization[s]
+        assert 0 < u["compute"] <= 1 and 1 - u["compute"] == pytest.approx(r.stage_bubble[s])
+    assert r.tokens_per_s == pytest.approx(8 * 64 / r.step_time_s)
+
+
+def test_trace_is_valid_trace_event_json(tmp_path):
+    r = _sim()
+    memory = [(0, 0.0, {"activation": 10}), (0, 1e-3, {"activation": 20, "grad": 4})]
+    r.memory_timeline = [[(0.0, {"activation": 10})], []]
+    path = write_trace(r, tmp_path / "t.json")
+    doc = json.loads(path.read_text())
+    evs = doc["traceEvents"]
+    xs = [e for e in evs if e["ph"] == "X"]
+    assert len(xs) == len(r.events)
+    for e in xs:
+        assert (
+            isinstance(e["name"], str) and isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        )
+        assert isinstance(e["ts"], float | int) and e["dur"] >= 0 and e["cat"]
+    assert {e["name"] for e in xs} >= {"0F0@1", "3B7@8", "1SYNC@3-4"}
+    assert any(e["ph"] == "C" and e["name"] == "memory" for e in evs)
+    names = {
+        (e["pid"], e["args"]["name"]) for e in evs if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+    assert (0, "compute") in names and (0, "p2p") in names
+    # The same function serves measured timelines given as plain dicts.
+    measured = trace_events(
+        [{"stage": 0, "name": "0F0@1", "resource": "compute", "start_s": 0.0, "end_s": 0.5}], memory
+    )
+    x = [e for e in measured if e["ph"] == "X"][0]
+    assert x["tid"] == RESOURCE_TIDS["compute"] and x["dur"] == 5e5
+    assert [e["args"] for e in measured if e["ph"] == "C"][1] == {"activation": 20, "grad": 4}
+
+
+def test_plot_writes_a_png(tmp_path):
+    r = _sim(pp=2, m=4)
+    r.memory_timeline = [[(0.0, {"activation": 10**9}), (0.01, {"activation": 2 * 10**9})], []]
+    path = plot(r, tmp_path / "t.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
