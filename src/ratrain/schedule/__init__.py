@@ -1,0 +1,33 @@
+"""Schedules: the IR, 1F1B generation, the three lowerings and validity checks.
+
+Pure Python (no torch)::
+
+    from ratrain.schedule import build_schedule, check_schedule
+    sch = build_schedule(spec, plan)      # baseline | gpu-style | ratrain, per plan.schedule
+    check_schedule(sch, spec, plan)       # raises ScheduleError listing problems
+"""
+
+from ratrain.schedule.check import ScheduleError, check_schedule, dry_run, find_problems
+from ratrain.schedule.ir import Action, Op, Resource, Schedule, format_action, parse_action
+from ratrain.schedule.lowering import action_bytes, build_schedule, global_checks, reads_view
+from ratrain.schedule.onef1b import build_1f1b, pass_order, warmup_passes
+
+__all__ = [
+    "Action",
+    "Op",
+    "Resource",
+    "Schedule",
+    "ScheduleError",
+    "action_bytes",
+    "build_1f1b",
+    "build_schedule",
+    "check_schedule",
+    "dry_run",
+    "find_problems",
+    "format_action",
+    "global_checks",
+    "pass_order",
+    "parse_action",
+    "reads_view",
+    "warmup_passes",
+]

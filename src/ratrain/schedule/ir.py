@@ -13,6 +13,7 @@ blocks, L+1 the head. Text form, for debugging (after torch.distributed.pipelini
     2SYNC@7      stage 2 starts the gradient sync of unit 7
     0UPD@0-4     stage 0 updates units 0..4 (stage-wide optimizer step)
     1NORM        stage 1 joins the global gradient-norm reduction
+    0VF@3#2      stage 0's third fetch of unit 3's view in the step (``#visit`` when > 0)
 
 Dependencies are explicit: `Schedule.deps[a]` lists the actions (on any stage) that must
 complete before `a` may start.
@@ -97,6 +98,9 @@ class Action:
     """The units the action touches: one for layer-level actions, several for bucketed or
     stage-wide ones, none for global reductions."""
     mb: int | None = None
+    visit: int = 0
+    """Tells apart repeats of an otherwise identical action in one stage's step (e.g. a
+    transient view fetched and dropped once per use): 0 for the first, 1 for the next..."""
 
     def __post_init__(self) -> None:
         assert (self.mb is not None) == (self.op in _MB_OPS), f"{self.op} mb={self.mb}"
@@ -130,7 +134,8 @@ def _units_text(units: tuple[int, ...]) -> str:
 
 def format_action(a: Action) -> str:
     mb = "" if a.mb is None else str(a.mb)
-    return f"{a.stage}{a.op.value}{mb}{_units_text(a.units)}"
+    visit = f"#{a.visit}" if a.visit else ""
+    return f"{a.stage}{a.op.value}{mb}{_units_text(a.units)}{visit}"
 
 
 _BY_VALUE = sorted(Op, key=lambda o: -len(o.value))  # longest first: SEND_F before F
@@ -144,6 +149,7 @@ def parse_action(text: str) -> Action:
     if i == 0:
         raise ValueError(f"action {text!r}: no stage number")
     stage, rest = int(text[:i]), text[i:]
+    rest, _, visit_text = rest.partition("#")
     for op in _BY_VALUE:
         if rest.startswith(op.value):
             rest = rest[len(op.value) :]
@@ -158,7 +164,8 @@ def parse_action(text: str) -> Action:
             units = tuple(range(int(lo), int(hi) + 1))
         else:
             units = tuple(int(u) for u in units_text.split(","))
-    return Action(op, stage, units, int(mb_text) if mb_text else None)
+    mb = int(mb_text) if mb_text else None
+    return Action(op, stage, units, mb, int(visit_text) if visit_text else 0)
 
 
 @dataclass

@@ -1,0 +1,221 @@
+"""Activation bytes a microbatch keeps for one unit between its F and its B, tensor by tensor.
+
+Pure Python (no torch). The reference is Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", §4.1, Table 2 / eq. 1): a GPT block at 16-bit
+with 1-byte dropout masks keeps
+
+    34·s·b·h + 5·a·s²·b  bytes per layer   (s sequence, b microbatch, h width, a heads).
+
+`gpt_block_tensors` lists that block tensor by tensor (tests check the sum is eq. 1);
+`llama_block_tensors` lists the LLaMA block the same way. Widths are elements per token
+(s·b tokens), c = bytes of the compute dtype (2 for bf16/fp16, 4 for fp32):
+
+    tensor kept for backward          GPT (Korthikanti)       LLaMA (this model)
+    --------------------------------  ----------------------  --------------------------------
+    norm 1 input (block input)        h  (LayerNorm)          h  (RMSNorm)
+    norm 1 output = q/k/v input       h                       h
+    Q, K for Q·Kᵀ                     h, h                    h, kv   (after RoPE; GQA: K is
+                                                                       kv_dim = n_kv·head_dim)
+    V for P·V                         h                       kv
+    softmax output                    a·s     [core]          a·s     [core, not with flash]
+    attention dropout mask (1 B)      a·s     [core]          none: LLaMA has no dropout
+    dropout output (P·V input)        a·s     [core]          none: P itself is the input
+    flash log-sum-exp (fp32, 4 B)     (a, flash only)         a       [core, flash only]
+    attention output = o_proj input   h                       h
+    residual dropout mask (1 B)       h                       none
+    norm 2 input                      h                       h
+    norm 2 output = MLP input         h                       h
+    MLP                               4h (GeLU in), 4h (GeLU  ffn gate out (SiLU input),
+                                      out = fc2 input)        ffn up out, ffn silu(gate),
+                                                              ffn product (down_proj input)
+    MLP dropout mask (1 B)            h                       none
+
+    sum (c = 2, no flash)             34·sbh + 5·as²b         2·sb·(6h + 2·kv + 4·ffn) + 2·as²b
+
+Choices and what is left out, so the numbers mean what they say:
+- Per-token norm statistics (mean, rstd: a few fp32 scalars per token) are left out, as
+  in Korthikanti. The runtime's RMSNorm computes in fp32 (`ratrain.models.llama`), so an
+  eager autograd graph may keep an fp32 copy of a norm input as well; this table counts
+  the compute-dtype tensor a fused norm keeps.
+- SwiGLU counts the four tensors eager autograd keeps for ``down(silu(gate(x)) * up(x))``;
+  a fused SwiGLU kernel that recomputes silu in backward keeps three.
+- K and V are counted kv_dim wide (a GQA-aware kernel); an attention that repeats the kv
+  heads before the product would keep them h wide.
+- Flash (fused) attention keeps no s² tensor: it stores the output (already counted as
+  the o_proj input) plus the log-sum-exp, 4·b·a·s bytes fp32, and recomputes the scores.
+
+Recompute policies (Korthikanti §4.2, §5): ``none`` keeps the whole table; ``selective``
+drops the attention core's tensors marked [core] (≈ 34·s·b·h in the GPT case), recomputed
+before the backward; ``full`` keeps only the block input, c·s·b·h.
+
+Embedding unit: keeps the token ids (int64, 8 B per token; the weight gradient is a
+scatter by id). Head unit: final RMSNorm input and output (c·h each per token), the fp32
+log-probabilities the loss keeps (4·s·b·V, Korthikanti §4.3) and the int64 targets.
+Recompute policies apply to blocks only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ratrain.config import DTYPE_BYTES, Plan
+from ratrain.models.counts import head_unit, is_block
+from ratrain.models.spec import ModelSpec
+
+__all__ = [
+    "ActTensor",
+    "gpt_block_tensors",
+    "llama_block_tensors",
+    "tensors_bytes",
+    "activation_bytes",
+    "recompute_bytes",
+    "boundary_bytes",
+    "forward_workspace_bytes",
+    "backward_workspace_bytes",
+]
+
+_ID_BYTES = 8  # int64 token ids / targets
+_LSE_BYTES = 4  # flash attention keeps its log-sum-exp in fp32
+
+
+@dataclass(frozen=True)
+class ActTensor:
+    """One tensor autograd keeps between a unit's forward and its backward."""
+
+    name: str
+    per_token: int
+    """Elements per token (the tensor has s·b·per_token elements)."""
+    elem_bytes: int
+    core: bool = False
+    """Part of the attention core: dropped by selective recompute."""
+    block_input: bool = False
+    """The block input: the only tensor full recompute keeps."""
+
+
+def gpt_block_tensors(hidden: int, heads: int, seq: int, *, flash: bool = False) -> list[ActTensor]:
+    """Korthikanti et al.'s GPT block at 16-bit (GeLU MLP 4h, MHA, LayerNorm, dropout)."""
+    h, a, c = hidden, heads, 2
+    attn_core = (
+        [ActTensor("flash_lse", a, _LSE_BYTES, core=True)]
+        if flash
+        else [
+            ActTensor("softmax_out", a * seq, c, core=True),
+            ActTensor("attn_dropout_mask", a * seq, 1, core=True),
+            ActTensor("attn_dropout_out", a * seq, c, core=True),
+        ]
+    )
+    return [
+        ActTensor("ln1_in", h, c, block_input=True),
+        ActTensor("ln1_out", h, c),
+        ActTensor("q", h, c),
+        ActTensor("k", h, c),
+        *attn_core,
+        ActTensor("v", h, c),
+        ActTensor("attn_out", h, c),
+        ActTensor("attn_resid_dropout_mask", h, 1),
+        ActTensor("ln2_in", h, c),
+        ActTensor("ln2_out", h, c),
+        ActTensor("gelu_in", 4 * h, c),
+        ActTensor("gelu_out", 4 * h, c),
+        ActTensor("mlp_resid_dropout_mask", h, 1),
+    ]
+
+
+def llama_block_tensors(
+    spec: ModelSpec, seq: int, elem_bytes: int, *, flash: bool
+) -> list[ActTensor]:
+    """The LLaMA block (RMSNorm, GQA with RoPE or ALiBi, SwiGLU, no dropout); see the table."""
+    h, kv, f, a, c = spec.hidden, spec.kv_dim, spec.ffn, spec.n_heads, elem_bytes
+    core = (
+        ActTensor("flash_lse", a, _LSE_BYTES, core=True)
+        if flash
+        else ActTensor("softmax_out", a * seq, c, core=True)
+    )
+    return [
+        ActTensor("attn_norm_in", h, c, block_input=True),
+        ActTensor("attn_norm_out", h, c),
+        ActTensor("q_rope", h, c),
+        ActTensor("k_rope", kv, c),
+        ActTensor("v", kv, c),
+        core,
+        ActTensor("attn_out", h, c),
+        ActTensor("mlp_norm_in", h, c),
+        ActTensor("mlp_norm_out", h, c),
+        ActTensor("gate_out", f, c),
+        ActTensor("up_out", f, c),
+        ActTensor("silu_gate", f, c),
+        ActTensor("swiglu_out", f, c),
+    ]
+
+
+def tensors_bytes(tensors: list[ActTensor], tokens: int, policy: str = "none") -> int:
+    """Bytes of the tensors a recompute policy keeps, for `tokens` = s·b tokens."""
+    if policy == "none":
+        kept = tensors
+    elif policy == "selective":
+        kept = [t for t in tensors if not t.core]
+    elif policy == "full":
+        kept = [t for t in tensors if t.block_input]
+    else:
+        raise ValueError(f"unknown recompute policy {policy!r}")
+    return tokens * sum(t.per_token * t.elem_bytes for t in kept)
+
+
+def _tokens(plan: Plan) -> int:
+    return plan.micro_batch * plan.seq
+
+
+def activation_bytes(spec: ModelSpec, plan: Plan, unit: int, policy: str, *, flash: bool) -> int:
+    """Bytes one microbatch keeps for one unit between F and B under a recompute policy."""
+    tokens, c = _tokens(plan), DTYPE_BYTES[plan.compute_dtype]
+    if unit == 0:
+        return tokens * _ID_BYTES
+    if unit == head_unit(spec):
+        return tokens * (2 * c * spec.hidden + 4 * spec.vocab + _ID_BYTES)
+    assert is_block(spec, unit), unit
+    return tensors_bytes(llama_block_tensors(spec, plan.seq, c, flash=flash), tokens, policy)
+
+
+def recompute_bytes(spec: ModelSpec, plan: Plan, unit: int, policy: str, *, flash: bool) -> int:
+    """Bytes a RECOMPUTE brings back (alive from RECOMPUTE to B): what the policy dropped."""
+    full = activation_bytes(spec, plan, unit, "none", flash=flash)
+    return full - activation_bytes(spec, plan, unit, policy, flash=flash)
+
+
+def boundary_bytes(spec: ModelSpec, plan: Plan) -> int:
+    """One microbatch's hidden states (or their gradient) crossing a stage boundary."""
+    return _tokens(plan) * spec.hidden * DTYPE_BYTES[plan.compute_dtype]
+
+
+def forward_workspace_bytes(
+    spec: ModelSpec, plan: Plan, unit: int, policy: str, *, flash: bool
+) -> int:
+    """Transient bytes while F(unit) runs, beyond what it keeps.
+
+    assumed: a block produces every tensor of its table and frees what the policy drops
+    only at the end of the unit (an upper bound: a checkpointed forward frees earlier);
+    the head holds its compute-dtype logits and their fp32 copy before the log-softmax.
+    """
+    tokens, c = _tokens(plan), DTYPE_BYTES[plan.compute_dtype]
+    if unit == head_unit(spec):
+        return tokens * spec.vocab * (c + 4)
+    if unit == 0:
+        return 0
+    return recompute_bytes(spec, plan, unit, policy, flash=flash)
+
+
+def backward_workspace_bytes(spec: ModelSpec, plan: Plan, unit: int, *, flash: bool) -> int:
+    """Transient bytes while B(unit) runs: gradients of its activations.
+
+    assumed: a block holds the gradient flowing in and the one flowing out (c·h each per
+    token) plus the widest pair of intermediate gradients: two ffn-wide ones in the MLP,
+    or the a·s-wide score gradient in a non-fused attention; the head holds the fp32
+    gradient of the logits and its compute-dtype cast; the embedding the incoming gradient.
+    """
+    tokens, c, h = _tokens(plan), DTYPE_BYTES[plan.compute_dtype], spec.hidden
+    if unit == head_unit(spec):
+        return tokens * spec.vocab * (4 + c)
+    if unit == 0:
+        return tokens * c * h
+    widest = max(2 * spec.ffn, 0 if flash else spec.n_heads * plan.seq)
+    return tokens * c * (2 * h + widest)

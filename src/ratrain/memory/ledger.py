@@ -1,0 +1,291 @@
+"""The memory ledger: replay each stage's action list and track bytes per state class.
+
+Pure Python (no torch). `replay` walks one step of a schedule, stage by stage, in program
+order and keeps the bytes of each class (`STATE_CLASSES`):
+
+    master       fp32 master weights, 4 B/param (/dp with shard_optimizer), all step
+    optimizer    Adam m and v, 8 B/param (/dp with shard_optimizer), all step
+    view         compute-dtype weights (`view_bytes_per_param`): persistent views all
+                 step; transient ones from VIEW_FETCH to VIEW_DROP. A sharded fetch is an
+                 in-place all-gather (each replica casts its master shard into its slot
+                 of the view, as Megatron's distributed optimizer does): no staging
+    grad         grad_dtype bytes/param of a unit from its first B in the step to the end
+                 of its UPDATE; with shard_optimizer full size until the reduce-scatter
+                 lands, then 1/dp
+    activation   per (unit, mb) from F to the end of B (`activation_bytes` under the
+                 unit's recompute policy); a RECOMPUTE adds what the policy dropped until
+                 the B ends; OFFLOAD takes the bytes off the device, RELOAD brings them back
+    comm_buffer  stage-boundary buffers: a received activation (RECV_F until the first
+                 unit's F takes it as its input) or gradient (RECV_B until the last unit's
+                 B ends), an outgoing one from the F/B producing it until its SEND lands
+    workspace    transient bytes of the running compute action
+                 (`forward_workspace_bytes`, `backward_workspace_bytes`; 0 for UPDATE,
+                 assumed: a per-tensor fused optimizer step)
+
+Asynchronous actions in program order (the ledger has no clock): what an action
+allocates counts from its issue. What it frees counts from the first later action on
+the stage that depends on it (directly, or through another asynchronous action): the
+compute thread cannot run that action before it has landed. A SEND or OFFLOAD, which no
+later action of the stage waits for, frees after the next compute action ends (assumed:
+the copy overlaps one compute action).
+
+Each trace entry is the state *while* the action runs: its allocations counted, what it
+frees at its end not yet freed (so the peak is the largest entry). The state after an
+action is the next entry's minus what the next action allocates.
+
+Mapping onto ZeRO (Rajbhandari et al. 2020, §5.1), Ψ parameters, d replicas, fp16 view
+and gradients (grad_dtype fp16): no sharding gives 2Ψ + 2Ψ + 12Ψ = 16Ψ; shard_optimizer
+gives ZeRO stage 1, (2 + 2)Ψ + 12Ψ/d, while the full gradients exist (from the first B
+until the reduce-scatter lands); once the reduce-scatter has landed the state is ZeRO
+stage 2's 2Ψ + (2 + 12)Ψ/d. ZeRO-2 reduces each bucket as soon as the backward fills it,
+so its full gradient never exists at once; with 1F1B's gradient accumulation over m
+microbatches the full gradient of a stage lives through the steady phase, so the stage-1
+figure is the peak here. The default fp32 gradients (grad_dtype fp32) add 2Ψ (full) or
+2Ψ/d (after the reduce-scatter) to each figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ratrain.config import Plan
+from ratrain.memory.activations import (
+    activation_bytes,
+    backward_workspace_bytes,
+    boundary_bytes,
+    forward_workspace_bytes,
+)
+from ratrain.memory.states import (
+    ADAM_BYTES_PER_PARAM,
+    MASTER_BYTES_PER_PARAM,
+    STATE_CLASSES,
+    grad_bytes_per_param,
+    shard_bytes,
+    view_bytes_per_param,
+)
+from ratrain.models.counts import unit_params
+from ratrain.models.spec import ModelSpec
+from ratrain.schedule.ir import Action, Op, Resource, Schedule
+
+__all__ = ["StageMemory", "Ledger", "replay"]
+
+_MASTER, _OPT, _VIEW, _GRAD, _ACT, _COMM, _WS = range(len(STATE_CLASSES))
+_COMPUTE_OPS = (Op.F, Op.B, Op.RECOMPUTE, Op.UPDATE)
+_LAND_BY_DEPENDENT = (Op.GRAD_SYNC,)
+_LAND_AFTER_COMPUTE = (Op.SEND_F, Op.SEND_B, Op.OFFLOAD)
+_WAITED_ON = (Op.GRAD_SYNC, Op.GRAD_NORM, Op.OVERFLOW)
+
+
+@dataclass
+class StageMemory:
+    stage: int
+    peak_bytes: int
+    peak_action_index: int
+    """Index in the stage's action list of the action during which the peak occurs."""
+    breakdown_at_peak: dict[str, int]
+    static_bytes: int = 0
+    """Bytes held before the step starts (master, optimizer, persistent views)."""
+    rows: list[tuple[int, tuple[int, ...]]] = field(default_factory=list, repr=False)
+    """The trace, compactly: (action index, bytes per class in `STATE_CLASSES` order)."""
+
+    @property
+    def trace(self) -> list[tuple[int, dict[str, int]]]:
+        """(index of the action in the stage list, bytes per class while it runs)."""
+        return [(i, dict(zip(STATE_CLASSES, row, strict=True))) for i, row in self.rows]
+
+
+@dataclass
+class Ledger:
+    stages: list[StageMemory]
+
+    @property
+    def peak_bytes(self) -> int:
+        """The largest peak over the stages (the one that must fit the memory cap)."""
+        return max(m.peak_bytes for m in self.stages)
+
+    @property
+    def worst_stage(self) -> int:
+        return max(self.stages, key=lambda m: m.peak_bytes).stage
+
+
+def replay(
+    schedule: Schedule, spec: ModelSpec, plan: Plan, *, flash: bool = True, keep_trace: bool = True
+) -> Ledger:
+    """Replay one step of `schedule` and return per-stage peaks, breakdowns and traces.
+
+    `flash`: activations under fused attention (no s² tensors); `keep_trace`: False
+    skips the per-action trace (faster, for searches that only need the peaks).
+    """
+    landings = _landings(schedule)
+    stages = [
+        _StageReplay(schedule, spec, plan, s, flash).run(landings[s], keep_trace)
+        for s in range(schedule.pp)
+    ]
+    return Ledger(stages)
+
+
+def _landings(schedule: Schedule) -> list[dict[int, int]]:
+    """Per stage: index of a GRAD_SYNC or global check -> index of the first later
+    same-stage action that needs it to have landed (directly, or through a global check
+    that waits for it)."""
+    waits: list[dict[Action, list[Action]]] = [{} for _ in schedule.stages]  # d -> dependents
+    for b, deps in schedule.deps.items():  # one scan, no lookups for most actions
+        for d in deps:
+            if d.op in _WAITED_ON and d.stage == b.stage:
+                waits[b.stage].setdefault(d, []).append(b)
+    out = []
+    for s, acts in enumerate(schedule.stages):
+        wanted = {x for d, bs in waits[s].items() for x in (d, *bs)}
+        pos = {a: i for i, a in enumerate(acts) if a.op in _WAITED_ON or a in wanted}
+        dependents = {
+            pos[d]: [pos[b] for b in bs if b in pos and pos[b] > pos[d]]
+            for d, bs in waits[s].items()
+            if d in pos
+        }
+        land: dict[int, int] = {}
+        for i in sorted(dependents, reverse=True):
+            at = [j if acts[j].resource is Resource.COMPUTE else land.get(j) for j in dependents[i]]
+            at = [j for j in at if j is not None]
+            if at:
+                land[i] = min(at)
+        out.append(land)
+    return out
+
+
+class _StageReplay:
+    """One stage's walk. Per-unit sizes are computed once; each action is O(1)."""
+
+    def __init__(self, sch: Schedule, spec: ModelSpec, plan: Plan, s: int, flash: bool):
+        self.sch, self.s, self.acts = sch, s, sch.stages[s]
+        units = sch.meta["stage_units"][s]
+        self.first_unit, self.last_unit = units[0], units[-1]
+        self.recv_input = s > 0
+        self.send_output = s < plan.pp - 1
+        self.boundary = boundary_bytes(spec, plan)
+        self.sharded = plan.shard_optimizer
+        params = {u: unit_params(spec, u) for u in units}
+        vbp, gbp = view_bytes_per_param(plan), grad_bytes_per_param(plan)
+        self.view = {u: params[u] * vbp for u in units}
+        self.grad_full = {u: params[u] * gbp for u in units}
+        self.grad_shard = {u: shard_bytes(self.grad_full[u], plan) for u in units}
+        policy = {u: plan.recompute_of(spec, s, u) for u in units}
+        self.keep = {u: activation_bytes(spec, plan, u, policy[u], flash=flash) for u in units}
+        full = {u: activation_bytes(spec, plan, u, "none", flash=flash) for u in units}
+        self.recomputed = {u: full[u] - self.keep[u] for u in units}
+        self.fws = {
+            u: forward_workspace_bytes(spec, plan, u, policy[u], flash=flash) for u in units
+        }
+        self.bws = {u: backward_workspace_bytes(spec, plan, u, flash=flash) for u in units}
+        self.state = [0] * len(STATE_CLASSES)
+        self.state[_MASTER] = sum(
+            shard_bytes(params[u] * MASTER_BYTES_PER_PARAM, plan) for u in units
+        )
+        self.state[_OPT] = sum(shard_bytes(params[u] * ADAM_BYTES_PER_PARAM, plan) for u in units)
+        persistent = sch.meta.get("view_policy", "persistent") == "persistent"
+        self.live_views = set(units) if persistent and vbp else set()
+        self.state[_VIEW] = sum(self.view[u] for u in self.live_views)
+        self.grad: dict[int, int] = {}
+        self.act: dict[tuple[int, int], int] = {}
+        self.host: dict[tuple[int, int], int] = {}
+
+    # -- effects ----------------------------------------------------------------------------
+    def _start(self, a: Action) -> list[tuple[int, int]]:
+        """Apply what `a` allocates; return the (class, bytes) it frees when it ends."""
+        st, op = self.state, a.op
+        if op is Op.F:
+            u = a.units[0]
+            st[_ACT] += self.keep[u]
+            self.act[(u, a.mb)] = self.keep[u]
+            if u == self.first_unit and self.recv_input:
+                st[_COMM] -= self.boundary  # the received buffer becomes the unit's input
+            if u == self.last_unit and self.send_output:
+                st[_COMM] += self.boundary  # the output, held until its SEND lands
+            st[_WS] += self.fws[u]
+            return [(_WS, self.fws[u])]
+        if op is Op.B:
+            u = a.units[0]
+            if u not in self.grad:
+                self.grad[u] = self.grad_full[u]
+                st[_GRAD] += self.grad_full[u]
+            if u == self.first_unit and self.recv_input:
+                st[_COMM] += self.boundary  # the input gradient, held until its SEND lands
+            st[_WS] += self.bws[u]
+            ends = [(_WS, self.bws[u]), (_ACT, self.act.pop((u, a.mb)))]
+            if u == self.last_unit and self.send_output:
+                ends.append((_COMM, self.boundary))  # the received gradient is consumed
+            return ends
+        if op is Op.VIEW_FETCH:
+            for u in a.units:
+                if u not in self.live_views:
+                    self.live_views.add(u)
+                    st[_VIEW] += self.view[u]
+        elif op is Op.VIEW_DROP:
+            for u in a.units:
+                self.live_views.discard(u)
+            return [(_VIEW, sum(self.view[u] for u in a.units))]
+        elif op is Op.RECOMPUTE:
+            u = a.units[0]
+            st[_ACT] += self.recomputed[u]
+            self.act[(u, a.mb)] += self.recomputed[u]
+        elif op is Op.UPDATE:
+            return [(_GRAD, self.grad.pop(u)) for u in a.units]
+        elif op is Op.RECV_F or op is Op.RECV_B:
+            st[_COMM] += self.boundary
+        elif op is Op.RELOAD:
+            key = (a.units[0], a.mb)
+            back = self.host.pop(key)
+            st[_ACT] += back
+            self.act[key] += back
+        return []
+
+    def _land(self, a: Action) -> None:
+        """What an async action frees once it has landed."""
+        st = self.state
+        if a.op is Op.GRAD_SYNC and self.sharded:
+            for u in a.units:
+                st[_GRAD] -= self.grad[u] - self.grad_shard[u]
+                self.grad[u] = self.grad_shard[u]
+        elif a.op in (Op.SEND_F, Op.SEND_B):
+            st[_COMM] -= self.boundary
+        elif a.op is Op.OFFLOAD:
+            key = (a.units[0], a.mb)
+            self.host[key] = self.act[key]
+            st[_ACT] -= self.act[key]
+            self.act[key] = 0
+
+    # -- the walk ---------------------------------------------------------------------------
+    def run(self, land: dict[int, int], keep_trace: bool) -> StageMemory:
+        acts, st = self.acts, self.state
+        land_before: dict[int, list[Action]] = {}
+        for i, j in land.items():
+            if acts[i].op in _LAND_BY_DEPENDENT:
+                land_before.setdefault(j, []).append(acts[i])
+        static = sum(st)
+        pending: list[Action] = []  # land when the next compute action ends
+        rows: list[tuple[int, tuple[int, ...]]] = []
+        peak, peak_i, peak_state = -1, 0, list(st)
+        for i, a in enumerate(acts):
+            for b in land_before.get(i, ()):
+                self._land(b)
+            ends = self._start(a)
+            total = sum(st)
+            if total > peak:
+                peak, peak_i, peak_state = total, i, list(st)
+            if keep_trace:
+                rows.append((i, tuple(st)))
+            for c, n in ends:
+                st[c] -= n
+            if a.op in _COMPUTE_OPS:
+                for b in pending:
+                    self._land(b)
+                pending = []
+            elif a.op in _LAND_AFTER_COMPUTE or (a.op in _LAND_BY_DEPENDENT and i not in land):
+                pending.append(a)
+        return StageMemory(
+            stage=self.s,
+            peak_bytes=peak,
+            peak_action_index=peak_i,
+            breakdown_at_peak=dict(zip(STATE_CLASSES, peak_state, strict=True)),
+            static_bytes=static,
+            rows=rows,
+        )

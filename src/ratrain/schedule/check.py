@@ -1,0 +1,382 @@
+"""Validity checks of a schedule: structure, pairing, lifetimes, gradients, and a dry run.
+
+Pure Python (no torch). `check_schedule` raises `ScheduleError` listing every problem
+found; `find_problems` returns them. The checks:
+
+- structure: one list per stage, each action on its own stage, no duplicates, every
+  dependency present in the schedule, microbatches in range;
+- compute: every (unit, mb) of a stage has exactly one F and one B, the F first;
+- transfers: every SEND paired with exactly one RECV on the adjacent stage (same mb and
+  unit) that depends on it, and every RECV with its SEND;
+- lifetimes, walking each stage's list in program order: a view is read only while live
+  (persistent views are live from the start; VIEW_DROP ends a view), and a read after
+  an asynchronous VIEW_FETCH depends on it; an activation is used only after its F,
+  before its B, on the device (not offloaded without a RELOAD the use depends on), and a
+  B whose unit recomputes has its RECOMPUTE;
+- gradients: each unit synced exactly once after all its B, updated exactly once after
+  its sync (a dependency, directly or through the global checks), waiting for every
+  global check the plan needs, and never read by F/B/RECOMPUTE after its update;
+- a dry run in the execution semantics of `ratrain.schedule.ir` with unit durations
+  (`dry_run`), which reports the stuck actions of a deadlock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, deque
+
+from ratrain.config import Plan
+from ratrain.errors import RatrainError
+from ratrain.models.spec import ModelSpec
+from ratrain.schedule.ir import Action, Op, Resource, Schedule, format_action
+from ratrain.schedule.lowering import global_checks, reads_view
+
+__all__ = ["ScheduleError", "check_schedule", "find_problems", "dry_run"]
+
+_SHOWN = 8  # problems spelled out in the error message
+_GLOBAL = (Op.GRAD_NORM, Op.OVERFLOW)
+
+
+class ScheduleError(RatrainError):
+    """A schedule that would compute the wrong thing or hang; `.problems` lists why."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        shown = "; ".join(problems[:_SHOWN])
+        more = f"; and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
+        super().__init__(f"invalid schedule, {len(problems)} problem(s): {shown}{more}")
+
+
+def check_schedule(schedule: Schedule, spec: ModelSpec, plan: Plan) -> None:
+    problems = find_problems(schedule, spec, plan)
+    if problems:
+        raise ScheduleError(problems)
+
+
+def find_problems(schedule: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
+    problems = _structure(schedule, spec, plan)
+    if problems:  # the other checks assume a well-formed schedule
+        return problems
+    problems += _compute(schedule, spec, plan)
+    problems += _transfers(schedule)
+    problems += _lifetimes(schedule, spec, plan)
+    problems += _gradients(schedule, spec, plan)
+    if not problems:
+        try:
+            dry_run(schedule)
+        except ScheduleError as e:
+            problems += e.problems
+    return problems
+
+
+def _f(a: Action) -> str:
+    return format_action(a)
+
+
+def _structure(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
+    if sch.pp != plan.pp:
+        return [f"{sch.pp} stage lists for pp={plan.pp}"]
+    out = []
+    seen: Counter[Action] = Counter(sch.actions())
+    out += [f"{_f(a)} appears {n} times" for a, n in seen.items() if n > 1]
+    m = plan.microbatches
+    for s, acts in enumerate(sch.stages):
+        for a in acts:
+            if a.stage != s:
+                out.append(f"{_f(a)} is in stage {s}'s list")
+            if a.mb is not None and not 0 <= a.mb < m:
+                out.append(f"{_f(a)}: microbatch out of range 0..{m - 1}")
+    for a, deps in sch.deps.items():
+        if a not in seen:
+            continue  # deps of actions a lowering dropped are harmless
+        out += [
+            f"{_f(a)} depends on {_f(d)}, which is not in the schedule"
+            for d in deps
+            if d not in seen
+        ]
+    return out
+
+
+def _compute(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
+    out = []
+    m = plan.microbatches
+    for s, acts in enumerate(sch.stages):
+        units = set(plan.stage_units(spec, s))
+        for a in acts:
+            if a.op not in _GLOBAL and a.op not in (Op.RECV_F, Op.RECV_B, Op.SEND_F, Op.SEND_B):
+                if not set(a.units) <= units or not a.units:
+                    out.append(
+                        f"{_f(a)} touches units outside stage {s}'s {min(units)}..{max(units)}"
+                    )
+        for op in (Op.F, Op.B):
+            n = Counter((a.unit, a.mb) for a in acts if a.op is op and len(a.units) == 1)
+            for u in sorted(units):
+                for mb in range(m):
+                    if n[(u, mb)] != 1:
+                        out.append(f"stage {s} has {n[(u, mb)]} {op.value}({u}, {mb}), expected 1")
+    return out
+
+
+def _transfers(sch: Schedule) -> list[str]:
+    out = []
+    pair = {Op.SEND_F: (Op.RECV_F, 1), Op.SEND_B: (Op.RECV_B, -1)}
+    all_acts = set(sch.actions())
+    for a in all_acts:
+        if a.op in pair:
+            op, ds = pair[a.op]
+            r = Action(op, a.stage + ds, a.units, a.mb)
+            if r not in all_acts:
+                out.append(f"{_f(a)} has no matching {_f(r)}")
+            elif a not in sch.deps_of(r):
+                out.append(f"{_f(r)} does not depend on its {_f(a)}")
+    back = {Op.RECV_F: (Op.SEND_F, -1), Op.RECV_B: (Op.SEND_B, 1)}
+    for a in all_acts:
+        if a.op in back:
+            op, ds = back[a.op]
+            snd = Action(op, a.stage + ds, a.units, a.mb)
+            if snd not in all_acts:
+                out.append(f"{_f(a)} has no matching {_f(snd)}")
+    return sorted(out)
+
+
+def _lifetimes(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
+    out = []
+    for s, acts in enumerate(sch.stages):
+        out += _view_lifetimes(sch, s, acts)
+        out += _activation_lifetimes(sch, spec, plan, s, acts)
+    return out
+
+
+def _view_lifetimes(sch: Schedule, s: int, acts: list[Action]) -> list[str]:
+    if sch.meta.get("view_fetch") is None:
+        return []  # the view is the master: always live
+    out = []
+    persistent = sch.meta.get("view_policy", "persistent") == "persistent"
+    live = set(sch.meta["stage_units"][s]) if persistent else set()
+    dropped: set[int] = set()
+    pending: dict[int, Action] = {}
+    for a in acts:
+        if a.op is Op.VIEW_FETCH:
+            live |= set(a.units)
+            pending.update({u: a for u in a.units})
+        elif a.op is Op.VIEW_DROP:
+            out += [f"{_f(a)} drops a view that is not live" for u in a.units if u not in live]
+            live -= set(a.units)
+            dropped |= set(a.units)
+        elif reads_view(a):
+            u = a.unit
+            if u not in live:
+                why = "after its VIEW_DROP" if u in dropped else "without a VIEW_FETCH"
+                out.append(f"{_f(a)} reads the view of unit {u} {why}")
+            elif u in pending:
+                vf = pending.pop(u)
+                if vf not in sch.deps_of(a):
+                    out.append(f"{_f(a)} reads unit {u}'s view without depending on {_f(vf)}")
+    return out
+
+
+def _activation_lifetimes(sch, spec, plan, s: int, acts: list[Action]) -> list[str]:
+    out = []
+    f_at = {(a.unit, a.mb): i for i, a in enumerate(acts) if a.op is Op.F}
+    state: dict[tuple[int, int], str] = {}  # "device" | "host" | "freed"
+    recomputed: set[tuple[int, int]] = set()
+    reloads: dict[tuple[int, int], Action] = {}
+    for i, a in enumerate(acts):
+        if a.op not in (Op.F, Op.B, Op.RECOMPUTE, Op.OFFLOAD, Op.RELOAD):
+            continue
+        key = (a.unit, a.mb)
+        st = state.get(key)
+        if a.op is Op.F:
+            if st is not None:
+                out.append(f"{_f(a)} runs again")
+            state[key] = "device"
+            continue
+        if st is None:
+            when = "before its F" if f_at.get(key, -1) > i else "without its F"
+            out.append(f"{_f(a)} {when}")
+            continue
+        if st == "freed":
+            out.append(f"{_f(a)} uses activations its B already freed")
+            continue
+        if a.op is Op.OFFLOAD:
+            state[key] = "host"
+        elif a.op is Op.RELOAD:
+            if st != "host":
+                out.append(f"{_f(a)} reloads activations that were not offloaded")
+            state[key] = "device"
+            reloads[key] = a
+        else:  # RECOMPUTE or B: reads the activations on the device
+            if st == "host":
+                out.append(f"{_f(a)} reads offloaded activations without a RELOAD")
+            if key in reloads:
+                rel = reloads.pop(key)
+                if rel not in sch.deps_of(a):
+                    out.append(f"{_f(a)} does not depend on {_f(rel)}")
+            if a.op is Op.RECOMPUTE:
+                recomputed.add(key)
+            else:
+                policy = plan.recompute_of(spec, s, a.unit)
+                if policy != "none" and key not in recomputed:
+                    out.append(f"{_f(a)} needs a RECOMPUTE (policy {policy})")
+                state[key] = "freed"
+    return out
+
+
+def _reaches(sch: Schedule, a: Action, target: Action) -> bool:
+    """Whether `a` depends on `target` directly or through global checks / syncs."""
+    stack, seen = [a], set()
+    while stack:
+        x = stack.pop()
+        for d in sch.deps_of(x):
+            if d == target:
+                return True
+            if d not in seen and d.op in (*_GLOBAL, Op.GRAD_SYNC):
+                seen.add(d)
+                stack.append(d)
+    return False
+
+
+def _gradients(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
+    out = []
+    needed = global_checks(plan)
+    for s, acts in enumerate(sch.stages):
+        last_b: dict[int, int] = {}
+        syncs: dict[int, list[tuple[int, Action]]] = {}
+        updates: dict[int, list[tuple[int, Action]]] = {}
+        checks = [a for a in acts if a.op in _GLOBAL]
+        for i, a in enumerate(acts):
+            if a.op is Op.B:
+                last_b[a.unit] = i
+            elif a.op is Op.GRAD_SYNC:
+                for u in a.units:
+                    syncs.setdefault(u, []).append((i, a))
+            elif a.op is Op.UPDATE:
+                for u in a.units:
+                    updates.setdefault(u, []).append((i, a))
+        for op in needed:
+            n = sum(a.op is op for a in checks)
+            if n != 1:
+                out.append(f"stage {s} has {n} {op.value}, expected 1 (the plan needs it)")
+        updated_at = {}
+        for u in plan.stage_units(spec, s):
+            su, up = syncs.get(u, []), updates.get(u, [])
+            if len(su) != 1:
+                out.append(f"stage {s}: unit {u} synced {len(su)} times, expected once")
+            if len(up) != 1:
+                out.append(f"stage {s}: unit {u} updated {len(up)} times, expected once")
+            if len(su) == 1 and su[0][0] < last_b.get(u, -1):
+                out.append(f"{_f(su[0][1])} is issued before the last B of unit {u}")
+            if len(su) == 1 and len(up) == 1:
+                (i_s, sync), (i_u, upd) = su[0], up[0]
+                if i_u < i_s or not _reaches(sch, upd, sync):
+                    out.append(f"{_f(upd)} does not wait for {_f(sync)}")
+            if up:
+                updated_at[u] = up[0][0]
+        for upd in {a for lst in updates.values() for _, a in lst}:
+            out += [
+                f"{_f(upd)} does not wait for {_f(g)}"
+                for g in checks
+                if g.op in needed and g not in sch.deps_of(upd)
+            ]
+        for i, a in enumerate(acts):
+            if a.op in (Op.F, Op.B, Op.RECOMPUTE) and i > updated_at.get(a.unit, len(acts)):
+                out.append(f"{_f(a)} reads unit {a.unit} after its UPDATE")
+    return out
+
+
+def dry_run(sch: Schedule, duration=None) -> int:
+    """Execute the schedule in the semantics of `ratrain.schedule.ir` with unit durations
+    (VIEW_DROP takes 0). Returns the step's length in those units; raises `ScheduleError`
+    naming the stuck actions if it deadlocks."""
+    dur = duration or (lambda a: 0 if a.resource is Resource.NONE else 1)
+    pp = sch.pp
+    remaining: dict[Action, int] = {}
+    dependents: dict[Action, list[Action]] = {}
+    for a in sch.actions():
+        deps = sch.deps_of(a)
+        remaining[a] = len(deps)
+        for d in deps:
+            dependents.setdefault(d, []).append(a)
+    n_global = Counter(a.op for a in remaining if a.op in _GLOBAL)
+    pc = [0] * pp
+    running: list[Action | None] = [None] * pp  # compute action in progress
+    queues = [{r: deque() for r in Resource if r is not Resource.COMPUTE} for _ in range(pp)]
+    busy: list[dict[Resource, Action | None]] = [dict.fromkeys(q) for q in queues]
+    ready: dict[Op, set[int]] = {op: set() for op in _GLOBAL}
+    events: list[tuple[int, int, int, Action]] = []  # (time, seq, stage, action)
+    t, seq = 0, 0
+    completed: set[Action] = set()
+
+    def start(s: int, a: Action) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (t + dur(a), seq, s, a))
+
+    while True:
+        progressed = True
+        while progressed:
+            progressed = False
+            for s in range(pp):
+                acts = sch.stages[s]
+                while running[s] is None and pc[s] < len(acts):
+                    a = acts[pc[s]]
+                    if a.resource is Resource.COMPUTE:
+                        if remaining[a] == 0:
+                            running[s] = a
+                            start(s, a)
+                            pc[s] += 1
+                            progressed = True
+                        break
+                    queues[s][a.resource].append(a)
+                    pc[s] += 1
+                    progressed = True
+                for r, q in queues[s].items():
+                    if busy[s][r] is not None or not q or remaining[q[0]]:
+                        continue
+                    a = q[0]
+                    if a.op in _GLOBAL:
+                        ready[a.op].add(s)
+                        if len(ready[a.op]) < n_global[a.op]:
+                            continue
+                        for s2 in ready.pop(a.op):  # the whole collective starts at once
+                            g = queues[s2][r].popleft()
+                            busy[s2][r] = g
+                            start(s2, g)
+                        ready[a.op] = set()
+                    else:
+                        q.popleft()
+                        busy[s][r] = a
+                        start(s, a)
+                    progressed = True
+        if not events:
+            break
+        t = events[0][0]
+        while events and events[0][0] == t:
+            _, _, s, a = heapq.heappop(events)
+            completed.add(a)
+            if a.resource is Resource.COMPUTE:
+                running[s] = None
+            else:
+                busy[s][a.resource] = None
+            for b in dependents.get(a, ()):
+                remaining[b] -= 1
+    if len(completed) < len(remaining):
+        raise ScheduleError(_stuck(sch, completed, pc, queues, t))
+    return t
+
+
+def _stuck(sch: Schedule, completed: set[Action], pc: list[int], queues, t: int) -> list[str]:
+    def waits(a: Action) -> str:
+        deps = [_f(d) for d in sch.deps_of(a) if d not in completed]
+        return ", ".join(deps) or "the other stages to join the collective"
+
+    out = [f"deadlock at t={t}"]
+    for s, acts in enumerate(sch.stages):
+        if pc[s] < len(acts) and acts[pc[s]].resource is Resource.COMPUTE:
+            out.append(f"stage {s} waits at {_f(acts[pc[s]])} for {waits(acts[pc[s]])}")
+        for r, q in queues[s].items():
+            if q:
+                out.append(
+                    f"stage {s} {r.value} queue stuck at {_f(q[0])}, waiting for {waits(q[0])}"
+                )
+    return out

@@ -1,0 +1,347 @@
+"""The three lowerings of a plain 1F1B step: baseline, gpu-style and ratrain.
+
+Pure Python (no torch). Each starts from `build_1f1b` and adds the actions of the
+training-state lifecycle, with their dependencies, per stage:
+
+- ``baseline`` (Baseline-1F1B, the semantically equivalent reference): after the stage's
+  last backward, one GRAD_SYNC of all its units, the global NORM (if ``clip_grad``) and
+  OVF (if fp16), one UPDATE of the stage, one VIEW_FETCH refreshing its views.
+- ``gpu-style`` (Megatron-LM): gradients in buckets of ``plan.bucket_bytes`` filled in
+  backward unit order; GRAD_SYNC(bucket) right after the last microbatch's B of the
+  bucket's last unit, so it overlaps the rest of the backward; then as baseline.
+- ``ratrain`` (lifecycle): GRAD_SYNC(u) right after the last microbatch's B(u). UPDATE(u)
+  and the refresh VIEW_FETCH(u) follow the stage's last backward action, in sync order, so
+  each lands on the compute thread after its own sync and never delays a SEND_B that an
+  upstream stage waits for; with global checks they also wait for NORM/OVF (exact
+  clipping and overflow skipping). Transient views are fetched ``view_lookahead`` uses
+  ahead and dropped after a use unless the unit is used again within the lookahead.
+  With ``offload_activations`` a microbatch whose F and B are separated by another
+  forward pass has OFFLOAD(u, mb) after F(u, mb) and RELOAD(u, mb) `RELOAD_AHEAD_UNITS`
+  units ahead of its B.
+
+All three place RECOMPUTE(u, mb) just before the B(u, mb) that needs it (policy
+``plan.recompute_of``), keep persistent views in baseline and gpu-style, and follow the
+plan's shard_optimizer, grad_dtype, clip_grad and compute_dtype.
+
+What the simulator needs to cost an action:
+- ``action_bytes(action, spec, plan)``: bytes a non-compute action moves (see there),
+  and for UPDATE the optimizer's memory traffic; compute FLOPs come from
+  `ratrain.models.counts` (`unit_fwd_flops`, `unit_bwd_flops`, `unit_recompute_flops`
+  with ``plan.recompute_of``).
+- ``schedule.meta``:
+  ``microbatches``, ``stage_units`` (tuple of units per stage);
+  ``grad_sync``: "all-reduce" | "reduce-scatter" (the GRAD_SYNC collective over dp);
+  ``view_fetch``: "cast" (fp32 master -> view on the copy engine) | "all-gather" (of the
+  updated shards over dp: a DP_NET collective despite `Op.VIEW_FETCH`'s COPY resource) |
+  None (fp32 unsharded: the view is the master, no VIEW_FETCH is emitted);
+  ``view_policy``: "persistent" | "transient" (what the schedule does, not what the plan
+  asked: baseline and gpu-style are always persistent);
+  ``global_checks``: the ops among (GRAD_NORM, OVERFLOW) present on every stage;
+  ``buckets`` (gpu-style): per stage, the units of each GRAD_SYNC bucket.
+"""
+
+from __future__ import annotations
+
+from ratrain.config import Plan
+from ratrain.memory.activations import activation_bytes, boundary_bytes
+from ratrain.memory.states import (
+    ADAM_BYTES_PER_PARAM,
+    MASTER_BYTES_PER_PARAM,
+    grad_bytes_per_param,
+    shard_bytes,
+    view_bytes_per_param,
+)
+from ratrain.models.counts import unit_params
+from ratrain.models.spec import ModelSpec
+from ratrain.schedule.ir import Action, Op, Schedule
+from ratrain.schedule.onef1b import build_1f1b, pass_order, splice
+
+__all__ = [
+    "build_schedule",
+    "lower_baseline",
+    "lower_gpu_style",
+    "lower_ratrain",
+    "global_checks",
+    "reads_view",
+    "action_bytes",
+    "RELOAD_AHEAD_UNITS",
+]
+
+RELOAD_AHEAD_UNITS = 2
+"""assumed: a RELOAD issued two units' backward ahead of its use has landed by then."""
+
+_SCALAR_BYTES = 4  # fp32 partial norm / overflow flag per stage
+
+
+def build_schedule(spec: ModelSpec, plan: Plan) -> Schedule:
+    """One training step of `plan`, lowered as ``plan.schedule`` says."""
+    plan.check_for(spec)
+    lower = {"baseline": lower_baseline, "gpu-style": lower_gpu_style, "ratrain": lower_ratrain}
+    return lower[plan.schedule](spec, plan)
+
+
+def global_checks(plan: Plan) -> tuple[Op, ...]:
+    """The global reductions exact semantics need: the gradient norm for clipping, the
+    overflow flag for fp16 loss scaling."""
+    ops = []
+    if plan.clip_grad is not None:
+        ops.append(Op.GRAD_NORM)
+    if plan.compute_dtype == "fp16":
+        ops.append(Op.OVERFLOW)
+    return tuple(ops)
+
+
+def reads_view(a: Action) -> bool:
+    """Whether the action reads its unit's parameter view. The embedding's backward does
+    not: its weight gradient is a scatter of the incoming gradient by token id."""
+    return a.op in (Op.F, Op.RECOMPUTE) or (a.op is Op.B and a.units != (0,))
+
+
+def _base(spec: ModelSpec, plan: Plan, kind: str, view_policy: str) -> Schedule:
+    sch = build_1f1b(spec, plan, kind)
+    vb = view_bytes_per_param(plan)
+    sch.meta.update(
+        grad_sync="reduce-scatter" if plan.shard_optimizer else "all-reduce",
+        view_fetch=None if vb == 0 else ("all-gather" if plan.shard_optimizer else "cast"),
+        view_policy=view_policy,
+        global_checks=global_checks(plan),
+    )
+    _add_recompute(sch, spec, plan)
+    return sch
+
+
+def _add_recompute(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
+    for s, acts in enumerate(sch.stages):
+        recomputed = {
+            u for u in sch.meta["stage_units"][s] if plan.recompute_of(spec, s, u) != "none"
+        }
+        if not recomputed:
+            continue
+        before: dict[int, list[Action]] = {}
+        for i, a in enumerate(acts):
+            if a.op is Op.B and a.units[0] in recomputed:
+                rc = Action(Op.RECOMPUTE, s, a.units, a.mb)
+                sch.deps[rc] = (Action(Op.F, s, a.units, a.mb),)
+                sch.add_dep(a, rc)
+                before[i] = [rc]
+        sch.stages[s] = splice(acts, before)
+
+
+def _last_b_index(acts: list[Action], m: int) -> dict[int, int]:
+    """Unit -> index of its last microbatch's B, by one scan (no hashing)."""
+    return {a.units[0]: i for i, a in enumerate(acts) if a.op is Op.B and a.mb == m - 1}
+
+
+def _last_bs(s: int, units, m: int) -> list[Action]:
+    return [Action(Op.B, s, (u,), m - 1) for u in units]
+
+
+def _checks(sch: Schedule, plan: Plan, s: int, syncs: list[Action]) -> list[Action]:
+    out = []
+    for op in global_checks(plan):
+        g = Action(op, s)
+        sch.add_dep(g, *syncs)
+        out.append(g)
+    return out
+
+
+def _stage_tail(sch: Schedule, plan: Plan, s: int, units: tuple[int, ...], syncs: list[Action]):
+    """Global checks, one stage-wide UPDATE and one VIEW_FETCH refreshing the views."""
+    checks = _checks(sch, plan, s, syncs)
+    upd = Action(Op.UPDATE, s, units)
+    sch.add_dep(upd, *syncs, *checks)
+    tail = [*checks, upd]
+    if sch.meta["view_fetch"] is not None:
+        vf = Action(Op.VIEW_FETCH, s, units)
+        sch.add_dep(vf, upd)
+        tail.append(vf)
+    return tail
+
+
+def lower_baseline(spec: ModelSpec, plan: Plan) -> Schedule:
+    sch = _base(spec, plan, "baseline", "persistent")
+    m = plan.microbatches
+    for s in range(plan.pp):
+        units = sch.meta["stage_units"][s]
+        sync = Action(Op.GRAD_SYNC, s, units)
+        sch.add_dep(sync, *_last_bs(s, units, m))
+        sch.stages[s] += [sync, *_stage_tail(sch, plan, s, units, [sync])]
+    return sch
+
+
+def _buckets(spec: ModelSpec, plan: Plan, units: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Units in backward order, grouped until a bucket holds >= bucket_bytes of gradient."""
+    buckets, cur, cur_bytes = [], [], 0
+    for u in reversed(units):
+        cur.append(u)
+        cur_bytes += unit_params(spec, u) * grad_bytes_per_param(plan)
+        if cur_bytes >= plan.bucket_bytes:
+            buckets.append(tuple(sorted(cur)))
+            cur, cur_bytes = [], 0
+    if cur:
+        buckets.append(tuple(sorted(cur)))
+    return buckets
+
+
+def lower_gpu_style(spec: ModelSpec, plan: Plan) -> Schedule:
+    sch = _base(spec, plan, "gpu-style", "persistent")
+    m = plan.microbatches
+    sch.meta["buckets"] = []
+    for s, acts in enumerate(sch.stages):
+        units = sch.meta["stage_units"][s]
+        last_b = _last_b_index(acts, m)
+        buckets = _buckets(spec, plan, units)
+        after: dict[int, list[Action]] = {}
+        syncs = []
+        for bucket in buckets:
+            sync = Action(Op.GRAD_SYNC, s, bucket)
+            sch.add_dep(sync, *_last_bs(s, bucket, m))
+            after[last_b[bucket[0]]] = [sync]
+            syncs.append(sync)
+        sch.stages[s] = splice(acts, after=after) + _stage_tail(sch, plan, s, units, syncs)
+        sch.meta["buckets"].append(buckets)
+    return sch
+
+
+def lower_ratrain(spec: ModelSpec, plan: Plan) -> Schedule:
+    view_policy = plan.view_policy if view_bytes_per_param(plan) else "persistent"
+    sch = _base(spec, plan, "ratrain", view_policy)
+    if plan.offload_activations:
+        _add_offload(sch, spec, plan)
+    if view_policy == "transient":
+        _add_transient_views(sch, plan.view_lookahead)
+    m = plan.microbatches
+    for s, acts in enumerate(sch.stages):
+        units = sch.meta["stage_units"][s]
+        last_b = _last_b_index(acts, m)
+        after: dict[int, list[Action]] = {}
+        syncs = []
+        for u in reversed(units):  # backward order: the order the syncs are issued in
+            sync = Action(Op.GRAD_SYNC, s, (u,))
+            sch.deps[sync] = (acts[last_b[u]],)
+            after.setdefault(last_b[u], []).append(sync)
+            syncs.append(sync)
+        checks = _checks(sch, plan, s, syncs)
+        tail = list(checks)
+        for sync in syncs:
+            upd = Action(Op.UPDATE, s, sync.units)
+            sch.add_dep(upd, sync, *checks)
+            tail.append(upd)
+            if view_policy == "persistent" and sch.meta["view_fetch"] is not None:
+                vf = Action(Op.VIEW_FETCH, s, sync.units)
+                sch.add_dep(vf, upd)
+                tail.append(vf)
+        sch.stages[s] = splice(acts, after=after) + tail
+    return sch
+
+
+def _offloaded_mbs(pp: int, m: int, s: int) -> set[int]:
+    """Microbatches with another forward pass between their forward and backward passes:
+    the others go straight from F to B, where an offload would only add traffic."""
+    order = pass_order(pp, m, s)
+    f_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.F}
+    b_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.B}
+    forwards_before = [0]
+    for op, _ in order:
+        forwards_before.append(forwards_before[-1] + (op is Op.F))
+    return {mb for mb in range(m) if forwards_before[b_at[mb]] - forwards_before[f_at[mb] + 1] > 0}
+
+
+def _add_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
+    deps = sch.deps
+    for s, acts in enumerate(sch.stages):
+        units = sch.meta["stage_units"][s]
+        offloaded = _offloaded_mbs(plan.pp, plan.microbatches, s)
+        f_at: dict[tuple[int, int], int] = {}
+        work_at: dict[tuple[int, int], int] = {}  # where the backward work of (u, mb) starts
+        pass_start: dict[int, int] = {}  # mb -> first action of its backward pass
+        for i, a in enumerate(acts):
+            if a.mb not in offloaded:
+                continue
+            if a.op is Op.F:
+                f_at[(a.units[0], a.mb)] = i
+            elif a.op in (Op.B, Op.RECOMPUTE):
+                work_at.setdefault((a.units[0], a.mb), i)
+            if a.op in (Op.RECV_B, Op.B, Op.RECOMPUTE):
+                pass_start.setdefault(a.mb, i)
+        before: dict[int, list[Action]] = {}
+        after: dict[int, list[Action]] = {}
+        for (u, mb), i in f_at.items():
+            off, rel = Action(Op.OFFLOAD, s, (u,), mb), Action(Op.RELOAD, s, (u,), mb)
+            deps[off] = (acts[i],)
+            deps[rel] = (off,)
+            after.setdefault(i, []).append(off)
+            ahead = u + RELOAD_AHEAD_UNITS
+            at = work_at[(ahead, mb)] if ahead <= units[-1] else pass_start[mb]
+            before.setdefault(at, []).append(rel)
+            sch.add_dep(acts[work_at[(u, mb)]], rel)
+        for lst in before.values():
+            lst.sort(key=lambda a: -a.units[0])  # the unit needed first is reloaded first
+        sch.stages[s] = splice(acts, before, after)
+
+
+def _add_transient_views(sch: Schedule, lookahead: int) -> None:
+    """Fetch each view `lookahead` uses ahead of its use, drop it after the use unless the
+    next use is close enough that the fetch would follow the drop at once."""
+    deps = sch.deps
+    for s, acts in enumerate(sch.stages):
+        uses = [(i, a.units[0]) for i, a in enumerate(acts) if reads_view(a)]
+        next_use: list[int | None] = [None] * len(uses)
+        seen: dict[int, int] = {}
+        for k in range(len(uses) - 1, -1, -1):
+            next_use[k] = seen.get(uses[k][1])
+            seen[uses[k][1]] = k
+        before: dict[int, list[Action]] = {}
+        after: dict[int, list[Action]] = {}
+        visit: dict[int, int] = {}
+        fetched: dict[int, Action] = {}  # unit -> its fetch, until the first use depends on it
+        live: set[int] = set()
+        for k, (i, u) in enumerate(uses):
+            if u not in live:
+                vf = Action(Op.VIEW_FETCH, s, (u,), visit=visit.get(u, 0))
+                at = uses[k - lookahead][0] if k - lookahead > 0 else 0
+                before.setdefault(at, []).append(vf)
+                live.add(u)
+                fetched[u] = vf
+            use = acts[i]
+            if u in fetched:
+                deps[use] = deps.get(use, ()) + (fetched.pop(u),)
+            nk = next_use[k]
+            if nk is None or nk - lookahead > k + 1:
+                vd = Action(Op.VIEW_DROP, s, (u,), visit=visit.get(u, 0))
+                deps[vd] = (use,)
+                after.setdefault(i, []).append(vd)
+                live.discard(u)
+                visit[u] = visit.get(u, 0) + 1
+        sch.stages[s] = splice(acts, before, after)
+
+
+def action_bytes(action: Action, spec: ModelSpec, plan: Plan, *, flash: bool = True) -> int:
+    """Bytes an action moves, for the cost models.
+
+    SEND/RECV: one microbatch's boundary hidden states (or gradient), compute dtype.
+    GRAD_SYNC: the full gradient of its units in grad_dtype (the collective's input; see
+    meta["grad_sync"] for all-reduce vs reduce-scatter). VIEW_FETCH: the full view of its
+    units (meta["view_fetch"]: cast or all-gather). OFFLOAD/RELOAD: what (unit, mb) keeps
+    under its recompute policy. NORM/OVF: one fp32 scalar. UPDATE: the optimizer step's
+    memory traffic on this replica: read the gradient, read and write the fp32 master and
+    Adam's m and v (shard share when sharded). F/B/RECOMPUTE/VIEW_DROP: 0 (compute is
+    costed by FLOPs, see `ratrain.models.counts`).
+    """
+    op = action.op
+    if op in (Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B):
+        return boundary_bytes(spec, plan)
+    params = sum(unit_params(spec, u) for u in action.units)
+    if op is Op.GRAD_SYNC:
+        return params * grad_bytes_per_param(plan)
+    if op is Op.VIEW_FETCH:
+        return params * view_bytes_per_param(plan)
+    if op in (Op.OFFLOAD, Op.RELOAD):
+        policy = plan.recompute_of(spec, action.stage, action.unit)
+        return activation_bytes(spec, plan, action.unit, policy, flash=flash)
+    if op in (Op.GRAD_NORM, Op.OVERFLOW):
+        return _SCALAR_BYTES
+    if op is Op.UPDATE:
+        states = 2 * (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM)  # read + write
+        return shard_bytes(params * (states + grad_bytes_per_param(plan)), plan)
+    return 0
