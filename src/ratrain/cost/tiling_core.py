@@ -1,0 +1,325 @@
+"""Machinery of the tile model (`ratrain.cost.tiling`): the plan record, the platform as the
+model sees it, byte tallies, the double-buffered pipeline and the choice among tile sets.
+
+Pure Python (no torch). The model itself is described in `ratrain.cost.tiling`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ratrain.config import DTYPE_BYTES
+from ratrain.errors import RatrainError
+from ratrain.platforms import Platform, Tier
+
+__all__ = [
+    "ACC_BYTES",
+    "DDR_SLACK",
+    "TilePlan",
+    "Hw",
+    "Tally",
+    "Priced",
+    "applies",
+    "platform_key",
+    "hw_variants",
+    "fits",
+    "make_plan",
+    "select",
+    "steps",
+    "chunks",
+    "ceil_div",
+    "sizes",
+    "edges",
+    "floor_sum",
+    "pipeline_s",
+]
+
+ACC_BYTES = 4  # fp32 accumulators, softmax statistics and dQ partial sums
+DDR_SLACK = 0.02  # tile sets within 2% of the least main-memory traffic compete on time
+_FINALISTS = 12  # tile sets priced for time (the others are ranked by traffic only)
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """Tiles of one kernel on one platform, with the traffic and time they imply."""
+
+    op: str
+    """"gemm", "attention" or "attention_backward"."""
+    shape: dict[str, int]
+    """gemm: m, n, k, bias; attention: batch, heads, kv_heads, seq, head_dim, causal."""
+    dtype: str
+    leaf: str
+    """The compute tier (where the cores read operands)."""
+    stage: str | None
+    """The staging tier, or None (unstaged: the cores load from main memory)."""
+    main: str
+    tile: dict[str, int]
+    """Per core. gemm: m, n, k (k-step); attention: heads, q (rows), kv (rows)."""
+    grid: tuple[int, int]
+    """Cores per block: gemm (rows, cols) of the core grid; attention (p, 1). (1, 1) unstaged."""
+    stage_step: int
+    """gemm: staged k-step; forward: staged kv rows; backward: staged q rows. Unstaged: the
+    per-core step (tile k, kv or q)."""
+    buffer_bytes: dict[str, int]
+    """Per tier, bytes of one copy's buffers (double-buffered operands + accumulators)."""
+    bytes_moved: dict[str, int]
+    """Per ordered tier pair "src->dst"."""
+    moves: dict[str, int]
+    """DMA transfers per ordered tier pair."""
+    flops: int
+    time_s: float
+    compute_time_s: float
+    """FLOPs / peak of the whole unit."""
+    dma_time_s: dict[str, float] = field(default_factory=dict)
+    """Per boundary "fast<->slow": moves x latency + bytes / bandwidth (all copies active)."""
+    bound: str = "compute"
+
+    @property
+    def ddr_bytes(self) -> int:
+        """Bytes into and out of main memory."""
+        return sum(v for key, v in self.bytes_moved.items() if self.main in key.split("->"))
+
+
+def steps(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
+    """[lo, hi) cut into half-open ranges of `step` (the last may be shorter)."""
+    return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def sizes(dim: int, lo: int = 1) -> list[int]:
+    """Candidate tile sizes for a dimension: 2^i and 3·2^(i-1) below it, and the dimension."""
+    out, v = {dim}, 1
+    while v < dim:
+        out.update(x for x in (v, v * 3 // 2) if lo <= x < dim)
+        v *= 2
+    return sorted(out)
+
+
+def edges(dim: int, tile: int) -> list[tuple[int, int]]:
+    """(count, size) runs of a dimension cut into tiles: the full ones, then the remainder."""
+    return [(c, t) for c, t in ((dim // tile, tile), (int(dim % tile > 0), dim % tile)) if c]
+
+
+def floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """Σ_{i<n} floor((a·i + b) / m) for a, b >= 0 in O(log) steps (the AtCoder Library's
+    `floor_sum`, a Euclid-like reduction)."""
+    total = 0
+    while n > 0:
+        if a >= m:
+            total += n * (n - 1) // 2 * (a // m)
+            a %= m
+        if b >= m:
+            total += n * (b // m)
+            b %= m
+        y = a * n + b
+        if y < m:
+            break
+        n, b, m, a = y // m, y % m, a, m
+    return total
+
+
+def pipeline_s(groups: list[tuple[int, float, float]]) -> float:
+    """Double-buffered steps, given as runs of (count, dma_s, work_s): the first load, then
+    each step's work overlapped with the next step's load."""
+    groups = [g for g in groups if g[0] > 0]
+    if not groups:
+        return 0.0
+    t = groups[0][1]
+    for i, (count, dma, work) in enumerate(groups):
+        nxt = groups[i + 1][1] if i + 1 < len(groups) else 0.0
+        t += (count - 1) * max(work, dma) + max(work, nxt)
+    return t
+
+
+@dataclass(frozen=True)
+class Hw:
+    """The platform as the model sees it: tiers (index 0 computes, the last is main memory),
+    peak FLOP/s of the unit for the dtype, and the staging tier (an index) or None."""
+
+    tiers: tuple[Tier, ...]
+    peak_flops: float
+    stage: int | None = None
+
+    @property
+    def main(self) -> int:
+        return len(self.tiers) - 1
+
+    @property
+    def src(self) -> int:
+        """Where the cores load streamed operands from."""
+        return self.main if self.stage is None else self.stage
+
+    @property
+    def cores(self) -> int:
+        return self.tiers[0].copies
+
+    @property
+    def core_flops(self) -> float:
+        return self.peak_flops / self.cores
+
+    def key(self, a: int, b: int) -> str:
+        return f"{self.tiers[a].name}->{self.tiers[b].name}"
+
+    def bw(self, lo: int, hi: int, active: int = 1) -> float:
+        """Bytes/s one of `active` concurrent copies of tier `lo` gets on the path to `hi`."""
+        t = self.tiers
+        shared = [t[i].bandwidth_bytes_per_s * t[i].copies / active for i in range(lo + 1, hi)]
+        return min([t[lo].bandwidth_bytes_per_s, *shared])
+
+    def move_s(self, lo: int, hi: int, nbytes: float, active: int = 1, n: int = 1) -> float:
+        """n moves totalling nbytes between tier lo and tier hi, `active` copies at once."""
+        latency = max(t.latency_s for t in self.tiers[lo:hi])
+        return n * latency + nbytes / self.bw(lo, hi, active)
+
+
+class Tally:
+    """Bytes and moves per ordered tier pair."""
+
+    def __init__(self, hw: Hw) -> None:
+        self.hw = hw
+        self.bytes: dict[str, int] = {}
+        self.moves: dict[str, int] = {}
+
+    def add(self, src: int, dst: int, nbytes: int, nmoves: int) -> None:
+        if nmoves <= 0:
+            return
+        key = self.hw.key(src, dst)
+        self.bytes[key] = self.bytes.get(key, 0) + nbytes
+        self.moves[key] = self.moves.get(key, 0) + nmoves
+
+    def scale(self, f: int) -> Tally:
+        self.bytes = {k: v * f for k, v in self.bytes.items()}
+        self.moves = {k: v * f for k, v in self.moves.items()}
+        return self
+
+    @property
+    def ddr(self) -> int:
+        main = self.hw.tiers[-1].name
+        return sum(v for k, v in self.bytes.items() if main in k.split("->"))
+
+    @property
+    def n_moves(self) -> int:
+        return sum(self.moves.values())
+
+
+class Priced(NamedTuple):
+    tally: Tally
+    flops: int
+    buffers: dict[int, int]
+
+
+def applies(platform: Platform) -> bool:
+    """The tile model applies to platforms that declare on-chip tiers above main memory."""
+    return len(platform.tiers) > 1
+
+
+def platform_key(
+    platform: Platform, dtype: str, stage: str | None = "auto"
+) -> tuple[tuple[Tier, ...], float, int | str | None]:
+    """The hashable part of a platform the model reads: (tiers, peak FLOP/s for dtype, the
+    staging choice: "auto", None for unstaged, or a tier index)."""
+    if dtype not in DTYPE_BYTES:
+        raise RatrainError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
+    if not applies(platform):
+        raise RatrainError(
+            f"platform {platform.name} declares no on-chip tier above main memory; "
+            "the tile model needs at least two tiers"
+        )
+    tiers = tuple(platform.tiers)
+    if stage not in ("auto", None):
+        names = [t.name for t in tiers[1:-1]]
+        if stage not in names:
+            raise RatrainError(
+                f"stage={stage!r} is not a staging tier of {platform.name}; choose one of "
+                f"{', '.join(names) or '(none: the platform has one on-chip tier)'}, None or 'auto'"
+            )
+        stage = 1 + names.index(stage)
+    return tiers, float(platform.peak_flops[dtype]), stage
+
+
+def hw_variants(tiers: tuple[Tier, ...], peak: float, stage: int | str | None = "auto") -> list[Hw]:
+    """Unstaged, then staged through each on-chip tier above the compute tier ("auto"), or the
+    one variant asked for."""
+    if stage != "auto":
+        return [Hw(tiers, peak, stage)]
+    return [Hw(tiers, peak, None)] + [Hw(tiers, peak, j) for j in range(1, len(tiers) - 1)]
+
+
+def fits(hw: Hw, buffers: dict[int, int]) -> bool:
+    return all(b <= hw.tiers[i].capacity_bytes for i, b in buffers.items())
+
+
+def make_plan(op, shape, dtype, hw: Hw, tile, grid, stage_step, p: Priced, time_s) -> TilePlan:
+    idx = {t.name: i for i, t in enumerate(hw.tiers)}
+    dma: dict[str, float] = {}
+    for key, nbytes in p.tally.bytes.items():
+        a, b = (idx[x] for x in key.split("->"))
+        lo, hi = min(a, b), max(a, b)
+        link = min(hw.tiers[i].bandwidth_bytes_per_s * hw.tiers[i].copies for i in range(lo, hi))
+        # Moves from the copies of tier lo are issued in parallel; their setups overlap.
+        latency = max(t.latency_s for t in hw.tiers[lo:hi]) / hw.tiers[lo].copies
+        name = f"{hw.tiers[lo].name}<->{hw.tiers[hi].name}"
+        dma[name] = dma.get(name, 0.0) + p.tally.moves[key] * latency + nbytes / link
+    compute_s = p.flops / hw.peak_flops
+    return TilePlan(
+        op=op,
+        shape=dict(shape),
+        dtype=dtype,
+        leaf=hw.tiers[0].name,
+        stage=None if hw.stage is None else hw.tiers[hw.stage].name,
+        main=hw.tiers[-1].name,
+        tile=dict(tile),
+        grid=grid,
+        stage_step=stage_step,
+        buffer_bytes={hw.tiers[i].name: b for i, b in p.buffers.items()},
+        bytes_moved=dict(p.tally.bytes),
+        moves=dict(p.tally.moves),
+        flops=p.flops,
+        time_s=time_s,
+        compute_time_s=compute_s,
+        dma_time_s=dma,
+        bound="compute" if compute_s >= max(dma.values(), default=0.0) else "dma",
+    )
+
+
+def select(bases, price, expand, timing):
+    """Choose a tile set.
+
+    bases: (hw, cfg) pairs, staged ones with their finest staged step; price(hw, cfg) ->
+    Priced, or None when the buffers do not fit; expand(hw, cfg) -> the coarser staged steps
+    of a base, finest first (they move the same bytes in fewer moves but need more buffer);
+    timing(hw, cfg) -> seconds. Returns (hw, cfg, priced, time_s).
+    """
+    priced = []
+    for hw, cfg in bases:
+        p = price(hw, cfg)
+        if p is not None:
+            priced.append((p.tally.ddr, p.tally.n_moves, hw.stage or 0, cfg, hw, p))
+    if not priced:
+        raise RatrainError(
+            "no tile fits the platform's compute tier; use a platform with larger on-chip "
+            "tiers or a smaller head_dim"
+        )
+    limit = min(x[0] for x in priced) * (1 + DDR_SLACK)
+    near = sorted((x for x in priced if x[0] <= limit), key=lambda x: x[1:4])[:_FINALISTS]
+    best = None
+    for _, _, _, cfg, hw, p in near:
+        for v in [cfg, *expand(hw, cfg)]:
+            pv = p if v == cfg else price(hw, v)
+            if pv is None:
+                break
+            if pv.tally.ddr > limit:
+                continue
+            key = (timing(hw, v), pv.tally.n_moves, hw.stage or 0, v)
+            if best is None or key < best[0]:
+                best = (key, hw, v, pv)
+    key, hw, cfg, p = best
+    return hw, cfg, p, key[0]
