@@ -54,14 +54,15 @@ def check_schedule(schedule: Schedule, spec: ModelSpec, plan: Plan) -> None:
 
 
 def find_problems(schedule: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
-    problems = _structure(schedule, spec, plan)
-    if any("depends on" not in p for p in problems):
-        return problems  # stages out of place: the other checks would misread them
+    problems = _placement(schedule, plan)
+    if problems:
+        return problems  # actions out of place: the other checks would misread them
+    problems += _missing_deps(schedule)
     problems += _compute(schedule, spec, plan)
     problems += _transfers(schedule)
     problems += _lifetimes(schedule, spec, plan)
     problems += _gradients(schedule, spec, plan)
-    if not problems:
+    if not problems:  # the dry run needs every dependency present
         try:
             dry_run(schedule)
         except ScheduleError as e:
@@ -73,12 +74,11 @@ def _f(a: Action) -> str:
     return format_action(a)
 
 
-def _structure(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
+def _placement(sch: Schedule, plan: Plan) -> list[str]:
     if sch.pp != plan.pp:
         return [f"{sch.pp} stage lists for pp={plan.pp}"]
-    out = []
     seen: Counter[Action] = Counter(sch.actions())
-    out += [f"{_f(a)} appears {n} times" for a, n in seen.items() if n > 1]
+    out = [f"{_f(a)} appears {n} times" for a, n in seen.items() if n > 1]
     m = plan.microbatches
     for s, acts in enumerate(sch.stages):
         for a in acts:
@@ -86,14 +86,19 @@ def _structure(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
                 out.append(f"{_f(a)} is in stage {s}'s list")
             if a.mb is not None and not 0 <= a.mb < m:
                 out.append(f"{_f(a)}: microbatch out of range 0..{m - 1}")
+    return out
+
+
+def _missing_deps(sch: Schedule) -> list[str]:
+    present = set(sch.actions())
+    out = []
     for a, deps in sch.deps.items():
-        if a not in seen:
-            continue  # deps of actions a lowering dropped are harmless
-        out += [
-            f"{_f(a)} depends on {_f(d)}, which is not in the schedule"
-            for d in deps
-            if d not in seen
-        ]
+        if a in present:  # deps of actions a lowering dropped are harmless
+            out += [
+                f"{_f(a)} depends on {_f(d)}, which is not in the schedule"
+                for d in deps
+                if d not in present
+            ]
     return out
 
 

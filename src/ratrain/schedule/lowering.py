@@ -285,7 +285,12 @@ def _add_transient_views(sch: Schedule, lookahead: int) -> None:
     next use is close enough that the fetch would follow the drop at once."""
     deps = sch.deps
     for s, acts in enumerate(sch.stages):
-        uses = [(i, a.units[0]) for i, a in enumerate(acts) if reads_view(a)]
+        # reads_view, inlined: this scan runs over every action of the step
+        uses = [
+            (i, a.units[0])
+            for i, a in enumerate(acts)
+            if a.op is Op.F or a.op is Op.RECOMPUTE or (a.op is Op.B and a.units[0] != 0)
+        ]
         next_use: list[int | None] = [None] * len(uses)
         seen: dict[int, int] = {}
         for k in range(len(uses) - 1, -1, -1):
