@@ -10,7 +10,7 @@ from ratrain.memory.activations import (
     recompute_bytes,
     tensors_bytes,
 )
-from ratrain.models.counts import unit_params
+from ratrain.models.counts import total_params, unit_params
 from ratrain.models.presets import get_preset
 from ratrain.schedule import Op, build_schedule
 
@@ -248,3 +248,10 @@ def test_boundary_buffers():
     assert comm[Op.RECV_F] == boundary
     first_f = next(i for i, a in enumerate(acts) if a.op is Op.F)
     assert trace[first_f]["comm_buffer"] == 0
+
+
+def test_tied_embeddings_on_one_stage_are_stored_once():
+    spec = get_preset("tiny-tied")
+    plan = plan_of(schedule="baseline", seq=32)
+    stage = replay(build_schedule(spec, plan), spec, plan).stages[0]
+    assert stage.static_bytes == (2 + 4 + 8) * total_params(spec)

@@ -61,9 +61,9 @@ from ratrain.memory.states import (
     STATE_CLASSES,
     grad_bytes_per_param,
     shard_bytes,
+    stored_params,
     view_bytes_per_param,
 )
-from ratrain.models.counts import unit_params
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
 
@@ -163,7 +163,7 @@ class _StageReplay:
         self.send_output = s < plan.pp - 1
         self.boundary = boundary_bytes(spec, plan)
         self.sharded = plan.shard_optimizer
-        params = {u: unit_params(spec, u) for u in units}
+        params = stored_params(spec, units)
         vbp, gbp = view_bytes_per_param(plan), grad_bytes_per_param(plan)
         self.view = {u: params[u] * vbp for u in units}
         self.grad_full = {u: params[u] * gbp for u in units}

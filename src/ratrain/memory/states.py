@@ -9,7 +9,11 @@ gradient in `plan.grad_dtype` (4 B fp32 by default, 2 B for bf16/fp16). With
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ratrain.config import DTYPE_BYTES, Plan
+from ratrain.models.counts import head_unit, unit_params
+from ratrain.models.spec import ModelSpec
 
 __all__ = [
     "STATE_CLASSES",
@@ -19,6 +23,7 @@ __all__ = [
     "grad_bytes_per_param",
     "shards",
     "shard_bytes",
+    "stored_params",
 ]
 
 STATE_CLASSES = ("master", "optimizer", "view", "grad", "activation", "comm_buffer", "workspace")
@@ -47,3 +52,13 @@ def shards(plan: Plan) -> int:
 def shard_bytes(nbytes: int, plan: Plan) -> int:
     """One replica's share of `nbytes` split over `shards(plan)` (rounded up)."""
     return -(-nbytes // shards(plan))
+
+
+def stored_params(spec: ModelSpec, units: Iterable[int]) -> dict[int, int]:
+    """Parameters a stage stores per unit. With tied embeddings and the embedding and head
+    on one stage, the matrix is stored once, in unit 0 (as `LlamaModel` shares it)."""
+    params = {u: unit_params(spec, u) for u in units}
+    head = head_unit(spec)
+    if spec.tied_embeddings and 0 in params and head in params:
+        params[head] -= spec.vocab * spec.hidden
+    return params

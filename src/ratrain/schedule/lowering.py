@@ -49,6 +49,7 @@ from ratrain.memory.states import (
     MASTER_BYTES_PER_PARAM,
     grad_bytes_per_param,
     shard_bytes,
+    stored_params,
     view_bytes_per_param,
 )
 from ratrain.models.counts import unit_params
@@ -172,9 +173,10 @@ def lower_baseline(spec: ModelSpec, plan: Plan) -> Schedule:
 def _buckets(spec: ModelSpec, plan: Plan, units: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Units in backward order, grouped until a bucket holds >= bucket_bytes of gradient."""
     buckets, cur, cur_bytes = [], [], 0
+    params = stored_params(spec, units)
     for u in reversed(units):
         cur.append(u)
-        cur_bytes += unit_params(spec, u) * grad_bytes_per_param(plan)
+        cur_bytes += params[u] * grad_bytes_per_param(plan)
         if cur_bytes >= plan.bucket_bytes:
             buckets.append(tuple(sorted(cur)))
             cur, cur_bytes = [], 0
@@ -336,7 +338,11 @@ def action_bytes(action: Action, spec: ModelSpec, plan: Plan, *, flash: bool = T
     op = action.op
     if op in (Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B):
         return boundary_bytes(spec, plan)
-    params = sum(unit_params(spec, u) for u in action.units)
+    if spec.tied_embeddings:  # the head may share unit 0's matrix on its stage
+        stored = stored_params(spec, plan.stage_units(spec, action.stage))
+        params = sum(stored[u] for u in action.units)
+    else:
+        params = sum(unit_params(spec, u) for u in action.units)
     if op is Op.GRAD_SYNC:
         return params * grad_bytes_per_param(plan)
     if op is Op.VIEW_FETCH:
