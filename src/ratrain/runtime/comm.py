@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from ratrain.runtime.grid import ParallelGrid
 
-__all__ = ["Handle", "Comm", "DONE"]
+__all__ = ["Handle", "Comm", "DONE", "join"]
 
 # torch >= 2.13 renamed the tensor-in / tensor-out collectives; older releases have the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -45,6 +45,11 @@ class Handle:
 
 
 DONE = Handle()
+
+
+def join(handles: list[Handle]) -> Handle:
+    """One handle for several: complete when all are."""
+    return Handle(*(w for h in handles for w in h._works))
 
 
 class Comm:

@@ -1,0 +1,255 @@
+"""Distributed training: every rank runs its stage of the plan's schedule, step after step.
+
+    results = run_job(Job(spec, plan, cfg, source))      # spawns pp*dp local ranks,
+                                                         # or joins a torchrun/Slurm job
+
+A `Job` is everything a rank needs (picklable: the data source comes as a factory). Each
+rank builds its stage (`StageModel`), lowers the plan (`build_schedule`, checked by
+`check_schedule`) and walks its list (`StageExecutor`). Several schedules can run one
+after the other in one job (`Job.schedules`): `ratrain verify` runs Baseline-1F1B and
+RATrain on the same ranks, each from the same initial weights.
+
+Metrics: at the end of each step every rank contributes (peak bytes, step time, its
+microbatch losses) to one small all-gather, issued asynchronously and read at the end of
+the next step, so the ranks never wait on each other for bookkeeping. The metrics rank
+(last stage, replica 0) turns it into the step's record: the global-batch loss summed in
+the reference trainer's order (replica-major), lr, grad norm, tokens/s, step time and
+peak memory per rank; it writes the JSONL, TensorBoard and the progress bar.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ratrain.config import Plan, TrainConfig
+from ratrain.data.base import Batches, TokenSource
+from ratrain.errors import RatrainError
+from ratrain.models.spec import ModelSpec
+from ratrain.runtime.comm import Comm, Handle
+from ratrain.runtime.executor import StageExecutor, StepResult
+from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, rendezvous_from_env
+from ratrain.runtime.launch import spawn
+from ratrain.runtime.memory import PeakMemory
+from ratrain.runtime.metrics import JsonlWriter, Progress, TensorBoardWriter
+from ratrain.runtime.stage import StageModel
+from ratrain.runtime.trace import Recorder, write_measured_trace
+from ratrain.schedule import build_schedule, check_schedule
+
+__all__ = ["Job", "RunResult", "RankResult", "run_job", "rank_main", "train_schedule"]
+
+
+@dataclass(frozen=True)
+class Job:
+    spec: ModelSpec
+    plan: Plan
+    cfg: TrainConfig
+    source: Callable[[], TokenSource]
+    """Builds the token source on each rank (e.g. a `functools.partial` of `make_source`)."""
+    schedules: tuple[str, ...] = ()
+    """Schedules to run in turn, each from the initial weights; () runs `plan.schedule`."""
+    device: str | None = None
+    """cpu | cuda; None: cuda when available."""
+    backend: str = "torch"
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    metrics_path: str | None = None
+    tensorboard_dir: str | None = None
+    trace_path: str | None = None
+    """Write the measured timeline of `trace_steps` (replica 0) here."""
+    trace_steps: tuple[int, ...] = ()
+    measure_memory: bool = False
+    """CPU: count live tensor bytes (slower); CUDA always reports the allocator's peak."""
+    progress: bool = True
+    deadline_s: float = 24 * 3600.0
+
+
+@dataclass
+class RunResult:
+    schedule: str
+    losses: list[float] = field(default_factory=list)
+    """Global-batch loss per step (metrics rank only)."""
+    records: list[dict] = field(default_factory=list)
+    """The per-step metric records (metrics rank only)."""
+    peak_bytes: int | None = None
+    """This rank's peak tensor bytes over the run (None when not measured)."""
+    step_times_s: list[float] = field(default_factory=list)
+    trace: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class RankResult:
+    rank: int
+    stage: int
+    replica: int
+    runs: dict[str, RunResult]
+
+
+def run_job(job: Job) -> list[RankResult]:
+    """Run the job: inside a launched job (torchrun / Slurm) as this process's rank, else by
+    spawning pp*dp local ranks. Returns every rank's result (only this rank's when launched
+    externally)."""
+    job.plan.check_for(job.spec)
+    rdzv = rendezvous_from_env()
+    if rdzv is not None:
+        return [rank_main(rdzv, job)]
+    return spawn(rank_main, job.plan.pp * job.plan.dp, job, deadline_s=job.deadline_s)
+
+
+def rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
+    grid = ParallelGrid.init(
+        job.plan.pp, job.plan.dp, rdzv, device=job.device, timeout_s=job.timeout_s
+    )
+    try:
+        comm = Comm(grid)
+        runs = {}
+        for kind in job.schedules or (job.plan.schedule,):
+            runs[kind] = train_schedule(grid, comm, job, kind)
+        return RankResult(grid.rank, grid.stage, grid.replica, runs)
+    finally:
+        grid.destroy()
+
+
+def _metrics_rank(grid: ParallelGrid) -> int:
+    return grid.rank_of(grid.pp - 1, 0)
+
+
+def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str) -> RunResult:
+    """Train `job.cfg.steps` steps under schedule `kind` from the initial weights."""
+    spec, cfg = job.spec, job.cfg
+    plan = job.plan.replace(schedule=kind)
+    schedule = build_schedule(spec, plan)
+    check_schedule(schedule, spec, plan)
+    batches = Batches.from_plan(job.source(), plan)
+    if batches.source.vocab > spec.vocab:
+        raise RatrainError(
+            f"data vocab {batches.source.vocab} exceeds {spec.name}'s vocab {spec.vocab}"
+        )
+    is_metrics = grid.rank == _metrics_rank(grid)
+    result = RunResult(kind)
+    with PeakMemory(grid.device, job.measure_memory) as mem:
+        model = StageModel(spec, plan, cfg, grid.stage, grid.replica, grid.device, job.backend)
+        mem.track(model.state_tensors())
+        _barrier(grid)
+        rec = Recorder(grid.stage, grid.replica, time.perf_counter(), set(job.trace_steps))
+        ex = StageExecutor(grid, comm, model, schedule, batches, spec, plan, cfg, rec)
+        log = (
+            _StepLog(grid, comm, plan, spec, job, kind)
+            if is_metrics
+            else _StepLog(grid, comm, plan, spec)
+        )
+        try:
+            for k in range(cfg.steps):
+                res = ex.step(k)
+                result.step_times_s.append(res.time_s)
+                log.push(res, mem.peak_bytes())
+            log.flush()
+        finally:
+            log.close()
+        result.peak_bytes = mem.peak_bytes()
+    result.losses = log.losses
+    result.records = log.records
+    result.trace = _gather_trace(grid, rec, job, kind)
+    return result
+
+
+def _barrier(grid: ParallelGrid) -> None:
+    if grid.world_size > 1:
+        dist.barrier()
+
+
+def _gather_trace(grid: ParallelGrid, rec: Recorder, job: Job, kind: str) -> list[dict]:
+    if not job.trace_steps:
+        return []
+    mine = rec.records() if grid.replica == 0 else []
+    dst = _metrics_rank(grid)
+    gathered: list | None = [None] * grid.world_size if grid.rank == dst else None
+    if grid.world_size > 1:
+        dist.gather_object(mine, gathered, dst=dst)
+    else:
+        gathered = [mine]
+    if grid.rank != dst:
+        return []
+    records = [r for part in gathered for r in part]
+    if job.trace_path:
+        path = job.trace_path if len(job.schedules) <= 1 else _suffixed(job.trace_path, kind)
+        write_measured_trace(records, path, meta={"schedule": kind, "model": job.spec.name})
+    return records
+
+
+def _suffixed(path: str, kind: str) -> str:
+    stem, dot, ext = path.rpartition(".")
+    return f"{stem}.{kind}.{ext}" if dot else f"{path}.{kind}"
+
+
+class _StepLog:
+    """The lagged per-step all-gather of (peak bytes, step time, losses) and, on the metrics
+    rank, the records made from it."""
+
+    def __init__(
+        self, grid, comm, plan: Plan, spec: ModelSpec, job: Job | None = None, kind: str = ""
+    ):
+        self.grid, self.comm, self.plan, self.spec = grid, comm, plan, spec
+        self.m = plan.microbatches
+        self.pending: tuple[StepResult, torch.Tensor, Handle] | None = None
+        self.losses: list[float] = []
+        self.records: list[dict] = []
+        self.jsonl = self.tb = self.bar = None
+        if job is not None:
+            self.jsonl = JsonlWriter(job.metrics_path) if job.metrics_path else None
+            self.tb = TensorBoardWriter(job.tensorboard_dir) if job.tensorboard_dir else None
+            self.bar = Progress(job.cfg.steps, kind, quiet=not job.progress)
+
+    def push(self, res: StepResult, peak_bytes: int | None) -> None:
+        losses = res.losses if res.losses else [math.nan] * self.m
+        vec = torch.tensor(
+            [peak_bytes if peak_bytes is not None else -1, res.time_s, *losses], dtype=torch.float64
+        )
+        table, handle = self.comm.world_all_gather(vec.to(self.grid.device))
+        prev, self.pending = self.pending, (res, table, handle)
+        if prev is not None:
+            self._resolve(*prev)
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            self._resolve(*self.pending)
+            self.pending = None
+
+    def _resolve(self, res: StepResult, table: torch.Tensor, handle: Handle) -> None:
+        handle.wait()
+        if self.bar is None:
+            return
+        table = table.cpu()  # (world, 2 + m)
+        loss_sum = 0.0
+        for r in range(self.plan.dp):  # replica-major, microbatch order: the reference's sum
+            for v in table[self.grid.rank_of(self.plan.pp - 1, r), 2:].tolist():
+                loss_sum += v
+        loss = loss_sum / (self.plan.dp * self.m)
+        peaks = [int(p) if p >= 0 else None for p in table[:, 0].tolist()]
+        rec = {
+            "step": res.step,
+            "loss": loss,
+            "lr": res.lr,
+            "grad_norm": res.grad_norm,
+            "tokens_per_s": self.plan.tokens_per_step / res.time_s,
+            "step_time_s": res.time_s,
+            "peak_bytes_per_rank": peaks,
+        }
+        if self.plan.compute_dtype == "fp16":
+            rec.update(loss_scale=res.loss_scale, skipped=res.skipped)
+        self.losses.append(loss)
+        self.records.append(rec)
+        if self.jsonl is not None:
+            self.jsonl.write(rec)
+        if self.tb is not None:
+            self.tb.write(res.step, {k: v for k, v in rec.items() if k != "peak_bytes_per_rank"})
+        self.bar.update(1, loss=loss, tok_s=rec["tokens_per_s"])
+
+    def close(self) -> None:
+        for w in (self.jsonl, self.tb, self.bar):
+            if w is not None:
+                w.close()

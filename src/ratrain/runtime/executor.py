@@ -1,0 +1,476 @@
+"""The stage executor: one training step of one stage, by walking its action list.
+
+The walk implements the execution semantics of `ratrain.schedule.ir` with one issuing
+thread per rank:
+
+- compute actions (F, B, RECOMPUTE, UPDATE) run on the walk, one at a time, after the
+  walk has waited for the same-stage asynchronous actions they depend on;
+- every other action is issued when the walk reaches it (isend/irecv, an async
+  collective, a copy) and left in flight; the walk waits on it only where a later action
+  depends on it. Cross-stage dependencies (a RECV on its SEND, a global reduction on the
+  other stages) are enforced by the communication itself.
+- An asynchronous action whose own same-stage dependencies are still in flight (a NORM on
+  the syncs it reduces) is issued after waiting for them: the walk blocks there. The
+  lowerings place such actions where nothing else is left to issue before the actions
+  that need their result, so the wait costs no overlap.
+
+Autograd is per unit: F(u, mb) runs unit u on a leaf copy of its input (`requires_grad`)
+and keeps (input, output); B(u, mb) calls `torch.autograd.backward(output, grad)` with
+the gradient of the next unit's input (or the received one, or none for the head's
+loss), then adds the parameters' gradients to the unit's flat gradient exactly as the
+reference trainer does. So the arithmetic of every F and B, of every gradient sum and of
+every update is the same whatever the order the schedule gives them, and Baseline-1F1B
+and RATrain agree bit for bit.
+
+Exact semantics with per-unit updates (see docs/runtime.md): UPDATE(u) uses the clip
+coefficient from the global NORM and the skip decision from the global OVF, so with
+clipping or fp16 the per-unit updates follow those reductions; every stage gathers every
+unit's squared-norm contribution and sums them exactly (`math.fsum`), so the norm, the
+coefficient and the skip are identical on every rank and in the reference trainer.
+
+Recompute: "full" runs F under no_grad keeping only the unit input, and RECOMPUTE
+re-runs it with autograd just before B. "selective" checkpoints the attention core inside
+the block (`torch.utils.checkpoint`): its recomputation happens inside B, so the
+RECOMPUTE action itself has nothing left to do. Offload: OFFLOAD(u, mb) moves what
+(u, mb) keeps for its backward (the checkpoint under "full", else the tensors autograd
+saved, parameters excepted) to the host tier, RELOAD brings it back; on a CPU device the
+host tier is the same memory, so the copies happen but save nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from ratrain.config import Plan, TrainConfig
+from ratrain.data.base import Batches
+from ratrain.errors import RatrainError
+from ratrain.models.llama import cross_entropy
+from ratrain.models.spec import ModelSpec
+from ratrain.runtime.comm import Comm, Handle, join
+from ratrain.runtime.grid import ParallelGrid
+from ratrain.runtime.lr import lr_at
+from ratrain.runtime.optim import clip_coefficient
+from ratrain.runtime.precision import LossScaler
+from ratrain.runtime.stage import StageModel
+from ratrain.runtime.trace import Recorder
+from ratrain.schedule.ir import Action, Op, Resource, Schedule
+
+__all__ = ["StageExecutor", "StepResult"]
+
+
+@dataclass
+class StepResult:
+    step: int
+    losses: list[float]
+    """Per microbatch of this replica, microbatch order (last stage only; else empty)."""
+    lr: float
+    loss_scale: float
+    grad_norm: float | None
+    """Global norm before clipping (None when the schedule has no NORM)."""
+    skipped: bool
+    time_s: float
+
+
+class _Pending:
+    """An issued asynchronous action: its handle, what to run once it has landed, and the
+    tensors that must stay alive until then."""
+
+    __slots__ = ("handle", "then", "keep")
+
+    def __init__(self, handle: Handle, then: Callable[[], None] | None = None, keep=None):
+        self.handle, self.then, self.keep = handle, then, keep
+
+    def finish(self) -> None:
+        self.handle.wait()
+        if self.then is not None:
+            self.then()
+        self.then = self.keep = None
+
+
+@dataclass
+class _StepState:
+    step: int
+    lr: float
+    scale: float
+    pending: dict[Action, _Pending] = field(default_factory=dict)
+    fwd_out: dict = field(default_factory=dict)  # (u, mb) -> output handed to the next consumer
+    graph: dict = field(default_factory=dict)  # (u, mb) -> (input leaf, output)
+    ckpt: dict = field(default_factory=dict)  # (u, mb) -> unit input (full recompute)
+    grad_in: dict = field(default_factory=dict)  # (u, mb) -> gradient of u's input
+    recv: dict = field(default_factory=dict)  # (op, mb) -> received buffer
+    stash: dict = field(default_factory=dict)  # (u, mb) -> _Stash (offload)
+    losses: dict = field(default_factory=dict)  # mb -> loss tensor (detached)
+    tokens: dict = field(default_factory=dict)  # mb -> (inputs, targets)
+    unit_sq: list[float] | None = None  # per unit, this step (NORM)
+    overflow_flag: torch.Tensor | None = None
+    decision: tuple[float | None, float, bool] | None = None  # (grad_norm, coef, skip)
+
+
+class StageExecutor:
+    """Runs one stage's list of a `Schedule`, step after step."""
+
+    def __init__(
+        self,
+        grid: ParallelGrid,
+        comm: Comm,
+        model: StageModel,
+        schedule: Schedule,
+        batches: Batches,
+        spec: ModelSpec,
+        plan: Plan,
+        cfg: TrainConfig,
+        recorder: Recorder | None = None,
+    ):
+        self.grid, self.comm, self.model, self.batches = grid, comm, model, batches
+        self.spec, self.plan, self.cfg = spec, plan, cfg
+        self.acts = schedule.stages[grid.stage]
+        self.schedule = schedule
+        self.rec = recorder or Recorder(grid.stage, grid.replica, time.perf_counter(), set())
+        self.units = model.unit_ids
+        self.head = spec.n_layers + 1
+        self.n_micro = plan.dp * plan.microbatches
+        self.scaler = LossScaler.for_dtype(
+            plan.compute_dtype, cfg.loss_scale_init, cfg.loss_scale_window
+        )
+        self.updates = 0
+        self.owner_stage = {u: s for s, us in enumerate(schedule.meta["stage_units"]) for u in us}
+        self.checks = set(schedule.meta.get("global_checks", ()))
+        self.recompute = {u: plan.recompute_of(spec, grid.stage, u) for u in self.units}
+        self.offloaded = {(a.unit, a.mb) for a in self.acts if a.op is Op.OFFLOAD}
+        self.host = torch.device("cpu")
+        self.copy_stream = torch.cuda.Stream(grid.device) if grid.device.type == "cuda" else None
+        self.boundary_shape = (plan.micro_batch, plan.seq, spec.hidden)  # (B, T, H)
+        if schedule.meta.get("view_policy") == "transient":
+            for u in self.units:  # fetched ahead of each use from the first step on
+                model.drop_view(u)
+        for u, policy in self.recompute.items():
+            if policy == "selective":
+                attn = model.units[u].module.self_attn
+                attn.backend = _CheckpointedAttention(attn.backend)
+        self._handlers: dict[Op, Callable[[Action], _Pending | None]] = {
+            Op.F: self._forward,
+            Op.B: self._backward,
+            Op.RECOMPUTE: self._recompute,
+            Op.UPDATE: self._update,
+            Op.SEND_F: self._send_f,
+            Op.SEND_B: self._send_b,
+            Op.RECV_F: self._recv,
+            Op.RECV_B: self._recv,
+            Op.GRAD_SYNC: self._grad_sync,
+            Op.GRAD_NORM: self._grad_norm,
+            Op.OVERFLOW: self._overflow,
+            Op.VIEW_FETCH: self._view_fetch,
+            Op.VIEW_DROP: self._view_drop,
+            Op.OFFLOAD: self._offload,
+            Op.RELOAD: self._reload,
+        }
+
+    # -- the walk -------------------------------------------------------------------------
+    def step(self, k: int) -> StepResult:
+        self.rec.begin_step(k)
+        self.s = s = _StepState(k, lr_at(k, self.cfg), self.scaler.scale)
+        t_start = time.perf_counter()
+        for a in self.acts:
+            self._wait_deps(a)
+            t0 = self.rec.now()
+            pend = self._handlers[a.op](a)
+            if pend is None:  # ran to completion on the walk (compute, or a local copy)
+                self.rec.compute(a, t0, self.rec.now())
+                if a.resource is Resource.COMPUTE:
+                    self._poll()
+            else:
+                s.pending[a] = pend
+                self.rec.issued(a, t0)
+        for a in list(s.pending):
+            self._finish(a)
+        grad_norm, _, skipped = s.decision if s.decision else (None, 1.0, False)
+        self.scaler.update(skipped)
+        losses = [s.losses[mb].item() for mb in sorted(s.losses)]
+        self.s = None
+        return StepResult(
+            k, losses, s.lr, s.scale, grad_norm, skipped, time.perf_counter() - t_start
+        )
+
+    def _finish(self, a: Action) -> None:
+        pend = self.s.pending.pop(a)
+        pend.finish()
+        self.rec.completed(a, self.rec.now())
+
+    def _wait_deps(self, a: Action) -> None:
+        for d in self.schedule.deps_of(a):
+            if d in self.s.pending:
+                self._finish(d)
+
+    def _poll(self) -> None:
+        for a, pend in list(self.s.pending.items()):
+            if pend.handle.is_completed():
+                self._finish(a)
+
+    # -- compute --------------------------------------------------------------------------
+    def _tokens(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if mb not in self.s.tokens:
+            x, y = self.batches.batch(self.s.step, mb, self.grid.replica)
+            self.s.tokens[mb] = (x.to(self.grid.device), y.to(self.grid.device))
+        return self.s.tokens[mb]
+
+    def _unit_input(self, u: int, mb: int) -> torch.Tensor:
+        if u == 0:
+            return self._tokens(mb)[0]
+        if u == self.units[0]:
+            x = self.s.recv.pop((Op.RECV_F, mb))
+        else:
+            x = self.s.fwd_out.pop((u - 1, mb)).detach()
+        return x.requires_grad_()
+
+    def _forward(self, a: Action) -> None:
+        u, mb, s = a.unit, a.mb, self.s
+        x = self._unit_input(u, mb)
+        module = self.model.units[u].module
+        if self.recompute[u] == "full":
+            with torch.no_grad():
+                s.fwd_out[(u, mb)] = module(x)
+            s.ckpt[(u, mb)] = x
+            return
+        with self._saving(u, mb):
+            if u == self.head:
+                loss = cross_entropy(module(x), self._tokens(mb)[1])
+                s.losses[mb] = loss.detach()
+                # As the reference trainer: the gradient of the global-batch mean, times S.
+                y = loss * (s.scale / self.n_micro)
+            else:
+                y = s.fwd_out[(u, mb)] = module(x)
+        s.graph[(u, mb)] = (x, y)
+
+    def _saving(self, u: int, mb: int):
+        """Where autograd keeps what (u, mb) saves: a movable stash if it is offloaded."""
+        if (u, mb) not in self.offloaded:
+            return contextlib.nullcontext()
+        stash = self.s.stash[(u, mb)] = _Stash(self.model.units[u].module.parameters())
+        return torch.autograd.graph.saved_tensors_hooks(stash.pack, stash.unpack)
+
+    def _recompute(self, a: Action) -> None:
+        u, mb = a.unit, a.mb
+        if self.recompute[u] != "full":
+            return  # selective: the checkpointed attention core recomputes inside B
+        x = self.s.ckpt.pop((u, mb))
+        if isinstance(x, _Stash):  # offloaded and reloaded
+            x = x.unpack((True, 0))
+        x = x.detach().requires_grad_()
+        y = self.model.units[u].module(x)
+        self.s.graph[(u, mb)] = (x, y)
+
+    def _backward(self, a: Action) -> None:
+        u, mb, s = a.unit, a.mb, self.s
+        x, y = s.graph.pop((u, mb))
+        if u == self.head:
+            grad = None
+        elif u == self.units[-1]:
+            grad = s.recv.pop((Op.RECV_B, mb))
+        else:
+            grad = s.grad_in.pop((u + 1, mb))
+        torch.autograd.backward(y, grad)
+        s.stash.pop((u, mb), None)
+        self.model.accumulate_grads(u)
+        if u > 0:
+            s.grad_in[(u, mb)] = x.grad
+
+    # -- gradients, global checks, update --------------------------------------------------
+    def _grad_sync(self, a: Action) -> _Pending:
+        handles, keep = [], []
+        for u in a.units:
+            self.model.prepare_grads(u)
+            full = self.model.units[u].grad
+            if self.model.sharded:
+                shard = self.model.new_grad_shard(u)
+                handles.append(self.comm.dp_reduce_scatter(shard, full))
+                keep.append(full)
+            else:
+                handles.append(self.comm.dp_all_reduce(full))
+        units = a.units
+
+        def landed() -> None:
+            for u in units:
+                self.model.release_full_grad(u)
+
+        return _Pending(join(handles), landed, keep)
+
+    def _grad_norm(self, a: Action) -> _Pending:
+        vec = torch.zeros(self.spec.n_layers + 2, dtype=torch.float64, device=self.grid.device)
+        for u in self.units:
+            vec[u] = self.model.sq_norm(u)
+        table, handle = self.comm.world_all_gather(vec)  # (world, n_units)
+
+        def landed() -> None:
+            self.s.unit_sq = self._unit_sq_norms(table.cpu())
+
+        return _Pending(handle, landed, vec)
+
+    def _unit_sq_norms(self, table: torch.Tensor) -> list[float]:
+        """Every unit's squared norm from the gathered table: its owner stage's entry (any
+        replica holds the same synced gradient: replica 0's is taken) or, sharded, the
+        exact sum of the replicas' shard entries."""
+        out = []
+        for u in range(self.spec.n_layers + 2):
+            st = self.owner_stage[u]
+            replicas = range(self.grid.dp) if self.model.sharded else (0,)
+            out.append(math.fsum(float(table[self.grid.rank_of(st, r), u]) for r in replicas))
+        return out
+
+    def _overflow(self, a: Action) -> _Pending:
+        bad = any(self.model.has_nonfinite(u) for u in self.units)
+        flag = torch.tensor([1.0 if bad else 0.0], device=self.grid.device)
+        self.s.overflow_flag = flag
+        return _Pending(self.comm.world_all_reduce_max(flag), None, flag)
+
+    def _decide(self) -> tuple[float | None, float, bool]:
+        """(grad_norm, clip coefficient, skip), once per step, identical on every rank."""
+        s = self.s
+        grad_norm, coef = None, 1.0
+        if s.unit_sq is not None:
+            # S is a power of two, so dividing the squared norms by S^2 is exact.
+            grad_norm, coef = clip_coefficient(
+                [q / s.scale**2 for q in s.unit_sq], self.plan.clip_grad
+            )
+        overflow = s.overflow_flag is not None and s.overflow_flag.item() > 0
+        overflow = overflow or (grad_norm is not None and not math.isfinite(grad_norm))
+        if overflow and not self.scaler.enabled:
+            raise RatrainError(
+                f"non-finite gradients at step {s.step}: training diverged; lower --lr or use --dtype fp32"
+            )
+        if not overflow:
+            self.updates += 1
+        return grad_norm, coef, overflow
+
+    def _update(self, a: Action) -> None:
+        s = self.s
+        if s.decision is None:
+            s.decision = self._decide()
+        _, coef, skip = s.decision
+        for u in a.units:
+            if not skip:
+                self.model.update(u, step=self.updates, lr=s.lr, grad_scale=coef / s.scale)
+            self.model.release_grads(u)
+
+    # -- views ----------------------------------------------------------------------------
+    def _view_fetch(self, a: Action) -> _Pending | None:
+        if not self.model.sharded:
+            for u in a.units:
+                self.model.cast_view(u)
+            return None
+        handles, keep = [], []
+        for u in a.units:
+            shard = self.model.shard_view(u)
+            handles.append(self.comm.dp_all_gather(self.model.gather_target(u), shard))
+            keep.append(shard)
+        return _Pending(join(handles), None, keep)
+
+    def _view_drop(self, a: Action) -> None:
+        for u in a.units:
+            self.model.drop_view(u)
+
+    # -- stage-to-stage -------------------------------------------------------------------
+    def _send_f(self, a: Action) -> _Pending:
+        y = self.s.fwd_out.pop((a.unit, a.mb)).detach()
+        return _Pending(self.comm.send_activation(y, a.mb), None, y)
+
+    def _send_b(self, a: Action) -> _Pending:
+        g = self.s.grad_in.pop((a.unit, a.mb))
+        return _Pending(self.comm.send_grad(g, a.mb), None, g)
+
+    def _recv(self, a: Action) -> _Pending:
+        buf = torch.empty(self.boundary_shape, dtype=self.model.dtype, device=self.grid.device)
+        self.s.recv[(a.op, a.mb)] = buf
+        recv = self.comm.recv_activation if a.op is Op.RECV_F else self.comm.recv_grad
+        return _Pending(recv(buf, a.mb), None, buf)
+
+    # -- offload --------------------------------------------------------------------------
+    def _offload(self, a: Action) -> None:
+        key = (a.unit, a.mb)
+        if key in self.s.ckpt:  # full recompute: the checkpoint is all (u, mb) keeps
+            stash = _Stash(())
+            stash.tensors = [self.s.ckpt[key]]
+            self.s.ckpt[key] = stash
+        else:
+            stash = self.s.stash[key]
+        stash.move(self.host, self.copy_stream)
+
+    def _reload(self, a: Action) -> None:
+        key = (a.unit, a.mb)
+        stash = self.s.ckpt.get(key)
+        if not isinstance(stash, _Stash):
+            stash = self.s.stash[key]
+        stash.move(self.grid.device, self.copy_stream)
+
+
+class _Stash:
+    """The tensors autograd saves for one (unit, microbatch), parameters excepted, so they
+    can move between tiers; autograd holds indices into it instead of the tensors."""
+
+    def __init__(self, params):
+        self.skip = {id(p) for p in params}
+        self.tensors: list[torch.Tensor] = []
+        self.ready: torch.cuda.Event | None = None
+
+    def pack(self, t: torch.Tensor):
+        if id(t) in self.skip or isinstance(t, nn.Parameter):
+            return (False, t)
+        self.tensors.append(t)
+        return (True, len(self.tensors) - 1)
+
+    def unpack(self, handle):
+        kept, v = handle
+        if not kept:
+            return v
+        if self.ready is not None:
+            torch.cuda.current_stream().wait_event(self.ready)
+        return self.tensors[v]
+
+    def move(self, device: torch.device, stream: torch.cuda.Stream | None) -> None:
+        """Copy every tensor to `device`; on CUDA on the copy stream, pinned on the host."""
+        if stream is None:
+            self.tensors = [t.to(device, copy=True) for t in self.tensors]
+            return
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            moved = []
+            for t in self.tensors:
+                dst = torch.empty(
+                    t.shape, dtype=t.dtype, device=device, pin_memory=device.type == "cpu"
+                )
+                dst.copy_(t, non_blocking=True)
+                t.record_stream(stream) if t.is_cuda else None
+                moved.append(dst)
+            self.ready = torch.cuda.Event()
+            self.ready.record(stream)
+        self.tensors = moved
+
+
+class _CheckpointedAttention:
+    """A backend whose attention core is recomputed in backward instead of stored
+    (selective recompute, Korthikanti et al. 2022 §4.2); GEMMs pass through."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = f"{getattr(inner, 'name', 'backend')}+selective"
+
+    def linear(self, x, weight, bias=None):
+        return self.inner.linear(x, weight, bias)
+
+    def attention(self, q, k, v, *, causal=True, alibi_slopes=None):
+        return torch.utils.checkpoint.checkpoint(
+            self.inner.attention,
+            q,
+            k,
+            v,
+            use_reentrant=False,
+            causal=causal,
+            alibi_slopes=alibi_slopes,
+        )
