@@ -283,3 +283,11 @@ def test_llama70b_build_and_replay_are_fast():
     elapsed_s = time.process_time() - t0
     assert sch.meta["microbatches"] == 128 and len(ledger.stages) == 16
     assert elapsed_s < 1.0, f"build + replay took {elapsed_s:.2f} s"
+
+
+def test_schedule_and_memory_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, ratrain.schedule, ratrain.memory; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
