@@ -13,11 +13,14 @@ platform's memory tiers:
 - GRAD_SYNC: all-reduce of the gradients over the stage's DP group (reduce-scatter when
   the optimizer is sharded).
 - VIEW_FETCH: a cast fp32 -> compute dtype over main memory (reads 4, writes c bytes per
-  parameter), or, with a sharded optimizer, an all-gather of the compute-dtype view.
-- SEND_F / SEND_B: one activation (or gradient) tensor b·s·h in the compute dtype over the
-  link between the two stages; a RECV costs nothing itself: it completes when its send has.
-- OFFLOAD / RELOAD: a layer-input checkpoint (b·s·h) over the host link.
+  parameter); with a sharded optimizer, the cast of the replica's shard then an
+  all-gather of the view over DP, which runs on the DP network (`resource`).
+- SEND_F / SEND_B: one boundary activation (or its gradient) over the link between the
+  two stages; a RECV costs nothing itself: it completes when its send has.
+- OFFLOAD / RELOAD: what (unit, mb) keeps under its recompute policy, over the host link.
 - NORM / OVF: a scalar all-reduce over every rank.
+
+Bytes come from `ratrain.schedule.action_bytes`, the sizes the memory ledger also uses.
 
 The rank layout (`ratrain.cost.comm.RANK_LAYOUTS`) decides which links a DP group and a
 stage boundary use; the default is the runtime's.
@@ -32,14 +35,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ratrain.config import DTYPE_BYTES, Plan
+from ratrain.config import Plan
 from ratrain.cost import comm
 from ratrain.cost.compute import Kernel, kernels_time_s, memory_pass_time_s, unit_kernels
 from ratrain.errors import RatrainError
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import Platform
-from ratrain.schedule.ir import Action, Op
+from ratrain.schedule.ir import Action, Op, Resource
+from ratrain.schedule.lowering import action_bytes
 
 __all__ = ["COST_CATEGORIES", "ActionCost", "CostModel", "only"]
 
@@ -104,17 +108,25 @@ class CostModel:
             if not v >= 0:
                 raise RatrainError(f"cost scale for {c!r} must be >= 0, got {v!r}")
         self.scale = {c: float(scale.get(c, 1.0)) for c in COST_CATEGORIES}
-        self.cbytes = DTYPE_BYTES[plan.compute_dtype]
-        self.gbytes = DTYPE_BYTES[plan.grad_dtype]
         self._cache: dict[tuple, ActionCost] = {}
 
     # -- sizes ------------------------------------------------------------------------------
     def params(self, units: tuple[int, ...]) -> int:
         return sum(counts.unit_params(self.spec, u) for u in units)
 
-    def activation_bytes(self) -> int:
-        """One boundary activation (or its gradient), b·s·h in the compute dtype."""
-        return self.plan.micro_batch * self.plan.seq * self.spec.hidden * self.cbytes
+    def nbytes(self, a: Action) -> int:
+        return action_bytes(a, self.spec, self.plan)
+
+    def view_all_gather(self) -> bool:
+        """With a sharded optimizer a view is gathered over DP (the lowering's choice)."""
+        return self.plan.shard_optimizer
+
+    def resource(self, a: Action) -> Resource:
+        """Where the action runs: its IR resource, except that an all-gather VIEW_FETCH
+        occupies the DP network rather than the copy engine."""
+        if a.op is Op.VIEW_FETCH and self.view_all_gather():
+            return Resource.DP_NET
+        return a.resource
 
     def kernels(self, a: Action) -> list[Kernel]:
         """The kernels of a compute action (F, B, RECOMPUTE), one microbatch."""
@@ -162,9 +174,9 @@ class CostModel:
         if op in (Op.SEND_F, Op.SEND_B):
             return self._send(a)
         if op in (Op.RECV_F, Op.RECV_B):
-            return ActionCost(0.0, "p2p", nbytes=self.activation_bytes())
+            return ActionCost(0.0, "p2p", nbytes=self.nbytes(a))
         if op in (Op.OFFLOAD, Op.RELOAD):
-            nbytes = self.activation_bytes() * len(a.units)
+            nbytes = self.nbytes(a)
             host = self.platform.host
             return ActionCost(
                 comm.message_time_s(nbytes, host), "copy", algorithm="host", nbytes=nbytes
@@ -173,7 +185,7 @@ class CostModel:
             p = self.plan
             group = comm.world_group(p.pp, p.dp, self.platform.units_per_node)
             t, algo = comm.scalar_allreduce_s(group, self.platform)
-            return ActionCost(t, "global", algorithm=algo, nbytes=8)
+            return ActionCost(t, "global", algorithm=algo, nbytes=self.nbytes(a))
         if op is Op.VIEW_DROP:
             return ActionCost(0.0, "copy")
         raise AssertionError(f"no cost for {a}")
@@ -196,11 +208,7 @@ class CostModel:
         return ActionCost(total, "compute" if blocks else "edge", bound, flops=flops)
 
     def _update(self, a: Action) -> ActionCost:
-        p = self.plan
-        n = self.params(a.units)
-        if p.shard_optimizer:
-            n = -(-n // p.dp)
-        nbytes = n * (24 + self.gbytes)
+        nbytes = self.nbytes(a)
         t, bound = memory_pass_time_s(nbytes, self.platform)
         return ActionCost(t, "update", bound, nbytes=nbytes)
 
@@ -209,19 +217,21 @@ class CostModel:
         return comm.dp_group(a.stage, p.pp, p.dp, self.platform.units_per_node, self.rank_layout)
 
     def _grad_sync(self, a: Action) -> ActionCost:
-        nbytes = self.params(a.units) * self.gbytes
+        nbytes = self.nbytes(a)
         kind = "reduce_scatter" if self.plan.shard_optimizer else "all_reduce"
         t, algo = comm.collective_time_s(kind, nbytes, self._dp(a), self.platform)
         return ActionCost(t, "collective", algorithm=f"{kind}:{algo}", nbytes=nbytes)
 
     def _view_fetch(self, a: Action) -> ActionCost:
-        n = self.params(a.units)
-        if self.plan.shard_optimizer and self.plan.dp > 1:
-            nbytes = n * self.cbytes
+        n, nbytes = self.params(a.units), self.nbytes(a)
+        if self.view_all_gather():
+            shard = -(-n // self.plan.dp)  # cast this replica's shard, then gather the views
+            cast_s, _ = memory_pass_time_s(shard * (4 + nbytes // max(n, 1)), self.platform)
             t, algo = comm.collective_time_s("all_gather", nbytes, self._dp(a), self.platform)
-            return ActionCost(t, "collective", algorithm=f"all_gather:{algo}", nbytes=nbytes)
-        nbytes = n * (4 + self.cbytes)
-        t, bound = memory_pass_time_s(nbytes, self.platform)
+            return ActionCost(
+                cast_s + t, "collective", algorithm=f"all_gather:{algo}", nbytes=nbytes
+            )
+        t, bound = memory_pass_time_s(n * 4 + nbytes, self.platform)
         return ActionCost(t, "copy", bound, algorithm="cast", nbytes=nbytes)
 
     def _send(self, a: Action) -> ActionCost:
@@ -230,7 +240,7 @@ class CostModel:
             a.stage, peer, self.plan.pp, self.plan.dp, self.platform, self.rank_layout
         )
         where = "intra" if link is self.platform.intra_node else "inter"
-        nbytes = self.activation_bytes()
+        nbytes = self.nbytes(a)
         return ActionCost(
             comm.p2p_time_s(nbytes, link), "p2p", algorithm=f"p2p:{where}", nbytes=nbytes
         )

@@ -22,19 +22,18 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ratrain.errors import RatrainError
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
 
-__all__ = ["Timing", "replay", "p2p_pairs"]
+__all__ = ["Timing", "replay", "run_flat", "p2p_pairs"]
 
 _GLOBAL = (Op.GRAD_NORM, Op.OVERFLOW)
 _PAIRS = ((Op.SEND_F, Op.RECV_F, 1), (Op.SEND_B, Op.RECV_B, -1))
 
 
-@dataclass(frozen=True, slots=True)
-class Timing:
+class Timing(NamedTuple):
     """When one action was issued, started and ended (seconds from the step's start)."""
 
     action: Action
@@ -65,7 +64,9 @@ def p2p_pairs(schedule: Schedule) -> list[tuple[Action, Action]]:
 
 
 class _Engine:
-    def __init__(self, schedule: Schedule, duration_s: Callable[[Action], float]) -> None:
+    def __init__(
+        self, schedule: Schedule, durations: list[float], resources: list[Resource]
+    ) -> None:
         self.schedule = schedule
         acts = [a for stage in schedule.stages for a in stage]
         self.acts = acts
@@ -73,15 +74,18 @@ class _Engine:
         if len(self.gid) != len(acts):
             raise RatrainError("schedule: an action appears twice; each action must be unique")
         n = len(acts)
-        self.lists = [[self.gid[a] for a in stage] for stage in schedule.stages]
-        self.pos = [0] * n
-        for ids in self.lists:
-            for k, i in enumerate(ids):
-                self.pos[i] = k
-        self.stage = [a.stage for a in acts]
-        self.compute = [a.resource is Resource.COMPUTE for a in acts]
-        self.res = [a.resource for a in acts]
-        self.dur = [float(duration_s(a)) for a in acts]
+        # Global ids number the stages' lists one after another.
+        self.lists, self.pos, self.stage = [], [], []
+        for s, stage in enumerate(schedule.stages):
+            first = len(self.pos)
+            self.lists.append(range(first, first + len(stage)))
+            self.pos.extend(range(len(stage)))
+            self.stage.extend([s] * len(stage))
+        assert len(durations) == len(resources) == n
+        self.res = resources
+        compute = Resource.COMPUTE
+        self.compute = [a.resource is compute for a in acts]
+        self.dur = durations
         self._deps(schedule)
         self._globals()
         self.issue = [-1.0] * n
@@ -97,14 +101,17 @@ class _Engine:
 
     def _deps(self, schedule: Schedule) -> None:
         n = len(self.acts)
+        gid = self.gid
         deps: list[set[int]] = [set() for _ in range(n)]
         for a, ds in schedule.deps.items():
-            if a not in self.gid:
+            i = gid.get(a)
+            if i is None:
                 raise RatrainError(f"schedule: deps name {a}, which is in no stage's list")
             for d in ds:
-                if d not in self.gid:
+                j = gid.get(d)
+                if j is None:
                     raise RatrainError(f"schedule: {a} depends on {d}, which is in no stage's list")
-                deps[self.gid[a]].add(self.gid[d])
+                deps[i].add(j)
         for send, recv in p2p_pairs(schedule):
             deps[self.gid[recv]].add(self.gid[send])
         self.deps = deps
@@ -233,8 +240,27 @@ class _Engine:
         ]
 
 
-def replay(schedule: Schedule, duration_s: Callable[[Action], float]) -> list[list[Timing]]:
-    """Time every action of `schedule` with `duration_s(action)`; per stage, in list order."""
-    eng = _Engine(schedule, duration_s)
+def run_flat(
+    schedule: Schedule, durations: list[float], resources: list[Resource]
+) -> tuple[list[float], list[float], list[float]]:
+    """The engine on flat lists, in the order of the stages' lists one after another:
+    each action's duration and resource in, its (issue, start, end) times out."""
+    eng = _Engine(schedule, durations, resources)
+    eng.run()
+    return eng.issue, eng.start, eng.end
+
+
+def replay(
+    schedule: Schedule,
+    duration_s: Callable[[Action], float],
+    resource_of: Callable[[Action], Resource] | None = None,
+) -> list[list[Timing]]:
+    """Time every action of `schedule` with `duration_s(action)`; per stage, in list order.
+
+    `resource_of(action)` names the resource an action queues on (default: its IR resource;
+    a cost model may say that, e.g., an all-gather view fetch occupies the DP network)."""
+    acts = [a for stage in schedule.stages for a in stage]
+    resources = [resource_of(a) if resource_of else a.resource for a in acts]
+    eng = _Engine(schedule, [float(duration_s(a)) for a in acts], resources)
     eng.run()
     return eng.timings()

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from ratrain.schedule.ir import Op, Resource
+from ratrain.schedule.ir import Action, Op, Resource, format_action
 
 __all__ = ["SimEvent", "SimResult", "busy_s", "stage_metrics", "RESOURCES"]
 
 RESOURCES = tuple(r.value for r in Resource if r is not Resource.NONE)
 
 
-@dataclass(frozen=True, slots=True)
-class SimEvent:
-    """One action on the timeline. `name` is the IR's text form (e.g. ``1F3@5``)."""
+class SimEvent(NamedTuple):
+    """One action on the timeline; `name` is its IR text form (e.g. ``1F3@5``)."""
 
     stage: int
-    name: str
-    op: str
+    action: Action
     resource: str
     start_s: float
     end_s: float
@@ -28,8 +27,21 @@ class SimEvent:
     """Transfers and collectives: the algorithm and link they were costed on."""
 
     @property
+    def name(self) -> str:
+        return format_action(self.action)
+
+    @property
+    def op(self) -> str:
+        return self.action.op.value
+
+    @property
     def dur_s(self) -> float:
         return self.end_s - self.start_s
+
+    def to_dict(self) -> dict:
+        d = self._asdict()
+        d["action"] = self.name
+        return d
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -78,7 +90,8 @@ class SimResult:
     the compute resource), sync_s (DP network busy while compute idles) and other_s."""
     events: list[SimEvent]
     memory_timeline: list[list[tuple[float, dict[str, int]]]] = field(default_factory=list)
-    """Per stage: (time_s, bytes per class) after each action, at the action's start."""
+    """Per stage: (time_s, bytes per class while the action runs), one entry per action in
+    list order, at the time a compute action starts or another action is issued."""
     peak_memory_bytes: list[int] = field(default_factory=list)
     memory_breakdown: list[dict[str, int]] = field(default_factory=list)
     """Per stage: bytes per class at the stage's peak."""
@@ -123,7 +136,7 @@ class SimResult:
             "over_cap_stages": self.over_cap(),
         }
         if detail:
-            d["events"] = [asdict(e) for e in self.events]
+            d["events"] = [e.to_dict() for e in self.events]
             d["memory_timeline"] = [
                 [{"t_s": t, "bytes": b} for t, b in stage] for stage in self.memory_timeline
             ]
@@ -147,11 +160,11 @@ def stage_metrics(events: list[SimEvent], pp: int, step_s: float):
 
 
 def _exposed(mine: list[SimEvent], s: int, by: dict) -> dict[str, float]:
-    backs = [e.end_s for e in mine if e.op == Op.B.value]
+    backs = [e.end_s for e in mine if e.action.op is Op.B]
     end = max((e.end_s for e in mine), default=0.0)
     lo = max(backs, default=end)
     tail = end - lo
-    update = busy_s([(e.start_s, e.end_s) for e in mine if e.op == Op.UPDATE.value], lo, end)
+    update = busy_s([(e.start_s, e.end_s) for e in mine if e.action.op is Op.UPDATE], lo, end)
     sync = _minus(by.get((s, "dp_net"), []), by.get((s, "compute"), []), lo, end)
     return {
         "tail_s": tail,

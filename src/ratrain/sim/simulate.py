@@ -7,44 +7,45 @@ from ratrain.config import Plan
 from ratrain.cost.model import CostModel
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import Platform, load
-from ratrain.schedule.ir import Schedule
-from ratrain.sim.engine import Timing, replay
+from ratrain.schedule.ir import Resource, Schedule
+from ratrain.sim.engine import run_flat
 from ratrain.sim.result import SimEvent, SimResult, stage_metrics
 
 __all__ = ["simulate", "simulate_schedule"]
 
 
-def _events(timings: list[list[Timing]], cost: CostModel) -> list[SimEvent]:
-    out = []
-    for stage in timings:
-        for t in stage:
-            c = cost.action(t.action)
-            out.append(
-                SimEvent(
-                    stage=t.action.stage,
-                    name=str(t.action),
-                    op=t.action.op.value,
-                    resource=t.action.resource.value,
-                    start_s=t.start_s,
-                    end_s=t.end_s,
-                    issue_s=t.issue_s,
-                    bound=c.bound,
-                    algorithm=c.algorithm,
+def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list[list[float]]]:
+    """Replay the schedule; return its events and, per stage, when each action takes its
+    memory: a compute action when it starts, any other when it is issued (the ledger counts
+    an async action's allocations from its issue). Both orders follow the stage's list."""
+    acts = [a for stage in schedule.stages for a in stage]
+    costs = [cost.action(a) for a in acts]
+    resources = [cost.resource(a) for a in acts]
+    issue, start, end = run_flat(schedule, [c.time_s for c in costs], resources)
+    events = [
+        SimEvent(a.stage, a, r.value, start[i], end[i], issue[i], c.bound, c.algorithm)
+        for i, (a, c, r) in enumerate(zip(acts, costs, resources, strict=True))
+    ]
+    starts, k = [], 0
+    for stage in schedule.stages:
+        starts.append(
+            [
+                start[i] if r is Resource.COMPUTE else issue[i]
+                for i, r in zip(
+                    range(k, k + len(stage)), resources[k : k + len(stage)], strict=True
                 )
-            )
-    return out
+            ]
+        )
+        k += len(stage)
+    return events, starts
 
 
-def _memory(ledger, timings: list[list[Timing]]):
-    """The ledger's per-action bytes, placed at each action's simulated start."""
+def _memory(ledger, starts: list[list[float]]):
+    """The ledger's per-action bytes, placed on the simulated clock."""
     timeline, peaks, breakdowns = [], [], []
     for s, led in enumerate(ledger.stages):
-        stage = timings[s]
-        points = []
-        for index, by_class in led.trace:
-            t = stage[index].start_s if 0 <= index < len(stage) else 0.0
-            points.append((t, dict(by_class)))
-        timeline.append(points)
+        t_of = starts[s]
+        timeline.append([(t_of[i] if 0 <= i < len(t_of) else 0.0, b) for i, b in led.trace])
         peaks.append(int(led.peak_bytes))
         breakdowns.append(dict(led.breakdown_at_peak))
     return timeline, peaks, breakdowns
@@ -53,8 +54,7 @@ def _memory(ledger, timings: list[list[Timing]]):
 def simulate_schedule(schedule: Schedule, cost: CostModel, *, ledger=None) -> SimResult:
     """Time a given schedule with a given cost model; `ledger` (from `ratrain.memory.replay`)
     adds memory over time, or None to leave memory out."""
-    timings = replay(schedule, cost.time_s)
-    events = _events(timings, cost)
+    events, starts = _timeline(schedule, cost)
     step_s = max((e.end_s for e in events), default=0.0)
     bubble, util, exposed = stage_metrics(events, schedule.pp, step_s)
     plan = cost.plan
@@ -75,7 +75,7 @@ def simulate_schedule(schedule: Schedule, cost: CostModel, *, ledger=None) -> Si
     )
     if ledger is not None:
         result.memory_timeline, result.peak_memory_bytes, result.memory_breakdown = _memory(
-            ledger, timings
+            ledger, starts
         )
     return result
 
@@ -96,7 +96,7 @@ def simulate(
     `cost_scale` scales cost categories (see `ratrain.cost.model.COST_CATEGORIES`);
     `rank_layout` places ranks on nodes (see `ratrain.cost.comm.RANK_LAYOUTS`).
     """
-    from ratrain.memory import replay as ledger_replay
+    from ratrain.memory.ledger import replay as ledger_replay
     from ratrain.schedule import build_schedule, check_schedule
 
     platform = load(platform)
@@ -104,6 +104,6 @@ def simulate(
     if schedule is None:
         schedule = build_schedule(spec, plan)
     if check:
-        check_schedule(schedule)
+        check_schedule(schedule, spec, plan)
     cost = CostModel(spec, plan, platform, scale=cost_scale, rank_layout=rank_layout)
     return simulate_schedule(schedule, cost, ledger=ledger_replay(schedule, spec, plan))
