@@ -52,7 +52,7 @@ computes at peak / cores. Blocks run one after another; unstaged units run in wa
 max(longest unit, total / cores). `bound` is "compute" when FLOPs / peak is at least the DMA
 time of every boundary, else "dma".
 
-Choice: every tile set that fits is priced; of those within `DDR_SLACK` of the least
+Choice: every tile set that fits is priced; of those within `TIME_SLACK` of the least
 main-memory traffic (the objective), the fastest is taken (fewest moves on ties).
 
 Not modelled: compute efficiency inside a tile (cores run at peak), element-wise work
@@ -73,7 +73,7 @@ from ratrain.config import DTYPE_BYTES
 from ratrain.cost.tiling_attention import plan_attention, plan_attention_backward
 from ratrain.cost.tiling_core import (
     ACC_BYTES,
-    DDR_SLACK,
+    TIME_SLACK,
     Hw,
     Priced,
     Tally,
@@ -96,7 +96,7 @@ from ratrain.platforms import Platform
 
 __all__ = [
     "ACC_BYTES",
-    "DDR_SLACK",
+    "TIME_SLACK",
     "TilePlan",
     "applies",
     "plan_gemm",
@@ -198,27 +198,40 @@ def _time(hw: Hw, m, n, k, e, bias, c: _Gemm) -> float:
     return total
 
 
+@functools.lru_cache(maxsize=4096)
 def _grids(cores: int, tm: int, tn: int) -> list[tuple[int, int]]:
     """Maximal core grids (pr x pc <= cores) that the tiles can fill."""
     out = {(pr, min(cores // pr, tn)) for pr in range(1, min(cores, tm) + 1)}
     return sorted(g for g in out if not any(o != g and o[0] >= g[0] and o[1] >= g[1] for o in out))
 
 
+def _widest(ok, cands: list[int]) -> int | None:
+    """The largest candidate that ok() accepts, ok being monotone (true, then false)."""
+    lo, hi = 0, len(cands)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(cands[mid]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return cands[lo - 1] if lo else None
+
+
 def _bases(hws: list[Hw], m, n, k, e, bias):
-    nsz = sizes(n)
+    nsz, leaf = sizes(n, fine=True), Hw(hws[0].tiers, hws[0].peak_flops)
     for mc in sizes(m):
         for kc in sizes(k):
             # The widest C tile that fits: wider never moves more.
-            fit = [
-                nc
-                for nc in nsz
-                if fits(hws[0], _buffers(hws[0], m, nc, kc, e, bias, _Gemm(mc, nc, kc)))
-            ]
-            if not fit:
+            def ok(nc, mc=mc, kc=kc):
+                return fits(leaf, _buffers(leaf, m, nc, kc, e, bias, _Gemm(mc, nc, kc)))
+
+            nc = _widest(ok, nsz)
+            if nc is None:
                 continue
-            nc = fit[-1]
-            yield hws[0], _Gemm(mc, nc, kc, 1, 1, kc)
-            for hw in hws[1:]:
+            for hw in hws:
+                if hw.stage is None:
+                    yield hw, _Gemm(mc, nc, kc, 1, 1, kc)
+                    continue
                 for pr, pc in _grids(hw.cores, ceil_div(m, mc), ceil_div(n, nc)):
                     yield hw, _Gemm(mc, nc, kc, pr, pc, kc)
 

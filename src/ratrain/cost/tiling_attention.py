@@ -125,16 +125,20 @@ def _fwd_time(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn) -> float:
         q_in = hw.move_s(0, hw.main, c.hg * r * d * e, active)
         return q_in + hw.move_s(0, hw.main, c.hg * r * (d * e + ACC_BYTES), active, 2)
 
+    @functools.cache
+    def core_s(r, v, active):
+        return _fwd_core_s(hw, r, v, c, d, e, active)
+
     if hw.stage is None:
         active = min(hw.cores, len(units) * b * kvh)
-        per = [ends(r, active) + _fwd_core_s(hw, r, v, c, d, e, active) for r, v in units]
+        per = [ends(r, active) + core_s(r, v, active) for r, v in units]
         return max(max(per), sum(per) * b * kvh / hw.cores)
     total = 0.0
     for blk in chunks(units, c.p):
         end, p, kinds = max(v for _, v in blk), len(blk), set(blk)
         groups = []
         for k0, k1 in steps(0, end, c.bs):
-            work = max(_fwd_core_s(hw, r, min(k1, v) - k0, c, d, e, p) for r, v in kinds if v > k0)
+            work = max(core_s(r, min(k1, v) - k0, p) for r, v in kinds if v > k0)
             groups.append((1, hw.move_s(hw.stage, hw.main, 2 * (k1 - k0) * d * e, 1, 2), work))
         total += pipeline_s(groups) + max(ends(r, p) for r, _ in kinds)
     return total * b * kvh

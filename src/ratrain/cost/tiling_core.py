@@ -6,6 +6,7 @@ Pure Python (no torch). The model itself is described in `ratrain.cost.tiling`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -15,7 +16,7 @@ from ratrain.platforms import Platform, Tier
 
 __all__ = [
     "ACC_BYTES",
-    "DDR_SLACK",
+    "TIME_SLACK",
     "TilePlan",
     "Hw",
     "Tally",
@@ -24,6 +25,7 @@ __all__ = [
     "platform_key",
     "hw_variants",
     "fits",
+    "dma_times",
     "make_plan",
     "select",
     "steps",
@@ -36,8 +38,8 @@ __all__ = [
 ]
 
 ACC_BYTES = 4  # fp32 accumulators, softmax statistics and dQ partial sums
-DDR_SLACK = 0.02  # tile sets within 2% of the least main-memory traffic compete on time
-_FINALISTS = 12  # tile sets priced for time (the others are ranked by traffic only)
+TIME_SLACK = 0.05  # plans within 5% of the fastest compete on main-memory traffic
+_SHORTLIST = 8  # tile sets timed: this many by a roofline estimate, this many by traffic
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,17 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def sizes(dim: int, lo: int = 1) -> list[int]:
-    """Candidate tile sizes for a dimension: 2^i and 3·2^(i-1) below it, and the dimension."""
+def sizes(dim: int, lo: int = 1, fine: bool = False) -> list[int]:
+    """Candidate tile sizes for a dimension: 2^i and 3·2^(i-1) below it (with `fine`, every
+    j·2^i for j = 8..15, steps of at most 12.5%), the dimension cut evenly into 2..8 tiles,
+    and the dimension itself."""
     out, v = {dim}, 1
+    mults = range(8, 16) if fine else (8, 12)
     while v < dim:
         out.update(x for x in (v, v * 3 // 2) if lo <= x < dim)
+        out.update(j * v // 8 for j in mults if v >= 8 and lo <= j * v // 8 < dim)
         v *= 2
+    out.update(ceil_div(dim, p) for p in range(2, 9) if ceil_div(dim, p) >= lo)
     return sorted(out)
 
 
@@ -139,6 +146,12 @@ def pipeline_s(groups: list[tuple[int, float, float]]) -> float:
     return t
 
 
+def _path(lo: int, hi: int, tiers: tuple[Tier, ...]) -> range | list[int]:
+    """Tiers whose bandwidth a move from tier lo up to tier hi shares, beyond lo's own port:
+    the boundaries between them, and main memory itself (its streaming bandwidth)."""
+    return [*range(lo + 1, hi), *([hi] if hi == len(tiers) - 1 else [])]
+
+
 @dataclass(frozen=True)
 class Hw:
     """The platform as the model sees it: tiers (index 0 computes, the last is main memory),
@@ -169,9 +182,11 @@ class Hw:
         return f"{self.tiers[a].name}->{self.tiers[b].name}"
 
     def bw(self, lo: int, hi: int, active: int = 1) -> float:
-        """Bytes/s one of `active` concurrent copies of tier `lo` gets on the path to `hi`."""
+        """Bytes/s one of `active` concurrent copies of tier `lo` gets on the path to `hi`:
+        its own port, the boundaries above it (shared), and main memory's streaming
+        bandwidth when the path ends there."""
         t = self.tiers
-        shared = [t[i].bandwidth_bytes_per_s * t[i].copies / active for i in range(lo + 1, hi)]
+        shared = [t[i].bandwidth_bytes_per_s * t[i].copies / active for i in _path(lo, hi, t)]
         return min([t[lo].bandwidth_bytes_per_s, *shared])
 
     def move_s(self, lo: int, hi: int, nbytes: float, active: int = 1, n: int = 1) -> float:
@@ -257,17 +272,29 @@ def fits(hw: Hw, buffers: dict[int, int]) -> bool:
     return all(b <= hw.tiers[i].capacity_bytes for i, b in buffers.items())
 
 
-def make_plan(op, shape, dtype, hw: Hw, tile, grid, stage_step, p: Priced, time_s) -> TilePlan:
-    idx = {t.name: i for i, t in enumerate(hw.tiers)}
+@functools.lru_cache(maxsize=256)
+def _link(tiers: tuple[Tier, ...], key: str) -> tuple[str, float, float]:
+    """(boundary name, bytes/s with all copies active, seconds per move) of "src->dst"."""
+    idx = {t.name: i for i, t in enumerate(tiers)}
+    a, b = (idx[x] for x in key.split("->"))
+    lo, hi = min(a, b), max(a, b)
+    bw = min(tiers[i].bandwidth_bytes_per_s * tiers[i].copies for i in [lo, *_path(lo, hi, tiers)])
+    # Moves from the copies of tier lo are issued in parallel; their setups overlap.
+    latency = max(t.latency_s for t in tiers[lo:hi]) / tiers[lo].copies
+    return f"{tiers[lo].name}<->{tiers[hi].name}", bw, latency
+
+
+def dma_times(hw: Hw, tally: Tally) -> dict[str, float]:
+    """Per boundary "fast<->slow": moves x latency + bytes / bandwidth, all copies active."""
     dma: dict[str, float] = {}
-    for key, nbytes in p.tally.bytes.items():
-        a, b = (idx[x] for x in key.split("->"))
-        lo, hi = min(a, b), max(a, b)
-        link = min(hw.tiers[i].bandwidth_bytes_per_s * hw.tiers[i].copies for i in range(lo, hi))
-        # Moves from the copies of tier lo are issued in parallel; their setups overlap.
-        latency = max(t.latency_s for t in hw.tiers[lo:hi]) / hw.tiers[lo].copies
-        name = f"{hw.tiers[lo].name}<->{hw.tiers[hi].name}"
-        dma[name] = dma.get(name, 0.0) + p.tally.moves[key] * latency + nbytes / link
+    for key, nbytes in tally.bytes.items():
+        name, bw, latency = _link(hw.tiers, key)
+        dma[name] = dma.get(name, 0.0) + tally.moves[key] * latency + nbytes / bw
+    return dma
+
+
+def make_plan(op, shape, dtype, hw: Hw, tile, grid, stage_step, p: Priced, time_s) -> TilePlan:
+    dma = dma_times(hw, p.tally)
     compute_s = p.flops / hw.peak_flops
     return TilePlan(
         op=op,
@@ -291,35 +318,38 @@ def make_plan(op, shape, dtype, hw: Hw, tile, grid, stage_step, p: Priced, time_
 
 
 def select(bases, price, expand, timing):
-    """Choose a tile set.
+    """Choose a tile set: the least main-memory traffic among those within `TIME_SLACK` of
+    the fastest (fewest moves, then time, on ties).
 
     bases: (hw, cfg) pairs, staged ones with their finest staged step; price(hw, cfg) ->
     Priced, or None when the buffers do not fit; expand(hw, cfg) -> the coarser staged steps
-    of a base, finest first (they move the same bytes in fewer moves but need more buffer);
-    timing(hw, cfg) -> seconds. Returns (hw, cfg, priced, time_s).
+    of a base, finest first (the same bytes in fewer moves, more buffer); timing(hw, cfg) ->
+    seconds. Only a shortlist is timed: the bases a roofline estimate (compute or the busiest
+    boundary) ranks fastest, and those moving the fewest main-memory bytes.
+    Returns (hw, cfg, priced, time_s).
     """
     priced = []
     for hw, cfg in bases:
         p = price(hw, cfg)
         if p is not None:
-            priced.append((p.tally.ddr, p.tally.n_moves, hw.stage or 0, cfg, hw, p))
+            roof = max(p.flops / hw.peak_flops, *dma_times(hw, p.tally).values())
+            order = (hw.stage or 0, cfg)
+            priced.append(((roof, p.tally.ddr, *order), (p.tally.ddr, roof, *order), hw, cfg, p))
     if not priced:
         raise RatrainError(
             "no tile fits the platform's compute tier; use a platform with larger on-chip "
             "tiers or a smaller head_dim"
         )
-    limit = min(x[0] for x in priced) * (1 + DDR_SLACK)
-    near = sorted((x for x in priced if x[0] <= limit), key=lambda x: x[1:4])[:_FINALISTS]
-    best = None
-    for _, _, _, cfg, hw, p in near:
+    short = sorted(priced, key=lambda x: x[0])[:_SHORTLIST]
+    short += [x for x in sorted(priced, key=lambda x: x[1])[:_SHORTLIST] if x not in short]
+    timed = []
+    for _, _, hw, cfg, p in short:
         for v in [cfg, *expand(hw, cfg)]:
             pv = p if v == cfg else price(hw, v)
             if pv is None:
                 break
-            if pv.tally.ddr > limit:
-                continue
-            key = (timing(hw, v), pv.tally.n_moves, hw.stage or 0, v)
-            if best is None or key < best[0]:
-                best = (key, hw, v, pv)
-    key, hw, cfg, p = best
-    return hw, cfg, p, key[0]
+            timed.append((timing(hw, v), pv.tally.ddr, pv.tally.n_moves, hw.stage or 0, v, hw, pv))
+    fastest = min(t[0] for t in timed)
+    near = [t for t in timed if t[0] <= fastest * (1 + TIME_SLACK)]
+    time_s, _, _, _, cfg, hw, p = min(near, key=lambda t: (t[1], t[2], t[0], t[3], t[4]))
+    return hw, cfg, p, time_s
