@@ -98,7 +98,8 @@ def test_exposed_tail_and_utilization():
     for s in range(r.pp):
         e = r.exposed[s]
         assert e["tail_s"] > 0 and e["update_s"] > 0 and e["sync_s"] >= 0
-        assert e["update_s"] + e["sync_s"] + e["other_s"] == pytest.approx(e["tail_s"])
+        parts = e["update_s"] + e["sync_s"] + e["global_s"] + e["other_s"]
+        assert parts == pytest.approx(e["tail_s"])
         u = r.utilization[s]
         assert 0 < u["compute"] <= 1 and 1 - u["compute"] == pytest.approx(r.stage_bubble[s])
     assert r.tokens_per_s == pytest.approx(8 * 64 / r.step_time_s)

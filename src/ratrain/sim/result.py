@@ -10,6 +10,7 @@ from ratrain.schedule.ir import Action, Op, Resource, format_action
 __all__ = ["SimEvent", "SimResult", "busy_s", "stage_metrics", "RESOURCES"]
 
 RESOURCES = tuple(r.value for r in Resource if r is not Resource.NONE)
+_CHECKS = (Op.GRAD_NORM, Op.OVERFLOW)
 
 
 class SimEvent(NamedTuple):
@@ -86,8 +87,10 @@ class SimResult:
     utilization: list[dict[str, float]]
     """Per stage, per resource: busy time / step time."""
     exposed: list[dict[str, float]]
-    """Per stage, the tail after its last backward: tail_s, and in it update_s (optimizer on
-    the compute resource), sync_s (DP network busy while compute idles) and other_s."""
+    """Per stage, the tail after its last backward (tail_s) and what fills it: update_s
+    (optimizer steps on the compute resource), sync_s (gradient syncs running while compute
+    idles), global_s (waiting for the global norm / overflow checks, which need every stage,
+    while compute idles and no sync runs), other_s (the rest: view fetches, ...)."""
     events: list[SimEvent]
     memory_timeline: list[list[tuple[float, dict[str, int]]]] = field(default_factory=list)
     """Per stage: (time_s, bytes per class while the action runs), one entry per action in
@@ -160,15 +163,21 @@ def stage_metrics(events: list[SimEvent], pp: int, step_s: float):
 
 
 def _exposed(mine: list[SimEvent], s: int, by: dict) -> dict[str, float]:
+    """Split the tail after the stage's last backward by what the compute resource waits on."""
     backs = [e.end_s for e in mine if e.action.op is Op.B]
     end = max((e.end_s for e in mine), default=0.0)
     lo = max(backs, default=end)
-    tail = end - lo
+    compute = by.get((s, "compute"), [])
+    syncs = [(e.start_s, e.end_s) for e in mine if e.action.op is Op.GRAD_SYNC]
+    checks = [(e.issue_s, e.end_s) for e in mine if e.action.op in _CHECKS]
     update = busy_s([(e.start_s, e.end_s) for e in mine if e.action.op is Op.UPDATE], lo, end)
-    sync = _minus(by.get((s, "dp_net"), []), by.get((s, "compute"), []), lo, end)
+    sync = _minus(syncs, compute, lo, end)
+    checks_s = _minus(checks, compute + syncs, lo, end)
+    tail = end - lo
     return {
         "tail_s": tail,
         "update_s": update,
         "sync_s": sync,
-        "other_s": max(0.0, tail - update - sync),
+        "global_s": checks_s,
+        "other_s": max(0.0, tail - update - sync - checks_s),
     }

@@ -1,0 +1,126 @@
+"""`ratrain simulate`: one training step of a plan on a platform, by simulation.
+
+Prints the step time, tokens/s, the pipeline bubble and each stage's peak memory against
+the platform's cap; `--json` prints the same as one JSON object; `--trace` writes a
+Chrome/Perfetto trace and `--plot` a PNG timeline. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ratrain.cli.common import add_model_arg, add_plan_args, plan_from_args
+from ratrain.cost.comm import RANK_LAYOUTS
+from ratrain.models.presets import resolve_model
+from ratrain.platforms import PLATFORM_PRESETS, Platform, load
+
+__all__ = ["add_arguments", "run"]
+
+_PP, _SEQ, _MB_PER_STAGE = 8, 4096, 4
+_HELP_DEFAULTS = {"micro_batch": 1, "recompute": "full"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arg(p, default="llama2-7b")
+    p.add_argument(
+        "--platform",
+        default="mt3000",
+        help=f"a preset ({', '.join(PLATFORM_PRESETS)}) or a path to a platform YAML file "
+        "(default mt3000)",
+    )
+    add_plan_args(p, defaults=_HELP_DEFAULTS)
+    p.description = (
+        f"{p.description}. Without --plan, defaults: pp = min({_PP}, layers), seq = "
+        f"min({_SEQ}, the model's max), {_MB_PER_STAGE} microbatches per stage, full "
+        "recompute, the platform's faster 16-bit dtype."
+    )
+    p.add_argument(
+        "--rank-layout",
+        choices=RANK_LAYOUTS,
+        default="pp-inner",
+        help="how ranks fill nodes (default pp-inner, the runtime's layout)",
+    )
+    p.add_argument("--check", action="store_true", help="validate the schedule before simulating")
+    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
+    p.add_argument("--plot", metavar="OUT.png", help="write a PNG timeline with memory over time")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _fast_half(platform: Platform) -> str:
+    return max(("bf16", "fp16"), key=lambda dt: (platform.peak_flops[dt], dt == "bf16"))
+
+
+def _set_defaults(args: argparse.Namespace, platform: Platform) -> None:
+    """Defaults that depend on the model and the platform (a plan file sets its own)."""
+    if getattr(args, "plan", None):
+        return
+    spec = resolve_model(args.model)
+    pp = args.pp or (len(args.layer_split) if args.layer_split else min(_PP, spec.n_layers))
+    mb = args.micro_batch or 1
+    args._plan_defaults = {
+        **args._plan_defaults,
+        "pp": pp,
+        "seq": min(_SEQ, spec.max_seq),
+        "global_batch": _MB_PER_STAGE * pp * (args.dp or 1) * mb,
+        "compute_dtype": _fast_half(platform),
+    }
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def _table(r, platform: Platform) -> str:
+    p = r.plan
+    rec = ",".join(sorted(set(p["recompute"])))
+    lines = [
+        f"{r.model} on {platform.name}, schedule {r.schedule}: pp={p['pp']} dp={p['dp']} "
+        f"micro-batch={p['micro_batch']} global-batch={p['global_batch']} seq={p['seq']} "
+        f"{p['compute_dtype']} recompute={rec}",
+        f"step time   {r.step_time_s:.4g} s",
+        f"tokens/s    {r.tokens_per_s:,.1f} ({r.tokens_per_s / (p['pp'] * p['dp']):,.1f} per unit)",
+        f"bubble      {r.bubble_fraction:.1%}",
+        "",
+        "stage  peak memory  cap (usable - workspace)  compute  "
+        "tail after last B: update / sync / global checks / other",
+    ]
+    cap = r.memory_cap_bytes - r.workspace_bytes
+    for s in range(r.pp):
+        e = r.exposed[s]
+        over = "  OVER" if s in r.over_cap() else ""
+        lines.append(
+            f"{s:>5}  {_gb(r.peak_memory_bytes[s]):>11}  {_gb(cap):>24}  "
+            f"{r.utilization[s]['compute']:>7.1%}  {e['tail_s']:.3g} s: {e['update_s']:.3g} / "
+            f"{e['sync_s']:.3g} / {e['global_s']:.3g} / {e['other_s']:.3g} s{over}"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ratrain.sim import plot, simulate, write_trace
+
+    platform = load(args.platform)
+    _set_defaults(args, platform)
+    spec, plan = plan_from_args(args)
+    r = simulate(spec, plan, platform, check=args.check, rank_layout=args.rank_layout)
+    if args.trace:
+        write_trace(r, args.trace)
+    if args.plot:
+        plot(r, args.plot)
+    if args.json:
+        print(json.dumps(r.to_json()))
+    else:
+        print(_table(r, platform))
+        for path, what in ((args.trace, "trace"), (args.plot, "plot")):
+            if path:
+                print(f"{what} written to {path}")
+    for s in r.over_cap():
+        print(
+            f"warning: stage {s} peaks at {_gb(r.peak_memory_bytes[s])}, over the "
+            f"{_gb(r.memory_cap_bytes - r.workspace_bytes)} {platform.name} leaves after its "
+            "workspace; use more stages, recompute, or --shard-optimizer",
+            file=sys.stderr,
+        )
+    return 0
