@@ -89,12 +89,15 @@ def simulate(
     check: bool = False,
     cost_scale: dict[str, float] | None = None,
     rank_layout: str = "pp-inner",
+    memory_timeline: bool = True,
 ) -> SimResult:
     """Simulate one step of `plan` for `spec` on `platform` (a `Platform`, preset name or path).
 
     `schedule` defaults to `build_schedule(spec, plan)`; `check` validates it first;
     `cost_scale` scales cost categories (see `ratrain.cost.model.COST_CATEGORIES`);
-    `rank_layout` places ranks on nodes (see `ratrain.cost.comm.RANK_LAYOUTS`).
+    `rank_layout` places ranks on nodes (see `ratrain.cost.comm.RANK_LAYOUTS`);
+    `memory_timeline=False` keeps the memory peaks and breakdowns but not memory over time
+    (faster, for searches).
     """
     from ratrain.memory.ledger import replay as ledger_replay
     from ratrain.schedule import build_schedule, check_schedule
@@ -106,4 +109,5 @@ def simulate(
     if check:
         check_schedule(schedule, spec, plan)
     cost = CostModel(spec, plan, platform, scale=cost_scale, rank_layout=rank_layout)
-    return simulate_schedule(schedule, cost, ledger=ledger_replay(schedule, spec, plan))
+    ledger = ledger_replay(schedule, spec, plan, keep_trace=memory_timeline)
+    return simulate_schedule(schedule, cost, ledger=ledger)
