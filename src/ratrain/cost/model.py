@@ -132,7 +132,8 @@ class CostModel:
         """The kernels of a compute action (F, B, RECOMPUTE), one microbatch."""
         kind = a.op.value
         if a.op is Op.RECOMPUTE:
-            # Offloaded checkpoints are layer inputs: a recompute is then a full forward.
+            # The lowerings emit RECOMPUTE only under selective or full; any other is
+            # charged as a full forward from the block input.
             policy = self.plan.recompute_of(self.spec, a.stage, a.units[0])
             kind = f"RC:{'full' if policy == 'none' else policy}"
         p = self.plan
