@@ -134,6 +134,34 @@ def test_attention_forward_backward_match_sdpa_and_the_plan(
         _close(got, leaf.grad, dtype)
 
 
+# Without DMA latency, causal staged plans put two units on a core (a short one with a long one).
+FOLD = _platform(
+    [
+        Tier("l1", 32 * KIB, 50e9, 0.0, 4),
+        Tier("l2", 128 * KIB, 40e9, 0.0, 1),
+        Tier("mem", 10**9, 10e9, 0.0, 1),
+    ]
+)
+
+
+@pytest.mark.parametrize("b,h,kvh,s,d", [(1, 2, 1, 190, 16), (1, 2, 2, 150, 16)])
+def test_two_units_per_core_match_sdpa_and_the_plan(b, h, kvh, s, d):
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(b, x, s, d, dtype=torch.float16) for x in (h, kvh, kvh))
+    fwd = plan_attention(b, h, kvh, s, d, "fp16", FOLD, causal=True)
+    bwd = plan_attention_backward(b, h, kvh, s, d, "fp16", FOLD, causal=True)
+    assert fwd.grid[1] == 2 and bwd.grid[1] == 2 and fwd.stage == bwd.stage == "l2"
+    be = TiledBackend(FOLD)
+    out, lse = _run(be, fwd, lambda: be.attention_forward(q, k, v, causal=True, plan=fwd))
+    ref, leaves = _reference(q, k, v, True, None)
+    _close(out, ref, "fp16")
+    dout = torch.randn(b, h, s, d)
+    ref.backward(dout)
+    grads = _run(be, bwd, lambda: be.attention_backward(q, k, v, out, lse, dout.half(), plan=bwd))
+    for got, leaf in zip(grads, leaves, strict=True):
+        _close(got, leaf.grad, "fp16")
+
+
 def test_autograd_through_the_backend_interface():
     """linear and attention as a model calls them: outputs and gradients of every input."""
     torch.manual_seed(2)

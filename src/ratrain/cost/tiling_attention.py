@@ -6,12 +6,13 @@ tallies below count in closed form.
 
 Forward, per (batch, kv head): units are (q tile, head group) pairs in q-tile-major order,
 ``heads`` query heads x ``q`` rows each; a unit sees kv rows [0, a1) when causal (a1: its
-last row + 1), all of them otherwise. Blocks are runs of ``p`` consecutive units.
+last row + 1), all of them otherwise. Blocks are runs of ``p`` x ``f`` consecutive units;
+with ``f`` = 2 core i runs the block's i-th and (n-1-i)-th units (causal balance).
 
 Backward, per (batch, kv head): units are kv tiles of ``kv`` rows; q steps of ``heads`` x
 ``q`` rows aligned at 0; a unit starting at key c0 sees the q steps whose last row is >= c0
-when causal. Staged q panels of ``stage_step`` rows (a multiple of ``q``) are loaded once
-per block. dQ: the first unit (keys from 0, which every row sees) starts it from zero; the
+when causal; blocks and pairs as in the forward. Staged q panels of ``stage_step`` rows (a
+multiple of ``q``) are loaded once per block. dQ: the first unit (keys from 0, which every row sees) starts it from zero; the
 last visit of a q step or panel writes the dtype, the others fp32 partial sums.
 """
 
@@ -53,6 +54,19 @@ class _Attn:
     bc: int  # kv rows per step (forward) or per unit (backward)
     bs: int  # staged step, a multiple of bc (forward) or br (backward); that step if unstaged
     p: int = 1  # cores per block
+    f: int = 1  # units per core in a block (2: a causal unit paired with its mirror)
+
+    @property
+    def block(self) -> int:
+        return self.p * self.f
+
+
+def _pairs(n: int, f: int) -> list[list[int]]:
+    """The units (indices in a block of n) each core runs: one each, or with f = 2 the i-th
+    with the (n-1-i)-th, so that a short causal unit and a long one share a core."""
+    if f == 1:
+        return [[i] for i in range(n)]
+    return [sorted({i, n - 1 - i}) for i in range(ceil_div(n, 2))]
 
 
 def _divisors(x: int) -> list[int]:
@@ -65,7 +79,7 @@ def _divisors(x: int) -> list[int]:
 def _fwd_buffers(hw: Hw, s, d, e, c: _Attn) -> dict[int, int]:
     r, t = c.hg * min(c.br, s), min(c.bc, s)
     # Q (x2) in dtype; fp32 O, m, l and the score tile; K and V (x2 each).
-    out = {0: 2 * r * d * e + ACC_BYTES * r * (d + 2 + t) + 4 * t * d * e}
+    out = {0: c.f * (2 * r * d * e + ACC_BYTES * r * (d + 2 + t) + 4 * t * d * e)}
     if hw.stage is not None:
         out[hw.stage] = 4 * min(c.bs, s) * d * e
     return out
@@ -79,7 +93,7 @@ def _fwd_vis(i: int, s: int, br: int, causal: bool) -> int:
 def _fwd_block_ends(s, g, c: _Attn, causal) -> list[int]:
     """Per block, the kv rows its units see (the last unit, q-tile-major order, sees most)."""
     units = (g // c.hg) * ceil_div(s, c.br)
-    last = [min((j + 1) * c.p, units) - 1 for j in range(ceil_div(units, c.p))]
+    last = [min((j + 1) * c.block, units) - 1 for j in range(ceil_div(units, c.block))]
     return [_fwd_vis(u // (g // c.hg), s, c.br, causal) for u in last]
 
 
@@ -134,13 +148,16 @@ def _fwd_time(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn) -> float:
         per = [ends(r, active) + core_s(r, v, active) for r, v in units]
         return max(max(per), sum(per) * b * kvh / hw.cores)
     total = 0.0
-    for blk in chunks(units, c.p):
-        end, p, kinds = max(v for _, v in blk), len(blk), set(blk)
+    for blk in chunks(units, c.block):
+        pairs = [[blk[i] for i in ids] for ids in _pairs(len(blk), c.f)]
+        end, p = max(v for _, v in blk), len(pairs)
         groups = []
         for k0, k1 in steps(0, end, c.bs):
-            work = max(core_s(r, min(k1, v) - k0, p) for r, v in kinds if v > k0)
+            work = max(
+                sum(core_s(r, min(k1, v) - k0, p) for r, v in pair if v > k0) for pair in pairs
+            )
             groups.append((1, hw.move_s(hw.stage, hw.main, 2 * (k1 - k0) * d * e, 1, 2), work))
-        total += pipeline_s(groups) + max(ends(r, p) for r, _ in kinds)
+        total += pipeline_s(groups) + max(sum(ends(r, p) for r, _ in pair) for pair in pairs)
     return total * b * kvh
 
 
@@ -151,7 +168,7 @@ def _bwd_buffers(hw: Hw, s, d, e, c: _Attn) -> dict[int, int]:
     r, t = c.hg * min(c.br, s), min(c.bc, s)
     kv = 4 * t * d * e + 2 * ACC_BYTES * t * d  # K, V (x2) and fp32 dK, dV
     stream = 4 * r * d * e + 4 * ACC_BYTES * r + 2 * ACC_BYTES * r * d  # Q, dO, LSE, Δ, dQ (x2)
-    out = {0: kv + stream + 2 * ACC_BYTES * r * t}  # + the P and dS tiles
+    out = {0: c.f * (kv + stream + 2 * ACC_BYTES * r * t)}  # + the P and dS tiles
     if hw.stage is not None:
         pr = c.hg * min(c.bs, s)
         out[hw.stage] = 4 * pr * d * e + 4 * ACC_BYTES * pr + 2 * ACC_BYTES * pr * d
@@ -184,7 +201,7 @@ def _bwd_tally(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn) -> Priced:
         vis, n_vis, step = rows, n, c.br
     else:
         t.add(0, hw.stage, g * rows * dq, hgroups * n)
-        vis, n_vis = _bwd_sums(s, c.bs, ceil_div(nu, c.p), c.p * c.bc, causal)  # over blocks
+        vis, n_vis = _bwd_sums(s, c.bs, ceil_div(nu, c.block), c.block * c.bc, causal)  # blocks
         step, n_pan = c.bs, ceil_div(s, c.bs)
         t.add(hw.main, hw.stage, g * vis * row_in, 4 * hgroups * n_vis)
         t.add(hw.main, hw.stage, g * (vis - s) * dq, hgroups * (n_vis - n_pan))
@@ -244,8 +261,9 @@ def _bwd_time(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn) -> float:
             for u, (c0, c1) in enumerate(units)
         ]
         return total + max(max(per), sum(per) * b * kvh / hw.cores)
-    for j, blk in enumerate(chunks(units, c.p)):
-        p, c_lo = len(blk), blk[0][0]
+    for j, blk in enumerate(chunks(units, c.block)):
+        pairs, c_lo = _pairs(len(blk), c.f), blk[0][0]
+        p = len(pairs)
         groups = []
         for a0, a1 in steps(0, s, c.bs):
             if causal and a1 - 1 < c_lo:
@@ -254,20 +272,25 @@ def _bwd_time(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn) -> float:
             nbytes = rows * (2 * d * e + 2 * ACC_BYTES) + rows * d * ACC_BYTES * (1 + (j > 0))
             dma = hw.move_s(hw.stage, hw.main, nbytes, 1, 5 + (j > 0))
             work = max(
-                core_s(c1 - c0, seen(a0, a1, c0), p, j > 0 or i > 0)
-                for i, (c0, c1) in enumerate(blk)
+                sum(
+                    core_s(blk[i][1] - blk[i][0], seen(a0, a1, blk[i][0]), p, j > 0 or i > 0)
+                    for i in pair
+                )
+                for pair in pairs
             )
             groups.append((hgroups, dma, work))
-        total += (pipeline_s(groups) + max(kv_s(c1 - c0, p) for c0, c1 in blk)) * b * kvh
+        ends = max(sum(kv_s(blk[i][1] - blk[i][0], p) for i in pair) for pair in pairs)
+        total += (pipeline_s(groups) + ends) * b * kvh
     return total
 
 
 # --- choice ----------------------------------------------------------------------------------
 
 
-def _bases(hws: list[Hw], s, g, buffers, inner, units):
+def _bases(hws: list[Hw], s, g, buffers, inner, units, causal):
     """(hw, cfg) candidates with the finest staged step; inner(cfg) is the per-core step the
-    staged step is a multiple of, units(cfg) the units of one kv head."""
+    staged step is a multiple of, units(cfg) the units of one kv head. Staged blocks may pair
+    units on a core when causal (their work differs)."""
     sz = sizes(s, lo=min(s, 8))
     for hg in _divisors(g):
         for br in sz:
@@ -275,10 +298,11 @@ def _bases(hws: list[Hw], s, g, buffers, inner, units):
                 base = _Attn(hg, br, bc, 0)
                 step = inner(base)
                 for hw in hws:
-                    p = 1 if hw.stage is None else min(hw.cores, units(base))
-                    cfg = _Attn(hg, br, bc, step, p)
-                    if fits(hw, buffers(hw, cfg)):
-                        yield hw, cfg
+                    for f in (1, 2) if causal and hw.stage is not None else (1,):
+                        p = 1 if hw.stage is None else min(hw.cores, ceil_div(units(base), f))
+                        cfg = _Attn(hg, br, bc, step, p, f)
+                        if fits(hw, buffers(hw, cfg)):
+                            yield hw, cfg
 
 
 def _expand(hw: Hw, c: _Attn, s: int, step: int):
@@ -287,7 +311,7 @@ def _expand(hw: Hw, c: _Attn, s: int, step: int):
     bs = c.bs
     while bs < s:
         bs = min(bs * 2, ceil_div(s, step) * step)
-        yield _Attn(c.hg, c.br, c.bc, bs, c.p)
+        yield _Attn(c.hg, c.br, c.bc, bs, c.p, c.f)
 
 
 @functools.lru_cache(maxsize=512)
@@ -309,7 +333,7 @@ def _plan(op, b, h, kvh, s, d, dtype, causal, tiers, peak, stage) -> TilePlan:
 
     hws = hw_variants(tiers, peak, stage)
     hw, c, p, time_s = select(
-        _bases(hws, s, g, lambda hw, c: buffers(hw, s, d, e, c), inner, units),
+        _bases(hws, s, g, lambda hw, c: buffers(hw, s, d, e, c), inner, units, causal),
         price,
         lambda hw, c: _expand(hw, c, s, inner(c)),
         lambda hw, c: timing(hw, b, h, kvh, s, d, e, causal, c),
@@ -317,7 +341,7 @@ def _plan(op, b, h, kvh, s, d, dtype, causal, tiers, peak, stage) -> TilePlan:
     shape = {"batch": b, "heads": h, "kv_heads": kvh, "seq": s, "head_dim": d}
     shape["causal"] = int(causal)
     tile = {"heads": c.hg, "q": min(c.br, s), "kv": min(c.bc, s)}
-    return make_plan(op, shape, dtype, hw, tile, (c.p, 1), c.bs, p, time_s)
+    return make_plan(op, shape, dtype, hw, tile, (c.p, c.f), c.bs, p, time_s)
 
 
 def _entry(op, batch, heads, kv_heads, seq, head_dim, dtype, platform, causal, stage) -> TilePlan:

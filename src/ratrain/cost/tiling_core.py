@@ -59,7 +59,8 @@ class TilePlan:
     tile: dict[str, int]
     """Per core. gemm: m, n, k (k-step); attention: heads, q (rows), kv (rows)."""
     grid: tuple[int, int]
-    """Cores per block: gemm (rows, cols) of the core grid; attention (p, 1). (1, 1) unstaged."""
+    """Cores per block: gemm (rows, cols) of the core grid; attention (cores, units per
+    core: 2 pairs each causal unit with its mirror in the block). (1, 1) unstaged."""
     stage_step: int
     """gemm: staged k-step; forward: staged kv rows; backward: staged q rows. Unstaged: the
     per-core step (tile k, kv or q)."""
@@ -146,7 +147,7 @@ def pipeline_s(groups: list[tuple[int, float, float]]) -> float:
     return t
 
 
-def _path(lo: int, hi: int, tiers: tuple[Tier, ...]) -> range | list[int]:
+def _path(lo: int, hi: int, tiers: tuple[Tier, ...]) -> list[int]:
     """Tiers whose bandwidth a move from tier lo up to tier hi shares, beyond lo's own port:
     the boundaries between them, and main memory itself (its streaming bandwidth)."""
     return [*range(lo + 1, hi), *([hi] if hi == len(tiers) - 1 else [])]

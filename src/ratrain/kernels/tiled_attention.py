@@ -37,6 +37,13 @@ def _check(plan: TilePlan, op: str, q: torch.Tensor, k: torch.Tensor, causal: bo
         raise RatrainError(f"the tile plan is for {plan.dtype}, the tensors are {q.dtype}")
 
 
+def _copy(unit: int, plan: TilePlan) -> int:
+    """The core (compute-tier copy) running the unit-th slot of a block: with two units per
+    core, slot i shares a core with slot 2p-1-i (a short causal unit with a long one)."""
+    p, f = plan.grid
+    return unit if f == 1 else min(unit, 2 * p - 1 - unit)
+
+
 def _bias_(scores, a0: int, j0: int, slopes, causal: bool) -> None:
     """Add ALiBi and the causal mask in place to scores (hg, r, t) of rows a0.. and keys j0.."""
     if slopes is None and not causal:
@@ -104,7 +111,7 @@ def run_attention_forward(
     KV = k.shape[1]
     g = H // KV
     hg, br, bc = plan.tile["heads"], plan.tile["q"], plan.tile["kv"]
-    p, bs, leaf, stage, main = plan.grid[0], plan.stage_step, plan.leaf, plan.stage, plan.main
+    (p, f), bs, leaf, stage, main = plan.grid, plan.stage_step, plan.leaf, plan.stage, plan.main
     src, scale = stage or main, D**-0.5
     units = [(a0, a1, hs) for a0, a1 in steps(0, S, br) for hs in range(g // hg)]
     with eng.scope():
@@ -113,10 +120,10 @@ def run_attention_forward(
         if stage:
             sk = [eng.alloc(stage, (min(bs, S), D), q.dtype) for _ in range(2)]
             sv = [eng.alloc(stage, (min(bs, S), D), q.dtype) for _ in range(2)]
-        cores = [_FwdCore(eng, plan, i, D, q.dtype) for i in range(p)]
+        cores = [_FwdCore(eng, plan, _copy(i, plan), D, q.dtype) for i in range(p * f)]
         for bi in range(B):
             for kvh in range(KV):
-                for blk in chunks(units, p):
+                for blk in chunks(units, p * f):
                     heads = [slice(kvh * g + hs * hg, kvh * g + (hs + 1) * hg) for _, _, hs in blk]
                     for core, (a0, a1, _), hh in zip(cores, blk, heads, strict=False):
                         eng.move(q[bi, hh, a0:a1], main, core.start(a1 - a0), leaf)
@@ -220,9 +227,9 @@ def run_attention_backward(
     KV = k.shape[1]
     g = H // KV
     hg, br, bc = plan.tile["heads"], plan.tile["q"], plan.tile["kv"]
-    p, bs, leaf, stage, main = plan.grid[0], plan.stage_step, plan.leaf, plan.stage, plan.main
+    (p, f), bs, leaf, stage, main = plan.grid, plan.stage_step, plan.leaf, plan.stage, plan.main
     src, scale, dt = stage or main, D**-0.5, q.dtype
-    blocks = chunks(steps(0, S, bc), p)
+    blocks = chunks(steps(0, S, bc), p * f)
     with eng.scope():
         dq = eng.alloc(main, (B, H, S, D), dt)
         dk, dv = eng.alloc(main, (B, KV, S, D), dt), eng.alloc(main, (B, KV, S, D), dt)
@@ -236,7 +243,7 @@ def run_attention_backward(
             slse = [eng.alloc(stage, (hg, rs), _F32) for _ in range(2)]
             sdl = [eng.alloc(stage, (hg, rs), _F32) for _ in range(2)]
             sdq = [eng.alloc(stage, (hg, rs, D), _F32) for _ in range(2)]
-        cores = [_BwdCore(eng, plan, i, D, dt) for i in range(p)]
+        cores = [_BwdCore(eng, plan, _copy(i, plan), D, dt) for i in range(p * f)]
         slot = 0
         for bi in range(B):
             for kvh in range(KV):
@@ -249,7 +256,7 @@ def run_attention_backward(
                         if causal and a1p - 1 < blk[0][0]:
                             continue  # no key of the block is visible to these rows
                         last_j = (
-                            min(len(blocks) - 1, (a1p - 1) // (p * bc))
+                            min(len(blocks) - 1, (a1p - 1) // (p * f * bc))
                             if causal
                             else len(blocks) - 1
                         )
