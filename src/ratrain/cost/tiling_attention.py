@@ -149,8 +149,8 @@ def _fwd_time(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn) -> float:
         return max(max(per), sum(per) * b * kvh / hw.cores)
     total = 0.0
     for blk in chunks(units, c.block):
-        pairs = [[blk[i] for i in ids] for ids in _pairs(len(blk), c.f)]
-        end, p = max(v for _, v in blk), len(pairs)
+        pairs = [tuple(blk[i] for i in ids) for ids in _pairs(len(blk), c.f)]
+        end, p, pairs = max(v for _, v in blk), len(pairs), set(pairs)
         groups = []
         for k0, k1 in steps(0, end, c.bs):
             work = max(

@@ -182,6 +182,7 @@ class Hw:
     def key(self, a: int, b: int) -> str:
         return f"{self.tiers[a].name}->{self.tiers[b].name}"
 
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 (Hw values are few and long-lived)
     def bw(self, lo: int, hi: int, active: int = 1) -> float:
         """Bytes/s one of `active` concurrent copies of tier `lo` gets on the path to `hi`:
         its own port, the boundaries above it (shared), and main memory's streaming
@@ -192,8 +193,11 @@ class Hw:
 
     def move_s(self, lo: int, hi: int, nbytes: float, active: int = 1, n: int = 1) -> float:
         """n moves totalling nbytes between tier lo and tier hi, `active` copies at once."""
-        latency = max(t.latency_s for t in self.tiers[lo:hi])
-        return n * latency + nbytes / self.bw(lo, hi, active)
+        return n * self.latency(lo, hi) + nbytes / self.bw(lo, hi, active)
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019
+    def latency(self, lo: int, hi: int) -> float:
+        return max(t.latency_s for t in self.tiers[lo:hi])
 
 
 class Tally:
@@ -343,10 +347,14 @@ def select(bases, price, expand, timing):
         )
     short = sorted(priced, key=lambda x: x[0])[:_SHORTLIST]
     short += [x for x in sorted(priced, key=lambda x: x[1])[:_SHORTLIST] if x not in short]
-    timed = []
-    for _, _, hw, cfg, p in short:
-        for v in [cfg, *expand(hw, cfg)]:
-            pv = p if v == cfg else price(hw, v)
+    timed = [
+        (timing(hw, cfg), p.tally.ddr, p.tally.n_moves, hw.stage or 0, cfg, hw, p)
+        for _, _, hw, cfg, p in short
+    ]
+    # Coarser staged steps for the fastest few: the same bytes in fewer moves.
+    for _, _, _, _, cfg, hw, _ in sorted(timed, key=lambda t: t[0])[: _SHORTLIST // 2]:
+        for v in expand(hw, cfg):
+            pv = price(hw, v)
             if pv is None:
                 break
             timed.append((timing(hw, v), pv.tally.ddr, pv.tally.n_moves, hw.stage or 0, v, hw, pv))
