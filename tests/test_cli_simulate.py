@@ -88,3 +88,13 @@ def test_defaults_work_on_mt3000_without_torch():
         d["plan"]["pp"] == 8 and d["plan"]["seq"] == 4096 and d["plan"]["compute_dtype"] == "fp16"
     )
     assert d["over_cap_stages"] == [] and d["tokens_per_s"] > 0
+
+
+def test_plan_file_names_the_model(tmp_path, capsys):
+    from ratrain.config import Plan, save_plan
+
+    path = tmp_path / "plan.yaml"
+    save_plan(Plan(pp=2, global_batch=4, seq=64, model="tiny", schedule="gpu-style"), path)
+    assert main(["simulate", "--plan", str(path), "--platform", "cpu-local", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["model"] == "tiny" and d["schedule"] == "gpu-style" and d["plan"]["seq"] == 64

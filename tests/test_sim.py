@@ -89,8 +89,13 @@ def _sim(pp=4, m=8, **kw):
 
 
 def test_deterministic():
+    from ratrain.sim import simulate
+
     a, b = _sim(), _sim()
     assert a.events == b.events and a.to_json() == b.to_json()
+    plan = _plan(4, 6, dp=2, compute_dtype="fp16", shard_optimizer=True)
+    a, b = simulate(UNIFORM, plan, "mt3000"), simulate(UNIFORM, plan, "mt3000")
+    assert a.to_json(detail=True) == b.to_json(detail=True)
 
 
 def test_exposed_tail_and_utilization():

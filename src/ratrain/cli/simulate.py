@@ -18,12 +18,19 @@ from ratrain.platforms import PLATFORM_PRESETS, Platform, load
 
 __all__ = ["add_arguments", "run"]
 
-_PP, _SEQ, _MB_PER_STAGE = 8, 4096, 4
-_HELP_DEFAULTS = {"micro_batch": 1, "recompute": "full"}
+_MODEL, _PP, _SEQ, _MB_PER_STAGE = "llama2-7b", 8, 4096, 4
+# What --help shows; `_set_defaults` puts the values in (they depend on model and platform).
+_HELP_DEFAULTS = {
+    "pp": f"min({_PP}, layers)",
+    "seq": f"min({_SEQ}, the model's max)",
+    "global_batch": f"{_MB_PER_STAGE} x pp x dp x micro-batch",
+    "compute_dtype": "the platform's faster 16-bit one",
+    "recompute": "full",
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arg(p, default="llama2-7b")
+    add_model_arg(p)  # default: the plan file's model, else _MODEL
     p.add_argument(
         "--platform",
         default="mt3000",
@@ -31,11 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default mt3000)",
     )
     add_plan_args(p, defaults=_HELP_DEFAULTS)
-    p.description = (
-        f"{p.description}. Without --plan, defaults: pp = min({_PP}, layers), seq = "
-        f"min({_SEQ}, the model's max), {_MB_PER_STAGE} microbatches per stage, full "
-        "recompute, the platform's faster 16-bit dtype."
-    )
     p.add_argument(
         "--rank-layout",
         choices=RANK_LAYOUTS,
@@ -56,11 +58,12 @@ def _set_defaults(args: argparse.Namespace, platform: Platform) -> None:
     """Defaults that depend on the model and the platform (a plan file sets its own)."""
     if getattr(args, "plan", None):
         return
-    spec = resolve_model(args.model)
+    spec = resolve_model(args.model or _MODEL)
     pp = args.pp or (len(args.layer_split) if args.layer_split else min(_PP, spec.n_layers))
     mb = args.micro_batch or 1
     args._plan_defaults = {
         **args._plan_defaults,
+        "recompute": "full",
         "pp": pp,
         "seq": min(_SEQ, spec.max_seq),
         "global_batch": _MB_PER_STAGE * pp * (args.dp or 1) * mb,
@@ -103,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
     platform = load(args.platform)
     _set_defaults(args, platform)
-    spec, plan = plan_from_args(args)
+    spec, plan = plan_from_args(args, default_model=_MODEL)
     r = simulate(spec, plan, platform, check=args.check, rank_layout=args.rank_layout)
     if args.trace:
         write_trace(r, args.trace)
