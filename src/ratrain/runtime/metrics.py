@@ -1,0 +1,150 @@
+"""Training metrics: a JSONL file, a stderr progress bar, and TensorBoard when available.
+
+No third-party dependency: the progress bar redraws one line on a terminal and prints a
+plain line every `every_s` seconds otherwise (logs, CI); TensorBoard is used only when
+`torch.utils.tensorboard` imports (it needs the `tensorboard` package) and is silently
+skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+__all__ = ["JsonlWriter", "Progress", "TensorBoardWriter", "format_duration"]
+
+
+class JsonlWriter:
+    """One JSON object per line, flushed after each so a crashed run keeps its history."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("w")
+
+    def write(self, record: dict) -> None:
+        self._f.write(json.dumps(record, allow_nan=True) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60}:{rem % 60:02d}"
+
+
+class Progress:
+    """`[#####.....] 50/100  3.1 it/s  ETA 0:16  loss 2.314` on stderr.
+
+    On a terminal the line is redrawn at most every `redraw_s`; elsewhere one line is
+    printed every `every_s` seconds and at the end. `quiet=True` prints nothing.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        desc: str = "",
+        *,
+        stream: IO[str] | None = None,
+        every_s: float = 10.0,
+        redraw_s: float = 0.1,
+        width: int = 24,
+        quiet: bool = False,
+    ):
+        self.total, self.desc, self.width, self.quiet = total, desc, width, quiet
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval_s = redraw_s if self.tty else every_s
+        self.done = 0
+        self.postfix = ""
+        self._start = time.perf_counter()
+        self._last_print = -math.inf
+
+    def update(self, n: int = 1, **postfix: float | str) -> None:
+        self.done += n
+        if postfix:
+            self.postfix = "  ".join(f"{k} {_fmt(v)}" for k, v in postfix.items())
+        now = time.perf_counter()
+        if now - self._last_print >= self.interval_s or self.done >= self.total:
+            self._last_print = now
+            self._print(now)
+
+    def line(self, now: float | None = None) -> str:
+        elapsed = (time.perf_counter() if now is None else now) - self._start
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - self.done) / rate if rate > 0 else math.inf
+        frac = min(self.done / self.total, 1.0) if self.total else 1.0
+        bar = "#" * int(frac * self.width)
+        head = f"{self.desc} " if self.desc else ""
+        return (
+            f"{head}[{bar:.<{self.width}}] {self.done}/{self.total}  {rate:.2f} it/s  "
+            f"ETA {format_duration(eta)}  {self.postfix}".rstrip()
+        )
+
+    def _print(self, now: float) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            self.stream.write("\r\033[K" + self.line(now))
+        else:
+            self.stream.write(self.line(now) + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+        elif self._last_print == -math.inf or self.done < self.total:
+            self._print(time.perf_counter())
+
+
+def _fmt(v: float | str) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.3e}"
+    return str(v)
+
+
+class TensorBoardWriter:
+    """Scalars to TensorBoard under `logdir`; does nothing if TensorBoard is not installed."""
+
+    def __init__(self, logdir: str | Path | None):
+        self._w = None
+        if logdir is None:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return
+        self._w = SummaryWriter(str(logdir))
+
+    @property
+    def active(self) -> bool:
+        return self._w is not None
+
+    def write(self, step: int, record: dict) -> None:
+        if self._w is None:
+            return
+        for k, v in record.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+                self._w.add_scalar(f"train/{k}", v, step)
+
+    def close(self) -> None:
+        if self._w is not None:
+            self._w.close()
