@@ -1,0 +1,71 @@
+import json
+
+import numpy as np
+import pytest
+
+from ratrain.cli import main
+
+SMALL = ["--seq", "16", "--micro-batch", "2", "--global-batch", "4", "--quiet"]
+
+
+@pytest.mark.timeout(120)
+def test_train_writes_metrics_and_summary(tmp_path, capsys):
+    path = tmp_path / "m.jsonl"
+    rc = main(["train", "--steps", "3", "--metrics", str(path), *SMALL])
+    assert rc == 0
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "step_time_s"} <= set(rows[0])
+    out = capsys.readouterr().out
+    assert "training tiny" in out and "synthetic Markov chain" in out
+    assert "final loss" in out and "entropy floor" in out and "3 steps in" in out
+
+
+@pytest.mark.timeout(120)
+def test_train_defaults_with_progress(capsys):
+    # The built-in job's defaults (tiny, synthetic, 32 x 64 tokens), cut to two steps.
+    assert main(["train", "--steps", "2"]) == 0
+    cap = capsys.readouterr()
+    assert "2 steps x 32 seqs x 64 tokens" in cap.out and "fp32" in cap.out
+    assert "2/2" in cap.err and "loss" in cap.err  # the progress line
+
+
+@pytest.mark.timeout(120)
+def test_train_on_text_and_tokens(tmp_path, capsys):
+    (tmp_path / "c.txt").write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    assert main(["train", "--steps", "2", "--data", str(tmp_path / "c.txt"), *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "c.txt (bytes)" in out and "final loss" in out and "entropy floor" not in out
+    (np.arange(500, dtype=np.uint32) % 256).tofile(tmp_path / "t.u32")
+    assert main(["train", "--steps", "2", "--data", str(tmp_path / "t.u32"), *SMALL]) == 0
+    assert "t.u32 (uint32)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--steps", "0"], "--steps must be a positive integer"),
+        (["--lr", "-1"], "--lr must be positive"),
+        (["--warmup", "-3"], "--warmup must be >= 0"),
+        (["--weight-decay", "-0.1"], "--weight-decay must be >= 0"),
+        (["--data", "nope.txt"], "not found"),
+        (["--dp", "2", "--global-batch", "64"], "distributed runtime"),
+        (["--pp", "2"], "distributed runtime"),
+        (["--nproc", "3"], "does not match pp x dp"),
+        (["--nproc", "0"], "--nproc must be a positive"),
+        (["--seq", "4096"], "max_seq"),
+        (["--model", "no-such-model"], "unknown model preset"),
+        (["--global-batch", "33"], "not a multiple"),
+    ],
+)
+def test_bad_flags_one_line_error(flags, match, capsys):
+    assert main(["train", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ratrain train: error:") and match in err[0]
+
+
+def test_bad_data_file_one_line_error(tmp_path, capsys):
+    (tmp_path / "big.bin").write_bytes(np.array([1, 999], dtype=np.uint16).tobytes())
+    assert main(["train", "--data", str(tmp_path / "big.bin"), *SMALL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "token id 999" in err[0]
