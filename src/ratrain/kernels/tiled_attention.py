@@ -14,6 +14,8 @@ The loops are the ones `ratrain.cost.tiling_attention` counts.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ratrain.cost.tiling import TilePlan, chunks, steps
@@ -78,6 +80,12 @@ class _FwdCore:
         self.l[:, :rows].zero_()
         return self.q[self.q_slot][:, :rows]
 
+    def load_kv(self, eng: Engine, ks, vs, j0: int, j1: int, src: str, leaf: str):
+        """Rows j0:j1 of K and V (in tier src) into this core's next pair of buffers."""
+        self.kv_slot ^= 1
+        kt, vt = self.k[self.kv_slot][: j1 - j0], self.v[self.kv_slot][: j1 - j0]
+        return eng.move(ks[j0:j1], src, kt, leaf), eng.move(vs[j0:j1], src, vt, leaf)
+
     def step(self, kt, vt, a0: int, j0: int, slopes, causal: bool, scale: float) -> None:
         """Online-softmax update with one K, V tile (t, d)."""
         r, t = self.r, kt.shape[0]
@@ -136,13 +144,9 @@ def run_attention_forward(
                         else:
                             ks, vs, base = k[bi, kvh], v[bi, kvh], 0
                         for core, (a0, a1, _), hh in zip(cores, blk, heads, strict=False):
+                            sl = None if slopes is None else slopes[hh]
                             for j0, j1 in steps(k0, min(k1, a1) if causal else k1, bc):
-                                core.kv_slot ^= 1
-                                kt = core.k[core.kv_slot][: j1 - j0]
-                                vt = core.v[core.kv_slot][: j1 - j0]
-                                eng.move(ks[j0 - base : j1 - base], src, kt, leaf)
-                                eng.move(vs[j0 - base : j1 - base], src, vt, leaf)
-                                sl = None if slopes is None else slopes[hh]
+                                kt, vt = core.load_kv(eng, ks, vs, j0 - base, j1 - base, src, leaf)
                                 core.step(kt, vt, a0, j0, sl, causal, scale)
                                 eng.add_flops(4 * hg * (a1 - a0) * (j1 - j0) * D)
                     for core, (a0, a1, _), hh in zip(cores, blk, heads, strict=False):
@@ -218,6 +222,78 @@ class _BwdCore:
         self.dk[:t].add_(ds.reshape(-1, t).t() @ qf.reshape(-1, d), alpha=scale)
 
 
+class _Panel(NamedTuple):
+    """Q, dO, LSE, Δ and the dQ partial sums of hg heads x some rows, from row `base` on:
+    a staged panel, or (unstaged) views of main memory."""
+
+    q: torch.Tensor
+    do: torch.Tensor
+    lse: torch.Tensor
+    delta: torch.Tensor
+    dq: torch.Tensor
+    base: int
+
+
+class _Staging:
+    """The staging tier's double-buffered panels (backward)."""
+
+    def __init__(self, eng: Engine, plan: TilePlan, d: int, dtype: torch.dtype):
+        hg, rows, tier = plan.tile["heads"], min(plan.stage_step, plan.shape["seq"]), plan.stage
+
+        def two(shape, dt):
+            return [eng.alloc(tier, shape, dt) for _ in range(2)]
+
+        self.q, self.do = two((hg, rows, d), dtype), two((hg, rows, d), dtype)
+        self.lse, self.delta = two((hg, rows), _F32), two((hg, rows), _F32)
+        self.dq = two((hg, rows, d), _F32)
+        self.slot = 0
+
+    def load(self, eng: Engine, main: str, tier: str, src: _Panel, rows: slice, fresh: bool):
+        """Bring rows of src (main memory) in; dQ starts at zero on its first visit."""
+        self.slot ^= 1
+        i, r = self.slot, rows.stop - rows.start
+        got = [
+            eng.move(x[:, rows], main, buf[i][:, :r], tier)
+            for x, buf in (
+                (src.q, self.q),
+                (src.do, self.do),
+                (src.lse, self.lse),
+                (src.delta, self.delta),
+            )
+        ]
+        dq = self.dq[i][:, :r]
+        if fresh:
+            dq.zero_()
+        else:
+            eng.move(src.dq[:, rows], main, dq, tier)
+        return _Panel(*got, dq, rows.start)
+
+
+def _visit(
+    eng, plan, core: _BwdCore, panel: _Panel, rows, keys, fresh: bool, final, slopes, causal
+):
+    """One core, one q step: load it, update dK, dV and dQ, store the dQ partial sums (or,
+    unstaged and on the last visit, the final dQ) back where they came from."""
+    (a0, a1), (c0, c1) = rows, keys
+    src, leaf = plan.stage or plan.main, plan.leaf
+    r, x = a1 - a0, slice(a0 - panel.base, a1 - panel.base)
+    core.slot ^= 1
+    i = core.slot
+    eng.move(panel.q[:, x], src, core.q[i][:, :r], leaf)
+    eng.move(panel.do[:, x], src, core.do[i][:, :r], leaf)
+    eng.move(panel.lse[:, x], src, core.lse[i][:, :r], leaf)
+    eng.move(panel.delta[:, x], src, core.delta[i][:, :r], leaf)
+    dqt = core.dq[i][:, :r]
+    if fresh:
+        dqt.zero_()
+    else:
+        eng.move(panel.dq[:, x], src, dqt, leaf)
+    d = panel.q.shape[-1]
+    core.step(r, a0, c0, slopes, causal, d**-0.5)
+    eng.add_flops(10 * plan.tile["heads"] * r * (c1 - c0) * d)
+    eng.move(dqt, leaf, panel.dq[:, x] if plan.stage else final[:, a0:a1], src)
+
+
 def run_attention_backward(
     eng: Engine, plan: TilePlan, q, k, v, out, lse, dout, *, causal: bool, slopes=None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -225,96 +301,55 @@ def run_attention_backward(
     _check(plan, "attention_backward", q, k, causal)
     B, H, S, D = q.shape
     KV = k.shape[1]
-    g = H // KV
-    hg, br, bc = plan.tile["heads"], plan.tile["q"], plan.tile["kv"]
+    g, hg, br, bc = H // KV, plan.tile["heads"], plan.tile["q"], plan.tile["kv"]
     (p, f), bs, leaf, stage, main = plan.grid, plan.stage_step, plan.leaf, plan.stage, plan.main
-    src, scale, dt = stage or main, D**-0.5, q.dtype
     blocks = chunks(steps(0, S, bc), p * f)
     with eng.scope():
-        dq = eng.alloc(main, (B, H, S, D), dt)
-        dk, dv = eng.alloc(main, (B, KV, S, D), dt), eng.alloc(main, (B, KV, S, D), dt)
+        dq = eng.alloc(main, (B, H, S, D), q.dtype)
+        dk, dv = (eng.alloc(main, (B, KV, S, D), q.dtype) for _ in range(2))
         dq_acc = eng.alloc(main, (B, H, S, D), _F32)  # fp32 partial sums between visits
         delta = eng.alloc(main, (B, H, S), _F32)
         _delta(eng, plan, out, dout, delta)
-        if stage:
-            rs = min(bs, S)
-            sq = [eng.alloc(stage, (hg, rs, D), dt) for _ in range(2)]
-            sdo = [eng.alloc(stage, (hg, rs, D), dt) for _ in range(2)]
-            slse = [eng.alloc(stage, (hg, rs), _F32) for _ in range(2)]
-            sdl = [eng.alloc(stage, (hg, rs), _F32) for _ in range(2)]
-            sdq = [eng.alloc(stage, (hg, rs, D), _F32) for _ in range(2)]
-        cores = [_BwdCore(eng, plan, _copy(i, plan), D, dt) for i in range(p * f)]
-        slot = 0
-        for bi in range(B):
-            for kvh in range(KV):
-                for j, blk in enumerate(blocks):
-                    for core, (c0, c1) in zip(cores, blk, strict=False):
-                        kt, vt = core.start(c1 - c0)
-                        eng.move(k[bi, kvh, c0:c1], main, kt, leaf)
-                        eng.move(v[bi, kvh, c0:c1], main, vt, leaf)
-                    for a0p, a1p in steps(0, S, bs):
-                        if causal and a1p - 1 < blk[0][0]:
-                            continue  # no key of the block is visible to these rows
-                        last_j = (
-                            min(len(blocks) - 1, (a1p - 1) // (p * f * bc))
-                            if causal
-                            else len(blocks) - 1
+        staging = _Staging(eng, plan, D, q.dtype) if stage else None
+        cores = [_BwdCore(eng, plan, _copy(i, plan), D, q.dtype) for i in range(p * f)]
+        for bi, kvh in ((bi, kvh) for bi in range(B) for kvh in range(KV)):
+            for j, blk in enumerate(blocks):
+                for core, (c0, c1) in zip(cores, blk, strict=False):
+                    kt, vt = core.start(c1 - c0)
+                    eng.move(k[bi, kvh, c0:c1], main, kt, leaf)
+                    eng.move(v[bi, kvh, c0:c1], main, vt, leaf)
+                for a0p, a1p in steps(0, S, bs):
+                    if causal and a1p - 1 < blk[0][0]:
+                        continue  # no key of the block is visible to these rows
+                    # The last block to see these rows writes the final dQ.
+                    last = (
+                        min(len(blocks) - 1, (a1p - 1) // (p * f * bc))
+                        if causal
+                        else len(blocks) - 1
+                    )
+                    for hs in range(g // hg):
+                        hh = slice(kvh * g + hs * hg, kvh * g + (hs + 1) * hg)
+                        final = (dq if j == last else dq_acc)[bi, hh]
+                        mem = _Panel(
+                            q[bi, hh], dout[bi, hh], lse[bi, hh], delta[bi, hh], dq_acc[bi, hh], 0
                         )
-                        for hs in range(g // hg):
-                            hh = slice(kvh * g + hs * hg, kvh * g + (hs + 1) * hg)
-                            final = dq if j == last_j else dq_acc
-                            if stage:
-                                slot, r = slot ^ 1, a1p - a0p
-                                pq = eng.move(q[bi, hh, a0p:a1p], main, sq[slot][:, :r], stage)
-                                pdo = eng.move(dout[bi, hh, a0p:a1p], main, sdo[slot][:, :r], stage)
-                                plse = eng.move(
-                                    lse[bi, hh, a0p:a1p], main, slse[slot][:, :r], stage
-                                )
-                                pdl = eng.move(
-                                    delta[bi, hh, a0p:a1p], main, sdl[slot][:, :r], stage
-                                )
-                                pdq = sdq[slot][:, :r]
-                                if j == 0:
-                                    pdq.zero_()
-                                else:
-                                    eng.move(dq_acc[bi, hh, a0p:a1p], main, pdq, stage)
-                                base = a0p
-                            else:
-                                pq, pdo, plse, pdl = (
-                                    q[bi, hh],
-                                    dout[bi, hh],
-                                    lse[bi, hh],
-                                    delta[bi, hh],
-                                )
-                                pdq, base = dq_acc[bi, hh], 0
-                            for i, (core, (c0, c1)) in enumerate(zip(cores, blk, strict=False)):
-                                for a0, a1 in steps(a0p, a1p, br):
-                                    if causal and a1 - 1 < c0:
-                                        continue
-                                    r, x = a1 - a0, slice(a0 - base, a1 - base)
-                                    core.slot ^= 1
-                                    s_ = core.slot
-                                    eng.move(pq[:, x], src, core.q[s_][:, :r], leaf)
-                                    eng.move(pdo[:, x], src, core.do[s_][:, :r], leaf)
-                                    eng.move(plse[:, x], src, core.lse[s_][:, :r], leaf)
-                                    eng.move(pdl[:, x], src, core.delta[s_][:, :r], leaf)
-                                    dqt = core.dq[s_][:, :r]
-                                    if (
-                                        j == 0 and i == 0
-                                    ):  # keys from 0: the first visit of every row
-                                        dqt.zero_()
-                                    else:
-                                        eng.move(pdq[:, x], src, dqt, leaf)
+                        panel = (
+                            staging.load(eng, main, stage, mem, slice(a0p, a1p), j == 0)
+                            if stage
+                            else mem
+                        )
+                        for i, (core, keys) in enumerate(zip(cores, blk, strict=False)):
+                            for rows in steps(a0p, a1p, br):
+                                if not causal or rows[1] - 1 >= keys[0]:
+                                    # Keys from 0 (block 0, core 0) make every row's first visit.
+                                    fresh = j == 0 and i == 0
                                     sl = None if slopes is None else slopes[hh]
-                                    core.step(r, a0, c0, sl, causal, scale)
-                                    eng.add_flops(10 * hg * r * (c1 - c0) * D)
-                                    if stage:
-                                        eng.move(dqt, leaf, pdq[:, x], stage)
-                                    else:
-                                        eng.move(dqt, leaf, final[bi, hh, a0:a1], main)
-                            if stage:
-                                eng.move(pdq, stage, final[bi, hh, a0p:a1p], main)
-                    for core, (c0, c1) in zip(cores, blk, strict=False):
-                        eng.move(core.dk[: c1 - c0], leaf, dk[bi, kvh, c0:c1], main)
-                        eng.move(core.dv[: c1 - c0], leaf, dv[bi, kvh, c0:c1], main)
+                                    _visit(
+                                        eng, plan, core, panel, rows, keys, fresh, final, sl, causal
+                                    )
+                        if stage:
+                            eng.move(panel.dq, stage, final[:, a0p:a1p], main)
+                for core, (c0, c1) in zip(cores, blk, strict=False):
+                    eng.move(core.dk[: c1 - c0], leaf, dk[bi, kvh, c0:c1], main)
+                    eng.move(core.dv[: c1 - c0], leaf, dv[bi, kvh, c0:c1], main)
     return dq, dk, dv
