@@ -37,9 +37,15 @@ __all__ = [
     "pipeline_s",
 ]
 
-ACC_BYTES = 4  # fp32 accumulators, softmax statistics and dQ partial sums
-TIME_SLACK = 0.05  # plans within 5% of the fastest compete on main-memory traffic
-_SHORTLIST = 8  # tile sets timed: this many by a roofline estimate, this many by traffic
+# sourced: fp32 accumulation of 16-bit GEMMs and attention, as FlashAttention-2 (Dao 2023)
+# keeps its O, m, l and dQ; 4 bytes an element for accumulators, statistics, dQ partials.
+ACC_BYTES = 4
+# assumed: a planning tolerance, not a hardware figure: plans predicted within 5% of the
+# fastest compete on main-memory traffic (about the model's own resolution).
+TIME_SLACK = 0.05
+# assumed: a search budget: tile sets timed in full, this many by a roofline estimate and
+# this many by traffic; the rest are ranked on their closed-form traffic only.
+_SHORTLIST = 8
 
 
 @dataclass(frozen=True)
