@@ -231,7 +231,7 @@ def _widest(ok, cands: list[int]) -> int | None:
 def _bases(hws: list[Hw], m, n, k, e, bias):
     nsz, leaf = sizes(n, fine=True), Hw(hws[0].tiers, hws[0].peak_flops)
     for mc in sizes(m):
-        for kc in sizes(k):
+        for kc in sizes(k, hi=256):
             # The widest C tile that fits: wider never moves more.
             def ok(nc, mc=mc, kc=kc):
                 return fits(leaf, _buffers(leaf, m, nc, kc, e, bias, _Gemm(mc, nc, kc)))

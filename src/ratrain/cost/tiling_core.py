@@ -103,10 +103,12 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def sizes(dim: int, lo: int = 1, fine: bool = False) -> list[int]:
+def sizes(dim: int, lo: int = 1, fine: bool = False, hi: int | None = None) -> list[int]:
     """Candidate tile sizes for a dimension: 2^i and 3·2^(i-1) below it (with `fine`, every
     j·2^i for j = 8..15, steps of at most 12.5%), the dimension cut evenly into 2..8 tiles,
-    and the dimension itself."""
+    and the dimension itself; none above `hi` (but the dimension, if it is below hi)."""
+    if hi is not None and dim > hi:
+        return [x for x in sizes(dim, lo, fine) if x <= hi]
     out, v = {dim}, 1
     mults = range(8, 16) if fine else (8, 12)
     while v < dim:
