@@ -19,7 +19,10 @@ peak memory per rank; it writes the JSONL, TensorBoard and the progress bar.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +33,7 @@ import torch.distributed as dist
 from ratrain.config import Plan, TrainConfig
 from ratrain.data.base import Batches, TokenSource
 from ratrain.errors import RatrainError
+from ratrain.memory import replay
 from ratrain.models.spec import ModelSpec
 from ratrain.runtime.comm import Comm, Handle
 from ratrain.runtime.executor import StageExecutor, StepResult
@@ -41,7 +45,16 @@ from ratrain.runtime.stage import StageModel
 from ratrain.runtime.trace import Recorder, write_measured_trace
 from ratrain.schedule import build_schedule, check_schedule
 
-__all__ = ["Job", "RunResult", "RankResult", "run_job", "rank_main", "train_schedule"]
+__all__ = [
+    "Job",
+    "RunResult",
+    "RankResult",
+    "run_job",
+    "rank_main",
+    "train_schedule",
+    "job_variants",
+    "check_fits",
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,9 @@ class Job:
     """Builds the token source on each rank (e.g. a `functools.partial` of `make_source`)."""
     schedules: tuple[str, ...] = ()
     """Schedules to run in turn, each from the initial weights; () runs `plan.schedule`."""
+    variants: tuple[tuple[str, dict], ...] = ()
+    """More general than `schedules`: (name, plan overrides) pairs, run in turn (e.g.
+    ("ratrain-noclip", {"schedule": "ratrain", "clip_grad": None}))."""
     device: str | None = None
     """cpu | cuda; None: cuda when available."""
     backend: str = "torch"
@@ -66,6 +82,9 @@ class Job:
     """CPU: count live tensor bytes (slower); CUDA always reports the allocator's peak."""
     progress: bool = True
     deadline_s: float = 24 * 3600.0
+    memory_cap_bytes: int | None = None
+    """Declared usable memory per rank: a plan whose ledger peak exceeds it is refused."""
+    memory_cap_label: str = "the declared cap"
 
 
 @dataclass
@@ -94,6 +113,11 @@ def run_job(job: Job) -> list[RankResult]:
     spawning pp*dp local ranks. Returns every rank's result (only this rank's when launched
     externally)."""
     job.plan.check_for(job.spec)
+    if job.memory_cap_bytes is not None:
+        for _, overrides in job_variants(job):
+            check_fits(
+                job.spec, job.plan.replace(**overrides), job.memory_cap_bytes, job.memory_cap_label
+            )
     rdzv = rendezvous_from_env()
     if rdzv is not None:
         return [rank_main(rdzv, job)]
@@ -107,21 +131,44 @@ def rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
     try:
         comm = Comm(grid)
         runs = {}
-        for kind in job.schedules or (job.plan.schedule,):
-            runs[kind] = train_schedule(grid, comm, job, kind)
+        for name, overrides in job_variants(job):
+            runs[name] = train_schedule(grid, comm, job, name, job.plan.replace(**overrides))
         return RankResult(grid.rank, grid.stage, grid.replica, runs)
     finally:
         grid.destroy()
+
+
+def check_fits(
+    spec: ModelSpec, plan: Plan, cap_bytes: int, label: str = "the declared cap"
+) -> None:
+    """RatrainError unless every stage's ledger peak fits `cap_bytes`."""
+    ledger = replay(build_schedule(spec, plan), spec, plan, keep_trace=False)
+    worst = max(ledger.stages, key=lambda m: m.peak_bytes)
+    if worst.peak_bytes > cap_bytes:
+        raise RatrainError(
+            f"plan does not fit: stage {worst.stage} needs {worst.peak_bytes / 2**30:.3g} GiB "
+            f"(memory ledger, {plan.schedule}), more than the {cap_bytes / 2**30:.3g} GiB of "
+            f"{label}; use more stages, --recompute full, --shard-optimizer or a smaller "
+            "--micro-batch (`ratrain plan` finds one that fits)"
+        )
+
+
+def job_variants(job: Job) -> list[tuple[str, dict]]:
+    """The (name, plan overrides) runs of a job, in order."""
+    if job.variants:
+        return list(job.variants)
+    return [(kind, {"schedule": kind}) for kind in job.schedules or (job.plan.schedule,)]
 
 
 def _metrics_rank(grid: ParallelGrid) -> int:
     return grid.rank_of(grid.pp - 1, 0)
 
 
-def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str) -> RunResult:
-    """Train `job.cfg.steps` steps under schedule `kind` from the initial weights."""
+def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Plan) -> RunResult:
+    """Train `job.cfg.steps` steps of `plan` (run name `kind`) from the initial weights."""
     spec, cfg = job.spec, job.cfg
-    plan = job.plan.replace(schedule=kind)
+    if (plan.pp, plan.dp) != (job.plan.pp, job.plan.dp):
+        raise RatrainError(f"run {kind!r}: a variant cannot change pp or dp")
     schedule = build_schedule(spec, plan)
     check_schedule(schedule, spec, plan)
     batches = Batches.from_plan(job.source(), plan)
@@ -176,7 +223,7 @@ def _gather_trace(grid: ParallelGrid, rec: Recorder, job: Job, kind: str) -> lis
         return []
     records = [r for part in gathered for r in part]
     if job.trace_path:
-        path = job.trace_path if len(job.schedules) <= 1 else _suffixed(job.trace_path, kind)
+        path = job.trace_path if len(job_variants(job)) == 1 else _suffixed(job.trace_path, kind)
         write_measured_trace(records, path, meta={"schedule": kind, "model": job.spec.name})
     return records
 
@@ -253,3 +300,97 @@ class _StepLog:
         for w in (self.jsonl, self.tb, self.bar):
             if w is not None:
                 w.close()
+
+
+# -- command line ---------------------------------------------------------------------------
+
+
+def train_config_of(args) -> TrainConfig:
+    """`ratrain train`'s training flags (steps, lr, min_lr, warmup, weight_decay, seed) as a
+    TrainConfig, with its defaults: min_lr = lr / 10, warmup = steps / 15."""
+    steps, lr = args.steps, args.lr
+    min_lr = getattr(args, "min_lr", None)
+    warmup = getattr(args, "warmup", None)
+    return TrainConfig(
+        steps=steps,
+        lr=lr,
+        min_lr=lr / 10 if min_lr is None else min_lr,
+        warmup_steps=steps // 15 if warmup is None else warmup,
+        weight_decay=getattr(args, "weight_decay", 0.1),
+        seed=getattr(args, "seed", 0),
+    )
+
+
+def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None = None) -> int:
+    """`ratrain train` on pp x dp ranks: spawned locally (or this rank of a torchrun/Slurm
+    job), progress bar and metrics from the metrics rank, a summary line at the end."""
+    from ratrain.data import make_source
+
+    cfg = cfg or train_config_of(args)
+    world = plan.pp * plan.dp
+    nproc = getattr(args, "nproc", None)
+    if nproc is not None and nproc != world:
+        raise RatrainError(
+            f"--nproc {nproc} does not match pp x dp = {world}; drop --nproc or fix it"
+        )
+    source = functools.partial(
+        make_source,
+        getattr(args, "data", "synthetic"),
+        spec,
+        plan.seq,
+        cfg.seed,
+        tokenizer=getattr(args, "tokenizer", None),
+        dtype=getattr(args, "data_dtype", None),
+    )
+    cap = getattr(args, "memory_cap", None)
+    job = Job(
+        spec,
+        plan,
+        cfg,
+        source,
+        device=getattr(args, "device", None),
+        backend=getattr(args, "backend", "torch"),
+        metrics_path=getattr(args, "metrics", None),
+        tensorboard_dir=getattr(args, "tensorboard", None),
+        trace_path=getattr(args, "trace", None),
+        trace_steps=(cfg.steps - 1,) if getattr(args, "trace", None) else (),
+        measure_memory=bool(getattr(args, "measure_memory", False)),
+        progress=not getattr(args, "quiet", False),
+        memory_cap_bytes=int(cap * 2**30) if cap else None,
+        memory_cap_label="--memory-cap",
+    )
+    launched = rendezvous_from_env() is not None
+    src = source()
+    if not launched or int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0:
+        print(
+            f"training {spec.name} on {src.describe()}\n"
+            f"  {cfg.steps} steps x {plan.global_batch} seqs x {plan.seq} tokens, pp={plan.pp} "
+            f"dp={plan.dp} ({world} ranks), micro-batch {plan.micro_batch}, {plan.microbatches} "
+            f"microbatches per pipeline, {plan.compute_dtype}, schedule {plan.schedule}"
+        )
+        sys.stdout.flush()
+    t0 = time.perf_counter()
+    results = run_job(job)
+    elapsed = time.perf_counter() - t0
+    for r in results:
+        run = r.runs[plan.schedule]
+        if run.losses:
+            print(_summary(run, src, elapsed, cfg.steps * plan.tokens_per_step))
+    return 0
+
+
+def _summary(run: RunResult, source: TokenSource, elapsed_s: float, tokens: int) -> str:
+    tail = run.losses[-10:]
+    final = sum(tail) / len(tail)
+    peaks = run.records[-1]["peak_bytes_per_rank"] if run.records else []
+    mem = ""
+    if peaks and all(p is not None for p in peaks):
+        mem = "; peak memory per rank " + ", ".join(f"{p / 2**20:.1f}" for p in peaks) + " MiB"
+    rate = f"{len(run.losses)} steps in {elapsed_s:.1f} s ({tokens / elapsed_s:,.0f} tokens/s){mem}"
+    floor = getattr(source, "entropy_floor_nats", None)
+    head = f"final loss {final:.4f} (mean of the last {len(tail)} steps)"
+    if floor is None:
+        return f"{head}; {rate}"
+    return (
+        f"{head} vs entropy floor {floor:.4f} nats: {100 * (final - floor) / floor:+.1f}%; {rate}"
+    )

@@ -46,8 +46,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.utils.checkpoint
-from torch import nn
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.data.base import Batches
@@ -56,6 +54,7 @@ from ratrain.models.llama import cross_entropy
 from ratrain.models.spec import ModelSpec
 from ratrain.runtime.comm import Comm, Handle, join
 from ratrain.runtime.grid import ParallelGrid
+from ratrain.runtime.lifecycle import CheckpointedAttention, Stash
 from ratrain.runtime.lr import lr_at
 from ratrain.runtime.optim import clip_coefficient
 from ratrain.runtime.precision import LossScaler
@@ -106,7 +105,7 @@ class _StepState:
     ckpt: dict = field(default_factory=dict)  # (u, mb) -> unit input (full recompute)
     grad_in: dict = field(default_factory=dict)  # (u, mb) -> gradient of u's input
     recv: dict = field(default_factory=dict)  # (op, mb) -> received buffer
-    stash: dict = field(default_factory=dict)  # (u, mb) -> _Stash (offload)
+    stash: dict = field(default_factory=dict)  # (u, mb) -> Stash (offload)
     losses: dict = field(default_factory=dict)  # mb -> loss tensor (detached)
     tokens: dict = field(default_factory=dict)  # mb -> (inputs, targets)
     unit_sq: list[float] | None = None  # per unit, this step (NORM)
@@ -154,7 +153,7 @@ class StageExecutor:
         for u, policy in self.recompute.items():
             if policy == "selective":
                 attn = model.units[u].module.self_attn
-                attn.backend = _CheckpointedAttention(attn.backend)
+                attn.backend = CheckpointedAttention(attn.backend)
         self._handlers: dict[Op, Callable[[Action], _Pending | None]] = {
             Op.F: self._forward,
             Op.B: self._backward,
@@ -253,7 +252,7 @@ class StageExecutor:
         """Where autograd keeps what (u, mb) saves: a movable stash if it is offloaded."""
         if (u, mb) not in self.offloaded:
             return contextlib.nullcontext()
-        stash = self.s.stash[(u, mb)] = _Stash(self.model.units[u].module.parameters())
+        stash = self.s.stash[(u, mb)] = Stash(self.model.units[u].module.parameters())
         return torch.autograd.graph.saved_tensors_hooks(stash.pack, stash.unpack)
 
     def _recompute(self, a: Action) -> None:
@@ -261,7 +260,7 @@ class StageExecutor:
         if self.recompute[u] != "full":
             return  # selective: the checkpointed attention core recomputes inside B
         x = self.s.ckpt.pop((u, mb))
-        if isinstance(x, _Stash):  # offloaded and reloaded
+        if isinstance(x, Stash):  # offloaded and reloaded
             x = x.unpack((True, 0))
         x = x.detach().requires_grad_()
         y = self.model.units[u].module(x)
@@ -276,9 +275,9 @@ class StageExecutor:
             grad = s.recv.pop((Op.RECV_B, mb))
         else:
             grad = s.grad_in.pop((u + 1, mb))
+        self.model.prepare_grads(u)
         torch.autograd.backward(y, grad)
         s.stash.pop((u, mb), None)
-        self.model.accumulate_grads(u)
         if u > 0:
             s.grad_in[(u, mb)] = x.grad
 
@@ -286,8 +285,8 @@ class StageExecutor:
     def _grad_sync(self, a: Action) -> _Pending:
         handles, keep = [], []
         for u in a.units:
-            self.model.prepare_grads(u)
             full = self.model.units[u].grad
+            assert full is not None, f"unit {u} synced before any backward"
             if self.model.sharded:
                 shard = self.model.new_grad_shard(u)
                 handles.append(self.comm.dp_reduce_scatter(shard, full))
@@ -395,7 +394,7 @@ class StageExecutor:
     def _offload(self, a: Action) -> None:
         key = (a.unit, a.mb)
         if key in self.s.ckpt:  # full recompute: the checkpoint is all (u, mb) keeps
-            stash = _Stash(())
+            stash = Stash(())
             stash.tensors = [self.s.ckpt[key]]
             self.s.ckpt[key] = stash
         else:
@@ -405,72 +404,6 @@ class StageExecutor:
     def _reload(self, a: Action) -> None:
         key = (a.unit, a.mb)
         stash = self.s.ckpt.get(key)
-        if not isinstance(stash, _Stash):
+        if not isinstance(stash, Stash):
             stash = self.s.stash[key]
         stash.move(self.grid.device, self.copy_stream)
-
-
-class _Stash:
-    """The tensors autograd saves for one (unit, microbatch), parameters excepted, so they
-    can move between tiers; autograd holds indices into it instead of the tensors."""
-
-    def __init__(self, params):
-        self.skip = {id(p) for p in params}
-        self.tensors: list[torch.Tensor] = []
-        self.ready: torch.cuda.Event | None = None
-
-    def pack(self, t: torch.Tensor):
-        if id(t) in self.skip or isinstance(t, nn.Parameter):
-            return (False, t)
-        self.tensors.append(t)
-        return (True, len(self.tensors) - 1)
-
-    def unpack(self, handle):
-        kept, v = handle
-        if not kept:
-            return v
-        if self.ready is not None:
-            torch.cuda.current_stream().wait_event(self.ready)
-        return self.tensors[v]
-
-    def move(self, device: torch.device, stream: torch.cuda.Stream | None) -> None:
-        """Copy every tensor to `device`; on CUDA on the copy stream, pinned on the host."""
-        if stream is None:
-            self.tensors = [t.to(device, copy=True) for t in self.tensors]
-            return
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            moved = []
-            for t in self.tensors:
-                dst = torch.empty(
-                    t.shape, dtype=t.dtype, device=device, pin_memory=device.type == "cpu"
-                )
-                dst.copy_(t, non_blocking=True)
-                t.record_stream(stream) if t.is_cuda else None
-                moved.append(dst)
-            self.ready = torch.cuda.Event()
-            self.ready.record(stream)
-        self.tensors = moved
-
-
-class _CheckpointedAttention:
-    """A backend whose attention core is recomputed in backward instead of stored
-    (selective recompute, Korthikanti et al. 2022 §4.2); GEMMs pass through."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.name = f"{getattr(inner, 'name', 'backend')}+selective"
-
-    def linear(self, x, weight, bias=None):
-        return self.inner.linear(x, weight, bias)
-
-    def attention(self, q, k, v, *, causal=True, alibi_slopes=None):
-        return torch.utils.checkpoint.checkpoint(
-            self.inner.attention,
-            q,
-            k,
-            v,
-            use_reentrant=False,
-            causal=causal,
-            alibi_slopes=alibi_slopes,
-        )

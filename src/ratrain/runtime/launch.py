@@ -36,7 +36,14 @@ from ratrain.runtime.grid import Rendezvous
 __all__ = ["free_port", "spawn", "DEFAULT_DEADLINE_S"]
 
 DEFAULT_DEADLINE_S = 3600.0
-_PRELOAD = ["torch", "torch.distributed", "ratrain.runtime.launch"]
+# Imported once by the fork server, not by every rank. symbolic_shapes (and sympy, ~2 s) is
+# what autograd imports lazily at a process's first backward.
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.fx.experimental.symbolic_shapes",
+    "ratrain.runtime.distributed_train",
+]
 
 
 def _start_method() -> str:

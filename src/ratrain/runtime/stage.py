@@ -67,6 +67,10 @@ class UnitState:
     grad: torch.Tensor | None = None
     """Flat gradient of the step (grad_dtype, `padded` long), None outside its lifetime."""
     grad_shard: torch.Tensor | None = None
+    slots: list[torch.Tensor] = field(default_factory=list)
+    """Per owned parameter, its view of `grad` (valid while `grad` is)."""
+    module_params: list[nn.Parameter] = field(default_factory=list)
+    """Every parameter the module uses (a tied head's includes unit 0's weight)."""
 
 
 class StageModel:
@@ -103,6 +107,7 @@ class StageModel:
         self._owner = {
             id(p): (st, i) for st in self.units.values() for i, p in enumerate(st.params)
         }
+        self._install_hooks()
 
     # -- construction ---------------------------------------------------------------------
     def _init_unit(self, u: int, module: nn.Module, params: list[nn.Parameter]) -> UnitState:
@@ -112,6 +117,7 @@ class StageModel:
             n += p.numel()
         dp = self.plan.dp if self.sharded else 1
         st = UnitState(u, module, params, offsets, n, -(-n // dp) * dp)
+        st.module_params = list(module.parameters())
         if self.sharded:
             self._init_sharded(st)
         else:
@@ -206,24 +212,41 @@ class StageModel:
             resize_storage(st.view_flat, 0)
 
     # -- gradients ------------------------------------------------------------------------
-    def prepare_grads(self, u: int) -> None:
-        """Before a backward of u: make sure its flat gradient exists (zeros at first use)."""
-        st = self.units[u]
+    def _grad_slot(self, p: nn.Parameter) -> torch.Tensor:
+        """The parameter's slot in its owner's flat gradient (allocated on first use)."""
+        st, i = self._owner[id(p)]
         if st.grad is None:
             st.grad = torch.zeros(st.padded, dtype=self.grad_dtype, device=self.device)
+            st.slots = [
+                st.grad[off : off + q.numel()].view(q.shape)
+                for q, off in zip(st.params, st.offsets, strict=True)
+            ]
+        return st.slots[i]
 
-    @torch.no_grad()
-    def accumulate_grads(self, module_u: int) -> None:
-        """After a backward of `module_u`: add its parameters' .grad to the owners' flat
-        gradients, as the reference trainer does (`g.add_(p.grad.to(g.dtype))`)."""
-        for p in self.units[module_u].module.parameters():
-            if p.grad is None:
-                continue
-            st, i = self._owner[id(p)]
-            self.prepare_grads(st.unit)
-            off = st.offsets[i]
-            st.grad[off : off + p.numel()].view(p.shape).add_(p.grad.to(self.grad_dtype))
-            p.grad = None
+    def prepare_grads(self, u: int) -> None:
+        """Before a backward of unit u: its parameters' gradients go straight into their
+        owners' flat buffers (allocated, zeroed, at the first backward of the step).
+
+        Same dtype: `.grad` is a view of the slot, and autograd accumulates into it in place
+        (0 + g1 + g2 ..., the reference trainer's sums). Otherwise a post-accumulate hook
+        adds each compute-dtype `.grad` into the slot and frees it (`_accumulate_hook`)."""
+        for p in self.units[u].module_params:
+            slot = self._grad_slot(p)
+            if p.dtype == self.grad_dtype and p.grad is None:
+                p.grad = slot
+
+    def _accumulate_hook(self, p: nn.Parameter) -> None:
+        with torch.no_grad():
+            self._grad_slot(p).add_(
+                p.grad
+            )  # fp32 += bf16 casts exactly, as `g.add_(p.grad.to(g.dtype))`
+        p.grad = None
+
+    def _install_hooks(self) -> None:
+        for st in self.units.values():
+            for p in st.params:
+                if p.dtype != self.grad_dtype:
+                    p.register_post_accumulate_grad_hook(self._accumulate_hook)
 
     def grad_views(self, u: int) -> list[torch.Tensor]:
         """The unit's synced gradient, one tensor per segment (parameter shapes unsharded)."""
@@ -250,8 +273,12 @@ class StageModel:
         return st.grad_shard
 
     def release_full_grad(self, u: int) -> None:
+        """Sharded: once the reduce-scatter has landed only the shard is needed."""
         if self.sharded:
             self.units[u].grad = None
+            self.units[u].slots = []
+            for p in self.units[u].params:
+                p.grad = None
 
     @torch.no_grad()
     def update(self, u: int, *, step: int, lr: float, grad_scale: float) -> None:
@@ -276,6 +303,9 @@ class StageModel:
         st = self.units[u]
         st.grad = None
         st.grad_shard = None
+        st.slots = []
+        for p in st.params:
+            p.grad = None
 
     def modules(self) -> dict[int, nn.Module]:
         return {u: st.module for u, st in self.units.items()}

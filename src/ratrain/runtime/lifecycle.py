@@ -1,0 +1,87 @@
+"""Activation recovery helpers of the lifecycle: what offloading and selective recompute
+need below the executor.
+
+- `Stash` holds the tensors autograd saves for one (unit, microbatch) through
+  `torch.autograd.graph.saved_tensors_hooks`, so OFFLOAD/RELOAD can move them between the
+  device and the host tier without autograd noticing. Parameters are never stashed (they
+  stay where the view lives). On CUDA the copies run on a side stream into pinned host
+  memory and the consumer waits on an event; on a CPU device there is one tier, so
+  nothing moves.
+- `CheckpointedAttention` wraps a backend so that a block's attention core is recomputed
+  in its backward instead of stored (selective recompute).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+__all__ = ["Stash", "CheckpointedAttention"]
+
+
+class Stash:
+    """The tensors autograd saves for one (unit, microbatch), parameters excepted, so they
+    can move between tiers; autograd holds indices into it instead of the tensors."""
+
+    def __init__(self, params):
+        self.skip = {id(p) for p in params}
+        self.tensors: list[torch.Tensor] = []
+        self.ready: torch.cuda.Event | None = None
+
+    def pack(self, t: torch.Tensor):
+        if id(t) in self.skip or isinstance(t, nn.Parameter):
+            return (False, t)
+        self.tensors.append(t)
+        return (True, len(self.tensors) - 1)
+
+    def unpack(self, handle):
+        kept, v = handle
+        if not kept:
+            return v
+        if self.ready is not None:
+            torch.cuda.current_stream().wait_event(self.ready)
+        return self.tensors[v]
+
+    def move(self, device: torch.device, stream: torch.cuda.Stream | None) -> None:
+        """Copy every tensor to `device`; on CUDA on the copy stream, pinned on the host. On
+        a CPU device the host tier is the device memory: nothing to move."""
+        if stream is None:
+            return
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            moved = []
+            for t in self.tensors:
+                dst = torch.empty(
+                    t.shape, dtype=t.dtype, device=device, pin_memory=device.type == "cpu"
+                )
+                dst.copy_(t, non_blocking=True)
+                if t.is_cuda:  # keep the device block from reuse until the copy is done
+                    t.record_stream(stream)
+                moved.append(dst)
+            self.ready = torch.cuda.Event()
+            self.ready.record(stream)
+        self.tensors = moved
+
+
+class CheckpointedAttention:
+    """A backend whose attention core is recomputed in backward instead of stored
+    (selective recompute, Korthikanti et al. 2022 §4.2); GEMMs pass through."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = f"{getattr(inner, 'name', 'backend')}+selective"
+
+    def linear(self, x, weight, bias=None):
+        return self.inner.linear(x, weight, bias)
+
+    def attention(self, q, k, v, *, causal=True, alibi_slopes=None):
+        return torch.utils.checkpoint.checkpoint(
+            self.inner.attention,
+            q,
+            k,
+            v,
+            use_reentrant=False,
+            causal=causal,
+            alibi_slopes=alibi_slopes,
+        )

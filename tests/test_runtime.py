@@ -1,0 +1,161 @@
+"""The distributed runtime: Baseline-1F1B and RATrain from one executor, against the
+reference trainer, on 4 local gloo ranks (pp=2 x dp=2) of the tiny model."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+
+from ratrain.config import Plan, TrainConfig
+from ratrain.data import make_source
+from ratrain.errors import RatrainError
+from ratrain.memory import replay
+from ratrain.models.presets import get_preset
+from ratrain.runtime.distributed_train import Job, RankResult, check_fits, run_job
+from ratrain.runtime.reference import ReferenceTrainer
+from ratrain.schedule import build_schedule
+
+pytestmark = pytest.mark.dist
+
+SPEC = get_preset("tiny")
+PLAN = Plan(pp=2, dp=2, micro_batch=1, global_batch=6, seq=16, compute_dtype="fp32", model="tiny")
+CFG = TrainConfig(steps=50, warmup_steps=5)
+
+
+def _source(plan: Plan, cfg: TrainConfig):
+    return functools.partial(make_source, "synthetic", SPEC, plan.seq, cfg.seed)
+
+
+def _job(plan: Plan, cfg: TrainConfig, variants, **kw) -> Job:
+    return Job(
+        SPEC,
+        plan,
+        cfg,
+        _source(plan, cfg),
+        variants=tuple(variants),
+        device="cpu",
+        progress=False,
+        timeout_s=60,
+        deadline_s=240,
+        **kw,
+    )
+
+
+def _losses(results: list[RankResult], name: str) -> list[float]:
+    (losses,) = [r.runs[name].losses for r in results if r.runs[name].losses]
+    return losses
+
+
+def _reference(plan: Plan, cfg: TrainConfig) -> list[float]:
+    return ReferenceTrainer(SPEC, plan, cfg, _source(plan, cfg)()).train()
+
+
+def _max_rel(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.fixture(scope="module")
+def fp32_runs() -> list[RankResult]:
+    variants = [
+        (f"{kind}-{clip}", {"schedule": kind, "clip_grad": 1.0 if clip == "clip" else None})
+        for clip in ("clip", "noclip")
+        for kind in ("baseline", "ratrain")
+    ]
+    return run_job(_job(PLAN, CFG, variants))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("clip", ["clip", "noclip"])
+def test_fp32_ratrain_equals_baseline_bitwise_and_reference(fp32_runs, clip):
+    ratrain = _losses(fp32_runs, f"ratrain-{clip}")
+    baseline = _losses(fp32_runs, f"baseline-{clip}")
+    assert len(ratrain) == CFG.steps and all(math.isfinite(x) for x in ratrain)
+    assert ratrain == baseline  # bit for bit, every step
+    ref = _reference(PLAN.replace(clip_grad=1.0 if clip == "clip" else None), CFG)
+    assert _max_rel(ratrain, ref) <= 1e-5
+    assert ratrain[-1] < ratrain[0] - 0.3  # it trains
+
+
+@pytest.mark.timeout(120)
+def test_microbatches_fewer_than_stages():
+    plan = Plan(
+        pp=4, dp=1, micro_batch=1, global_batch=2, seq=16, compute_dtype="fp32", model="tiny"
+    )
+    cfg = TrainConfig(steps=4, warmup_steps=1)
+    res = run_job(
+        _job(plan, cfg, [(k, {"schedule": k}) for k in ("baseline", "gpu-style", "ratrain")])
+    )
+    assert plan.microbatches < plan.pp
+    assert _losses(res, "ratrain") == _losses(res, "baseline") == _losses(res, "gpu-style")
+    assert _max_rel(_losses(res, "ratrain"), _reference(plan, cfg)) <= 1e-5
+
+
+LIFECYCLE = {
+    # bf16 views fetched per use and all-gathered from optimizer shards, full recompute on
+    # stage 0 with its checkpoints offloaded, gradient-norm clipping
+    "bf16-transient-sharded-recompute-offload": dict(
+        compute_dtype="bf16",
+        view_policy="transient",
+        view_lookahead=2,
+        shard_optimizer=True,
+        recompute=("full", "none"),
+        offload_activations=True,
+    ),
+    # fp16: a loss scale so large that the first steps overflow and are skipped
+    "fp16-overflow-skips": dict(compute_dtype="fp16", recompute="selective"),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(LIFECYCLE))
+def test_lifecycle_options_match_reference(name):
+    plan = PLAN.replace(**LIFECYCLE[name])
+    cfg = TrainConfig(steps=4, warmup_steps=1, loss_scale_init=2.0**20)
+    variants = [(k, {"schedule": k}) for k in ("baseline", "ratrain")]
+    res = run_job(_job(plan, cfg, variants))
+    ratrain = _losses(res, "ratrain")
+    assert ratrain == _losses(res, "baseline")
+    assert _max_rel(ratrain, _reference(plan, cfg)) <= 1e-5
+    if plan.compute_dtype == "fp16":
+        (records,) = [r.runs["ratrain"].records for r in res if r.runs["ratrain"].records]
+        skipped = [r["skipped"] for r in records]
+        assert skipped == [True, True, False, False], skipped  # overflow skips, then recovery
+
+
+@pytest.mark.timeout(180)
+def test_peak_memory_ratrain_not_above_baseline_and_ledger_close():
+    # activations about half of the peak, so the ledger's activation model is exercised
+    plan = PLAN.replace(micro_batch=2, global_batch=8, seq=64, clip_grad=1.0)
+    cfg = TrainConfig(steps=1, warmup_steps=1)
+    variants = [
+        (f"{kind}-{dt}", {"schedule": kind, "compute_dtype": dt, "view_policy": vp})
+        for dt, vp in (("fp32", "persistent"), ("bf16", "transient"))
+        for kind in ("baseline", "ratrain")
+    ]
+    res = run_job(_job(plan, cfg, variants, measure_memory=True))
+    for r in res:
+        for dt in ("fp32", "bf16"):
+            assert r.runs[f"ratrain-{dt}"].peak_bytes <= r.runs[f"baseline-{dt}"].peak_bytes
+        # transient views: RATrain keeps only the views in use
+        assert r.runs["ratrain-bf16"].peak_bytes < r.runs["baseline-bf16"].peak_bytes
+    for kind in ("baseline", "ratrain"):
+        p = plan.replace(schedule=kind)
+        ledger = replay(build_schedule(SPEC, p), SPEC, p)
+        for r in res:
+            measured = r.runs[f"{kind}-fp32"].peak_bytes
+            predicted = ledger.stages[r.stage].peak_bytes
+            assert abs(predicted - measured) <= 0.10 * measured, (kind, r.rank, predicted, measured)
+
+
+def test_plan_for_another_model_is_refused():
+    with pytest.raises(RatrainError, match="plan is for model 'llama2-7b', not 'tiny'"):
+        run_job(_job(PLAN.replace(model="llama2-7b"), CFG, []))
+
+
+def test_plan_over_the_declared_memory_is_refused():
+    with pytest.raises(RatrainError, match=r"plan does not fit: stage \d needs .* GiB"):
+        run_job(_job(PLAN, CFG, [], memory_cap_bytes=2**20, memory_cap_label="a 1 MiB test cap"))
+    check_fits(SPEC, PLAN, 2**30)  # fits a GiB

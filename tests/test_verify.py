@@ -1,0 +1,74 @@
+"""`ratrain verify`, and the one-line errors of the distributed path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ratrain.cli import main
+from ratrain.cli.verify import max_rel_dev
+from ratrain.config import Plan, save_plan
+from ratrain.runtime.launch import free_port
+
+
+def test_max_rel_dev():
+    assert max_rel_dev([1.0, 2.0], [1.0, 2.0]) == 0.0
+    assert max_rel_dev([1.1, 2.0], [1.0, 2.0]) == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        max_rel_dev([1.0], [1.0, 2.0])
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_verify_json_reports_every_pair(capsys):
+    assert main(["verify", "--steps", "3", "--seq", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    devs = out["max_rel_dev"]
+    assert set(devs) == {"ratrain_vs_baseline", "ratrain_vs_reference", "baseline_vs_reference"}
+    assert devs["ratrain_vs_baseline"] == 0.0 and out["bit_identical"]
+    assert devs["ratrain_vs_reference"] <= 1e-5
+    assert out["tokens"] == 3 * 8 * 16 and out["steps"] == 3
+
+
+def _one_line_error(capsys, argv: list[str], match: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ratrain verify: error: "), err
+    assert match in err[0], err[0]
+
+
+def _torchrun_env(monkeypatch, rank: int, world: int) -> None:
+    for k, v in {
+        "RANK": rank,
+        "WORLD_SIZE": world,
+        "LOCAL_RANK": rank,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": free_port(),
+    }.items():
+        monkeypatch.setenv(k, str(v))
+
+
+def test_world_size_mismatch_is_one_line(capsys, monkeypatch):
+    _torchrun_env(monkeypatch, rank=0, world=3)
+    _one_line_error(capsys, ["verify", "--steps", "1"], "world size 3 != pp x dp = 2 x 2 = 4")
+
+
+def test_plan_for_another_model_is_one_line(capsys, tmp_path):
+    path = tmp_path / "plan.yaml"
+    save_plan(Plan(pp=2, dp=2, global_batch=8, model="llama2-7b"), path)
+    _one_line_error(
+        capsys,
+        ["verify", "--plan", str(path), "--model", "tiny"],
+        "plan is for model 'llama2-7b', not 'tiny'",
+    )
+
+
+def test_plan_over_memory_cap_is_one_line(capsys):
+    _one_line_error(capsys, ["verify", "--memory-cap", "0.0001"], "plan does not fit: stage")
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_rendezvous_is_one_line(capsys, monkeypatch):
+    _torchrun_env(monkeypatch, rank=1, world=4)  # rank 0 never starts
+    _one_line_error(capsys, ["verify", "--steps", "1", "--timeout", "2"], "rendezvous at 127.0.0.1")
