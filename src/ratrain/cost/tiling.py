@@ -76,9 +76,10 @@ FA-2 does), more than one block at a time in a staged kernel, and ALiBi slopes a
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ratrain.config import DTYPE_BYTES
 from ratrain.cost.tiling_attention import plan_attention, plan_attention_backward
@@ -129,8 +130,7 @@ def gemm_io_lower_bound(m: int, n: int, k: int, fast_words: int) -> float:
     return 2.0 * m * n * k / math.sqrt(fast_words)
 
 
-@dataclass(frozen=True, order=True)
-class _Gemm:
+class _Gemm(NamedTuple):
     mc: int
     nc: int
     kc: int
@@ -216,35 +216,74 @@ def _grids(cores: int, tm: int, tn: int) -> list[tuple[int, int]]:
     return sorted(g for g in out if not any(o != g and o[0] >= g[0] and o[1] >= g[1] for o in out))
 
 
-def _widest(ok, cands: list[int]) -> int | None:
-    """The largest candidate that ok() accepts, ok being monotone (true, then false)."""
-    lo, hi = 0, len(cands)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(cands[mid]):
-            lo = mid + 1
-        else:
-            hi = mid
-    return cands[lo - 1] if lo else None
+def _widest_nc(cap_bytes, nsz, m, k, e, bias, mc, kc) -> int | None:
+    """The widest C tile (a candidate in nsz, all <= n) whose leaf buffers (see `_buffers`)
+    fit cap_bytes: wider never moves more. The buffers grow linearly with the width."""
+    mt, kt = min(mc, m), min(kc, k)
+    per_col = ACC_BYTES * mt + 2 * e * kt + (e if bias else 0)
+    i = bisect.bisect_right(nsz, (cap_bytes - 2 * e * kt * mt) // per_col)
+    return nsz[i - 1] if i else None
 
 
-def _bases(hws: list[Hw], m, n, k, e, bias):
-    nsz, leaf = sizes(n, fine=True), Hw(hws[0].tiers, hws[0].peak_flops)
+def _link(hw: Hw, a: int, b: int) -> tuple[float, float]:
+    """(seconds per move, bytes/s) of the boundary an "a->b" tally entry crosses."""
+    _, bw, latency, _ = hw.link(hw.key(a, b))
+    return latency, bw
+
+
+def _ranked(hws: list[Hw], m, n, k, e, bias) -> list[tuple[float, int, Hw, _Gemm]]:
+    """(roof_s, ddr_bytes, hw, cfg) of every base tile set that fits (see `select`): for
+    each C tile height and k-step the widest C tile that fits, unstaged or on each maximal
+    core grid of each staging tier with its finest staged step. The figures are those of
+    `_tally`, `dma_times` and `roof_s` in closed form, summed in the same order (the ranking
+    reads their last bits on ties)."""
+    out = []
+    nsz, cap0 = sizes(n, fine=True), hws[0].tiers[0].capacity_bytes
     for mc in sizes(m):
         for kc in sizes(k, hi=256):
-            # The widest C tile that fits: wider never moves more.
-            def ok(nc, mc=mc, kc=kc):
-                return fits(leaf, _buffers(leaf, m, nc, kc, e, bias, _Gemm(mc, nc, kc)))
-
-            nc = _widest(ok, nsz)
+            nc = _widest_nc(cap0, nsz, m, k, e, bias, mc, kc)
             if nc is None:
                 continue
+            tm, tn = ceil_div(m, mc), ceil_div(n, nc)
+            tiles = tm * tn
+            a_bytes, a_moves = (m * k * tn + k * n * tm) * e, 2 * tiles * ceil_div(k, kc)
+            b_bytes = n * tm * e if bias else 0
             for hw in hws:
-                if hw.stage is None:
-                    yield hw, _Gemm(mc, nc, kc, 1, 1, kc)
-                    continue
-                for pr, pc in _grids(hw.cores, ceil_div(m, mc), ceil_div(n, nc)):
-                    yield hw, _Gemm(mc, nc, kc, pr, pc, kc)
+                out += _ranked_hw(hw, m, n, k, e, bias, mc, nc, kc, a_bytes, a_moves, b_bytes)
+    return out
+
+
+def _ranked_hw(hw: Hw, m, n, k, e, bias, mc, nc, kc, a_bytes, a_moves, b_bytes) -> list:
+    """`_ranked` for one C tile and k-step on one platform variant."""
+    tm, tn = ceil_div(m, mc), ceil_div(n, nc)
+    tiles, c_bytes = tm * tn, m * n * e
+    compute_s = 2 * m * n * k / hw.peak_flops
+    lat_m, bw_m = _link(hw, hw.main, 0)
+    if hw.stage is None:
+        # One "main->0" entry (A, B and the bias), then "0->main" (C).
+        nb, nm = a_bytes + b_bytes, a_moves + (tiles if bias else 0)
+        d = nm * lat_m + nb / bw_m
+        d = d + tiles * lat_m + c_bytes / bw_m
+        return [(max(compute_s, d), nb + c_bytes, hw, _Gemm(mc, nc, kc, 1, 1, kc))]
+    (lat_s, bw_s), (lat_0, bw_0) = _link(hw, hw.main, hw.stage), _link(hw, hw.stage, 0)
+    d_0 = a_moves * lat_0 + a_bytes / bw_0  # "stage->0": A and B
+    if bias:  # "main->0" (the bias), then "0->main" (C)
+        d_m = tiles * lat_m + b_bytes / bw_m
+        d_m = d_m + tiles * lat_m + c_bytes / bw_m
+    else:
+        d_m = tiles * lat_m + c_bytes / bw_m
+    roof_s, ddr_out = max(compute_s, d_0, d_m), b_bytes + c_bytes
+    cap, kt2 = hw.tiers[hw.stage].capacity_bytes, 2 * e * min(kc, k)
+    out = []
+    for pr, pc in _grids(hw.cores, tm, tn):
+        bm, bn = pr * mc, pc * nc
+        if kt2 * (min(bm, m) + min(bn, n)) > cap:
+            continue
+        gm, gn = ceil_div(m, bm), ceil_div(n, bn)
+        panels = (m * k * gn + k * n * gm) * e  # "main->stage"
+        d_s = 2 * gm * gn * ceil_div(k, kc) * lat_s + panels / bw_s
+        out.append((max(roof_s, d_s), panels + ddr_out, hw, _Gemm(mc, nc, kc, pr, pc, kc)))
+    return out
 
 
 def _expand(hw: Hw, c: _Gemm, k: int):
@@ -267,7 +306,7 @@ def _plan_gemm(m, n, k, dtype, bias, tiers, peak, stage) -> TilePlan:
         return Priced(_tally(hw, m, n, k, e, bias, c), 2 * m * n * k, buffers)
 
     hw, c, p, time_s = select(
-        _bases(hw_variants(tiers, peak, stage), m, n, k, e, bias),
+        _ranked(hw_variants(tiers, peak, stage), m, n, k, e, bias),
         price,
         lambda hw, c: _expand(hw, c, k),
         lambda hw, c: _time(hw, m, n, k, e, bias, c),

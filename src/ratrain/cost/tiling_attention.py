@@ -37,6 +37,7 @@ from ratrain.cost.tiling_core import (
     make_plan,
     pipeline_s,
     platform_key,
+    roof_s,
     select,
     sizes,
     steps,
@@ -288,9 +289,9 @@ def _bwd_time(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn) -> float:
 
 
 def _bases(hws: list[Hw], s, g, buffers, inner, units, causal):
-    """(hw, cfg) candidates with the finest staged step; inner(cfg) is the per-core step the
-    staged step is a multiple of, units(cfg) the units of one kv head. Staged blocks may pair
-    units on a core when causal (their work differs)."""
+    """(hw, cfg) candidates that fit, with the finest staged step; inner(cfg) is the per-core
+    step the staged step is a multiple of, units(cfg) the units of one kv head. Staged blocks
+    may pair units on a core when causal (their work differs)."""
     sz = sizes(s, lo=min(s, 8))
     for hg in _divisors(g):
         for br in sz:
@@ -332,8 +333,13 @@ def _plan(op, b, h, kvh, s, d, dtype, causal, tiers, peak, stage) -> TilePlan:
         return tally(hw, b, h, kvh, s, d, e, causal, c)
 
     hws = hw_variants(tiers, peak, stage)
+    bases = _bases(hws, s, g, lambda hw, c: buffers(hw, s, d, e, c), inner, units, causal)
+    ranked = []
+    for hw, c in bases:
+        p = tally(hw, b, h, kvh, s, d, e, causal, c)
+        ranked.append((roof_s(hw, p), p.tally.ddr, hw, c))
     hw, c, p, time_s = select(
-        _bases(hws, s, g, lambda hw, c: buffers(hw, s, d, e, c), inner, units, causal),
+        ranked,
         price,
         lambda hw, c: _expand(hw, c, s, inner(c)),
         lambda hw, c: timing(hw, b, h, kvh, s, d, e, causal, c),

@@ -7,6 +7,7 @@ Pure Python (no torch). The model itself is described in `ratrain.cost.tiling`.
 from __future__ import annotations
 
 import functools
+import heapq
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -28,6 +29,7 @@ __all__ = [
     "dma_times",
     "make_plan",
     "select",
+    "roof_s",
     "steps",
     "chunks",
     "ceil_div",
@@ -169,6 +171,9 @@ class Hw:
     tiers: tuple[Tier, ...]
     peak_flops: float
     stage: int | None = None
+    # Path figures already worked out, per (kind, args): hashing the tiers on every
+    # look-up would cost more than the figures themselves.
+    _memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def main(self) -> int:
@@ -188,24 +193,39 @@ class Hw:
         return self.peak_flops / self.cores
 
     def key(self, a: int, b: int) -> str:
-        return f"{self.tiers[a].name}->{self.tiers[b].name}"
+        k = ("key", a, b)
+        if k not in self._memo:
+            self._memo[k] = f"{self.tiers[a].name}->{self.tiers[b].name}"
+        return self._memo[k]
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 (Hw values are few and long-lived)
     def bw(self, lo: int, hi: int, active: int = 1) -> float:
         """Bytes/s one of `active` concurrent copies of tier `lo` gets on the path to `hi`:
         its own port, the boundaries above it (shared), and main memory's streaming
         bandwidth when the path ends there."""
-        t = self.tiers
-        shared = [t[i].bandwidth_bytes_per_s * t[i].copies / active for i in _path(lo, hi, t)]
-        return min([t[lo].bandwidth_bytes_per_s, *shared])
+        k = (lo, hi, active)
+        if k not in self._memo:
+            t = self.tiers
+            shared = [t[i].bandwidth_bytes_per_s * t[i].copies / active for i in _path(lo, hi, t)]
+            self._memo[k] = min([t[lo].bandwidth_bytes_per_s, *shared])
+        return self._memo[k]
 
     def move_s(self, lo: int, hi: int, nbytes: float, active: int = 1, n: int = 1) -> float:
         """n moves totalling nbytes between tier lo and tier hi, `active` copies at once."""
         return n * self.latency(lo, hi) + nbytes / self.bw(lo, hi, active)
 
-    @functools.lru_cache(maxsize=256)  # noqa: B019
     def latency(self, lo: int, hi: int) -> float:
-        return max(t.latency_s for t in self.tiers[lo:hi])
+        k = ("latency", lo, hi)
+        if k not in self._memo:
+            self._memo[k] = max(t.latency_s for t in self.tiers[lo:hi])
+        return self._memo[k]
+
+    def link(self, key: str) -> tuple[str, float, float, bool]:
+        """`_link` of "src->dst", and whether the pair touches main memory."""
+        k = ("link", key)
+        if k not in self._memo:
+            main = self.tiers[-1].name
+            self._memo[k] = (*_link(self.tiers, key), main in key.split("->"))
+        return self._memo[k]
 
 
 class Tally:
@@ -230,8 +250,7 @@ class Tally:
 
     @property
     def ddr(self) -> int:
-        main = self.hw.tiers[-1].name
-        return sum(v for k, v in self.bytes.items() if main in k.split("->"))
+        return sum(v for k, v in self.bytes.items() if self.hw.link(k)[3])
 
     @property
     def n_moves(self) -> int:
@@ -301,7 +320,7 @@ def dma_times(hw: Hw, tally: Tally) -> dict[str, float]:
     """Per boundary "fast<->slow": moves x latency + bytes / bandwidth, all copies active."""
     dma: dict[str, float] = {}
     for key, nbytes in tally.bytes.items():
-        name, bw, latency = _link(hw.tiers, key)
+        name, bw, latency, _ = hw.link(key)
         dma[name] = dma.get(name, 0.0) + tally.moves[key] * latency + nbytes / bw
     return dma
 
@@ -330,35 +349,35 @@ def make_plan(op, shape, dtype, hw: Hw, tile, grid, stage_step, p: Priced, time_
     )
 
 
-def select(bases, price, expand, timing):
+def roof_s(hw: Hw, p: Priced) -> float:
+    """The roofline estimate of a priced tile set: compute or its busiest boundary."""
+    return max(p.flops / hw.peak_flops, *dma_times(hw, p.tally).values())
+
+
+def select(ranked, price, expand, timing):
     """Choose a tile set: the least main-memory traffic among those within `TIME_SLACK` of
     the fastest (fewest moves, then time, on ties).
 
-    bases: (hw, cfg) pairs, staged ones with their finest staged step; price(hw, cfg) ->
-    Priced, or None when the buffers do not fit; expand(hw, cfg) -> the coarser staged steps
-    of a base, finest first (the same bytes in fewer moves, more buffer); timing(hw, cfg) ->
-    seconds. Only a shortlist is timed: the bases a roofline estimate (compute or the busiest
-    boundary) ranks fastest, and those moving the fewest main-memory bytes.
+    ranked: (roof_s, ddr_bytes, hw, cfg) of every tile set that fits, staged ones with their
+    finest staged step: its roofline estimate (`roof_s`) and main-memory bytes; price(hw,
+    cfg) -> Priced, or None when the buffers do not fit; expand(hw, cfg) -> the coarser
+    staged steps of a base, finest first (the same bytes in fewer moves, more buffer);
+    timing(hw, cfg) -> seconds. Only a shortlist is priced in full and timed: the tile sets
+    the roofline estimate ranks fastest, and those moving the fewest main-memory bytes.
     Returns (hw, cfg, priced, time_s).
     """
-    priced = []
-    for hw, cfg in bases:
-        p = price(hw, cfg)
-        if p is not None:
-            roof = max(p.flops / hw.peak_flops, *dma_times(hw, p.tally).values())
-            order = (hw.stage or 0, cfg)
-            priced.append(((roof, p.tally.ddr, *order), (p.tally.ddr, roof, *order), hw, cfg, p))
-    if not priced:
+    if not ranked:
         raise RatrainError(
             "no tile fits the platform's compute tier; use a platform with larger on-chip "
             "tiers or a smaller head_dim"
         )
-    short = sorted(priced, key=lambda x: x[0])[:_SHORTLIST]
-    short += [x for x in sorted(priced, key=lambda x: x[1])[:_SHORTLIST] if x not in short]
-    timed = [
-        (timing(hw, cfg), p.tally.ddr, p.tally.n_moves, hw.stage or 0, cfg, hw, p)
-        for _, _, hw, cfg, p in short
-    ]
+    by_roof = heapq.nsmallest(_SHORTLIST, ranked, key=lambda x: (x[0], x[1], x[2].stage or 0, x[3]))
+    by_ddr = heapq.nsmallest(_SHORTLIST, ranked, key=lambda x: (x[1], x[0], x[2].stage or 0, x[3]))
+    short = by_roof + [x for x in by_ddr if x not in by_roof]
+    timed = []
+    for _, _, hw, cfg in short:
+        p = price(hw, cfg)
+        timed.append((timing(hw, cfg), p.tally.ddr, p.tally.n_moves, hw.stage or 0, cfg, hw, p))
     # Coarser staged steps for the fastest few: the same bytes in fewer moves.
     for _, _, _, _, cfg, hw, _ in sorted(timed, key=lambda t: t[0])[: _SHORTLIST // 2]:
         for v in expand(hw, cfg):
