@@ -2,6 +2,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from ratrain.cli import main
 
@@ -11,8 +12,10 @@ SMALL = ["--seq", "16", "--micro-batch", "2", "--global-batch", "4", "--quiet"]
 @pytest.mark.timeout(120)
 def test_train_writes_metrics_and_summary(tmp_path, capsys):
     path = tmp_path / "m.jsonl"
-    rc = main(["train", "--steps", "3", "--metrics", str(path), *SMALL])
+    threads = torch.get_num_threads()
+    rc = main(["train", "--steps", "3", "--metrics", str(path), "--threads", "1", *SMALL])
     assert rc == 0
+    assert torch.get_num_threads() == threads  # restored
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert {"loss", "lr", "grad_norm", "tokens_per_s", "step_time_s"} <= set(rows[0])
@@ -53,6 +56,7 @@ def test_train_on_text_and_tokens(tmp_path, capsys):
         (["--pp", "2"], "distributed runtime"),
         (["--nproc", "3"], "does not match pp x dp"),
         (["--nproc", "0"], "--nproc must be a positive"),
+        (["--threads", "0"], "--threads must be a positive"),
         (["--seq", "4096"], "max_seq"),
         (["--model", "no-such-model"], "unknown model preset"),
         (["--global-batch", "33"], "not a multiple"),

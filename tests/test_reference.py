@@ -10,7 +10,7 @@ from ratrain.data import SyntheticSource
 from ratrain.errors import RatrainError
 from ratrain.models.presets import get_preset
 from ratrain.runtime.lr import lr_at
-from ratrain.runtime.metrics import JsonlWriter, Progress, format_duration
+from ratrain.runtime.metrics import JsonlWriter, Progress, TensorBoardWriter, format_duration
 from ratrain.runtime.optim import adamw_step_, clip_coefficient, decays, sq_norm, unit_sq_norm
 from ratrain.runtime.precision import LossScaler, torch_dtype
 
@@ -182,6 +182,19 @@ def test_jsonl_and_progress(tmp_path, capsys):
     assert len(err) == 2 and "1/4" in err[0]
     assert "4/4" in err[1] and "loss 1.7" in err[1] and "it/s" in err[1] and "#" * 24 in err[1]
     assert format_duration(75) == "1:15" and format_duration(3725) == "1:02:05"
+
+
+def test_tensorboard_is_optional(tmp_path):
+    tb = TensorBoardWriter(tmp_path / "tb")
+    tb.write(0, {"step": 0, "loss": 1.0, "skipped": False})  # a no-op without tensorboard
+    tb.close()
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        assert not tb.active
+    else:
+        assert tb.active and any((tmp_path / "tb").iterdir())
+    assert not TensorBoardWriter(None).active
 
 
 # -- the reference trainer ------------------------------------------------------------------
