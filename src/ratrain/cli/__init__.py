@@ -21,8 +21,15 @@ COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line (no usage dump), exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
-    parser = argparse.ArgumentParser(prog="ratrain", description="Resource-aware LLM training runtime (RATrain).")
+    parser = _Parser(prog="ratrain", description="Resource-aware LLM training runtime (RATrain).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the chosen subcommand's module is imported, so `ratrain simulate` never loads torch.
     chosen = next((a for a in argv if a in COMMANDS), None)
