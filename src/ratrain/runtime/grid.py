@@ -116,6 +116,9 @@ class ParallelGrid:
         self.mesh = rank_layout(pp, dp)
         self.replica, self.stage = divmod(rank, pp)
         self.dp_group: dist.ProcessGroup | None = None
+        self.pp_group: dist.ProcessGroup | None = None
+        """This replica's pipeline (its stages' ranks); the executor's p2p needs no group,
+        torch.distributed.pipelining does."""
         self._owns_default_group = False
 
     # -- coordinates ----------------------------------------------------------------------
@@ -163,7 +166,7 @@ class ParallelGrid:
         device: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> ParallelGrid:
-        """Join the job's default group (rendezvous) and build the DP groups."""
+        """Join the job's default group (rendezvous) and build the DP and pipeline groups."""
         dev = _pick_device(rdzv.local_rank, device)
         grid = cls(pp, dp, rdzv.rank, rdzv.world_size, dev)  # validates before connecting
         if dev.type == "cuda":
@@ -182,6 +185,10 @@ class ParallelGrid:
             group = dist.new_group(ranks, timeout=timeout) if self.dp > 1 else None
             if s == self.stage:
                 self.dp_group = group
+        for r in range(self.dp):
+            group = dist.new_group(self.mesh[r], timeout=timeout) if self.pp > 1 else None
+            if r == self.replica:
+                self.pp_group = group
 
     def destroy(self) -> None:
         if self._owns_default_group and dist.is_initialized():
