@@ -159,3 +159,53 @@ def test_plan_over_the_declared_memory_is_refused():
     with pytest.raises(RatrainError, match=r"plan does not fit: stage \d needs .* GiB"):
         run_job(_job(PLAN, CFG, [], memory_cap_bytes=2**20, memory_cap_label="a 1 MiB test cap"))
     check_fits(SPEC, PLAN, 2**30)  # fits a GiB
+
+
+def _single_rank_losses(plan: Plan, cfg: TrainConfig) -> list[float]:
+    """One rank, no process group: pp = dp = 1 needs no communication."""
+    import torch
+
+    from ratrain.data.base import Batches
+    from ratrain.runtime.comm import Comm
+    from ratrain.runtime.executor import StageExecutor
+    from ratrain.runtime.grid import ParallelGrid
+    from ratrain.runtime.stage import StageModel
+
+    grid = ParallelGrid(1, 1, 0, 1, torch.device("cpu"))
+    model = StageModel(SPEC, plan, cfg, 0, 0, grid.device)
+    sch = build_schedule(SPEC, plan)
+    batches = Batches.from_plan(_source(plan, cfg)(), plan)
+    ex = StageExecutor(grid, Comm(grid), model, sch, batches, SPEC, plan, cfg)
+    out = []
+    for k in range(cfg.steps):
+        losses = ex.step(k).losses
+        out.append(sum(losses) / len(losses))
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_single_rank_executor_matches_reference(dtype):
+    plan = Plan(micro_batch=1, global_batch=3, seq=16, compute_dtype=dtype, model="tiny")
+    cfg = TrainConfig(steps=4, warmup_steps=1)
+    ratrain = _single_rank_losses(plan.replace(schedule="ratrain"), cfg)
+    assert ratrain == _single_rank_losses(plan.replace(schedule="baseline"), cfg)
+    assert _max_rel(ratrain, _reference(plan, cfg)) <= 1e-5
+
+
+def test_live_bytes_counts_storages_once_and_follows_resizes():
+    import torch
+
+    from ratrain.runtime.memory import LiveBytes, resize_storage
+
+    with LiveBytes() as mem:
+        a = torch.zeros(1000)  # 4000 B
+        view = a[10:20].view(2, 5)  # a view: no new storage
+        b = a * 2  # 4000 B
+        assert mem.live_bytes == 8000
+        del b
+        assert mem.live_bytes == 4000 and mem.peak_bytes == 8000
+        resize_storage(a, 0)  # a dropped parameter view
+        assert mem.live_bytes == 0
+        resize_storage(a, 4000)
+        assert mem.live_bytes == 4000
+        del view

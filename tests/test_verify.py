@@ -22,7 +22,7 @@ def test_max_rel_dev():
 @pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_verify_json_reports_every_pair(capsys):
-    assert main(["verify", "--steps", "3", "--seq", "16", "--json"]) == 0
+    assert main(["verify", "--steps", "3", "--seq", "16", "--json", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out)
     devs = out["max_rel_dev"]
     assert set(devs) == {"ratrain_vs_baseline", "ratrain_vs_reference", "baseline_vs_reference"}

@@ -68,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=120.0, help="rendezvous/collective timeout, s (120)"
     )
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--quiet", action="store_true", help="no progress bar (stderr)")
 
 
 def max_rel_dev(a: list[float], b: list[float]) -> float:
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         schedules=("baseline", "ratrain"),
         device=args.device,
         timeout_s=args.timeout,
-        progress=False,
+        progress=not args.quiet,
         memory_cap_bytes=int(args.memory_cap * 2**30) if args.memory_cap else None,
         memory_cap_label="--memory-cap",
     )
