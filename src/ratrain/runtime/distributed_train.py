@@ -9,12 +9,14 @@ rank builds its stage (`StageModel`), lowers the plan (`build_schedule`, checked
 after the other in one job (`Job.schedules`): `ratrain verify` runs Baseline-1F1B and
 RATrain on the same ranks, each from the same initial weights.
 
-Metrics: at the end of each step every rank contributes (peak bytes, step time, its
-microbatch losses) to one small all-gather, issued asynchronously and read at the end of
-the next step, so the ranks never wait on each other for bookkeeping. The metrics rank
-(last stage, replica 0) turns it into the step's record: the global-batch loss summed in
-the reference trainer's order (replica-major), lr, grad norm, tokens/s, step time and
-peak memory per rank; it writes the JSONL, TensorBoard and the progress bar.
+Metrics: at the end of each step every rank contributes (peak tensor bytes, peak RSS,
+step time, its microbatch losses) to one small all-gather, issued asynchronously and read
+at the end of the next step, so bookkeeping makes a rank wait only for ranks more than a
+step behind. The metrics rank (last stage, replica 0) turns it into the step's record: the
+global-batch loss summed in the reference trainer's order (replica-major), lr, grad norm,
+tokens/s, step time (the period between step ends), peak tensor bytes per rank (CUDA's
+allocator, or `LiveBytes` with `measure_memory`; else null) and peak RSS per rank; it
+writes the JSONL, TensorBoard and the progress bar.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ __all__ = [
     "train_schedule",
     "job_variants",
     "check_fits",
+    "run_distributed",
+    "train_config_of",
 ]
 
 
@@ -190,8 +194,13 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
             else _StepLog(grid, comm, plan, spec)
         )
         try:
+            t_last = time.perf_counter()
             for k in range(cfg.steps):
                 res = ex.step(k)
+                # The step time is the period between step ends: it includes waiting for the
+                # other stages, which the walk of one step alone may not.
+                now = time.perf_counter()
+                res.time_s, t_last = now - t_last, now
                 result.step_times_s.append(res.time_s)
                 log.push(res, mem.peak_bytes())
             log.flush()
@@ -233,6 +242,15 @@ def _suffixed(path: str, kind: str) -> str:
     return f"{stem}.{kind}.{ext}" if dot else f"{path}.{kind}"
 
 
+def _max_rss_bytes() -> int:
+    """The process's peak resident set (Linux reports KiB): tensors plus the runtime itself."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return -1
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 class _StepLog:
     """The lagged per-step all-gather of (peak bytes, step time, losses) and, on the metrics
     rank, the records made from it."""
@@ -253,9 +271,8 @@ class _StepLog:
 
     def push(self, res: StepResult, peak_bytes: int | None) -> None:
         losses = res.losses if res.losses else [math.nan] * self.m
-        vec = torch.tensor(
-            [peak_bytes if peak_bytes is not None else -1, res.time_s, *losses], dtype=torch.float64
-        )
+        peak = peak_bytes if peak_bytes is not None else -1
+        vec = torch.tensor([peak, _max_rss_bytes(), res.time_s, *losses], dtype=torch.float64)
         table, handle = self.comm.world_all_gather(vec.to(self.grid.device))
         prev, self.pending = self.pending, (res, table, handle)
         if prev is not None:
@@ -270,13 +287,14 @@ class _StepLog:
         handle.wait()
         if self.bar is None:
             return
-        table = table.cpu()  # (world, 2 + m)
+        table = table.cpu()  # (world, 3 + m): peak bytes, max RSS, step time, m losses
         loss_sum = 0.0
         for r in range(self.plan.dp):  # replica-major, microbatch order: the reference's sum
-            for v in table[self.grid.rank_of(self.plan.pp - 1, r), 2:].tolist():
+            for v in table[self.grid.rank_of(self.plan.pp - 1, r), 3:].tolist():
                 loss_sum += v
         loss = loss_sum / (self.plan.dp * self.m)
         peaks = [int(p) if p >= 0 else None for p in table[:, 0].tolist()]
+        rss = [int(p) for p in table[:, 1].tolist()]
         rec = {
             "step": res.step,
             "loss": loss,
@@ -285,6 +303,7 @@ class _StepLog:
             "tokens_per_s": self.plan.tokens_per_step / res.time_s,
             "step_time_s": res.time_s,
             "peak_bytes_per_rank": peaks,
+            "max_rss_bytes_per_rank": rss,
         }
         if self.plan.compute_dtype == "fp16":
             rec.update(loss_scale=res.loss_scale, skipped=res.skipped)
@@ -293,8 +312,8 @@ class _StepLog:
         if self.jsonl is not None:
             self.jsonl.write(rec)
         if self.tb is not None:
-            self.tb.write(res.step, {k: v for k, v in rec.items() if k != "peak_bytes_per_rank"})
-        self.bar.update(1, loss=loss, tok_s=rec["tokens_per_s"])
+            self.tb.write(res.step, {k: v for k, v in rec.items() if not k.endswith("_per_rank")})
+        self.bar.update(1, loss=loss, **{"tok/s": f"{rec['tokens_per_s']:,.0f}"})
 
     def close(self) -> None:
         for w in (self.jsonl, self.tb, self.bar):
@@ -369,12 +388,11 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
             f"microbatches per pipeline, {plan.compute_dtype}, schedule {plan.schedule}"
         )
         sys.stdout.flush()
-    t0 = time.perf_counter()
     results = run_job(job)
-    elapsed = time.perf_counter() - t0
     for r in results:
         run = r.runs[plan.schedule]
         if run.losses:
+            elapsed = sum(run.step_times_s)  # training only, not the ranks' start-up
             print(_summary(run, src, elapsed, cfg.steps * plan.tokens_per_step))
     return 0
 
@@ -382,10 +400,14 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
 def _summary(run: RunResult, source: TokenSource, elapsed_s: float, tokens: int) -> str:
     tail = run.losses[-10:]
     final = sum(tail) / len(tail)
-    peaks = run.records[-1]["peak_bytes_per_rank"] if run.records else []
+    last = run.records[-1] if run.records else {}
     mem = ""
-    if peaks and all(p is not None for p in peaks):
-        mem = "; peak memory per rank " + ", ".join(f"{p / 2**20:.1f}" for p in peaks) + " MiB"
+    if last.get("peak_bytes_per_rank") and None not in last["peak_bytes_per_rank"]:
+        mib = ", ".join(f"{p / 2**20:.1f}" for p in last["peak_bytes_per_rank"])
+        mem = f"; peak tensor memory per rank {mib} MiB"
+    elif last.get("max_rss_bytes_per_rank"):
+        mib = ", ".join(f"{p / 2**20:.0f}" for p in last["max_rss_bytes_per_rank"])
+        mem = f"; peak RSS per rank {mib} MiB"
     rate = f"{len(run.losses)} steps in {elapsed_s:.1f} s ({tokens / elapsed_s:,.0f} tokens/s){mem}"
     floor = getattr(source, "entropy_floor_nats", None)
     head = f"final loss {final:.4f} (mean of the last {len(tail)} steps)"

@@ -76,6 +76,8 @@ class StepResult:
     """Global norm before clipping (None when the schedule has no NORM)."""
     skipped: bool
     time_s: float
+    """Wall time of this stage's walk of the step (the trainer may replace it with the
+    period between step ends)."""
 
 
 class _Pending:
