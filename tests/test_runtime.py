@@ -4,6 +4,7 @@ reference trainer, on 4 local gloo ranks (pp=2 x dp=2) of the tiny model."""
 from __future__ import annotations
 
 import functools
+import json
 import math
 
 import pytest
@@ -80,17 +81,24 @@ def test_fp32_ratrain_equals_baseline_bitwise_and_reference(fp32_runs, clip):
 
 
 @pytest.mark.timeout(120)
-def test_microbatches_fewer_than_stages():
+def test_microbatches_fewer_than_stages(tmp_path):
     plan = Plan(
         pp=4, dp=1, micro_batch=1, global_batch=2, seq=16, compute_dtype="fp32", model="tiny"
     )
     cfg = TrainConfig(steps=4, warmup_steps=1)
-    res = run_job(
-        _job(plan, cfg, [(k, {"schedule": k}) for k in ("baseline", "gpu-style", "ratrain")])
-    )
+    variants = [(k, {"schedule": k}) for k in ("baseline", "gpu-style", "ratrain")]
+    job = _job(plan, cfg, variants, trace_path=str(tmp_path / "step.json"), trace_steps=(2,))
+    res = run_job(job)
     assert plan.microbatches < plan.pp
     assert _losses(res, "ratrain") == _losses(res, "baseline") == _losses(res, "gpu-style")
     assert _max_rel(_losses(res, "ratrain"), _reference(plan, cfg)) <= 1e-5
+    # the measured step, in the simulator's trace format and the IR's names
+    events = json.loads((tmp_path / "step.ratrain.json").read_text())["traceEvents"]
+    done = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in done} == {0, 1, 2, 3}
+    assert {"0F0@0", "3B1@5", "3SYNC@5", "0UPD@0", "1RECV_F1@1", "2SEND_B0@3"} <= {
+        e["name"] for e in done
+    }
 
 
 LIFECYCLE = {
