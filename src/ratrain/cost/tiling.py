@@ -227,7 +227,7 @@ def _widest_nc(cap_bytes, nsz, m, k, e, bias, mc, kc) -> int | None:
 
 def _link(hw: Hw, a: int, b: int) -> tuple[float, float]:
     """(seconds per move, bytes/s) of the boundary an "a->b" tally entry crosses."""
-    _, bw, latency, _ = hw.link(hw.key(a, b))
+    _, bw, latency, _ = hw.link(a, b)
     return latency, bw
 
 
@@ -235,7 +235,7 @@ def _ranked(hws: list[Hw], m, n, k, e, bias) -> list[tuple[float, int, Hw, _Gemm
     """(roof_s, ddr_bytes, hw, cfg) of every base tile set that fits (see `select`): for
     each C tile height and k-step the widest C tile that fits, unstaged or on each maximal
     core grid of each staging tier with its finest staged step. The figures are those of
-    `_tally`, `dma_times` and `roof_s` in closed form, summed in the same order (the ranking
+    `_tally` and `rank` in closed form, summed in the same order (the ranking
     reads their last bits on ties)."""
     out = []
     nsz, cap0 = sizes(n, fine=True), hws[0].tiers[0].capacity_bytes

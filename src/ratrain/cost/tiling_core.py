@@ -6,7 +6,6 @@ Pure Python (no torch). The model itself is described in `ratrain.cost.tiling`.
 
 from __future__ import annotations
 
-import functools
 import heapq
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -26,10 +25,11 @@ __all__ = [
     "platform_key",
     "hw_variants",
     "fits",
+    "fitting",
     "dma_times",
     "make_plan",
     "select",
-    "roof_s",
+    "rank",
     "steps",
     "chunks",
     "ceil_div",
@@ -37,6 +37,7 @@ __all__ = [
     "edges",
     "floor_sum",
     "pipeline_s",
+    "pipeline_runs_s",
 ]
 
 # sourced: fp32 accumulation of 16-bit GEMMs and attention, as FlashAttention-2 (Dao 2023)
@@ -157,6 +158,24 @@ def pipeline_s(groups: list[tuple[int, float, float]]) -> float:
     return t
 
 
+def pipeline_runs_s(runs: list[tuple[int, int, float, float]]) -> float:
+    """`pipeline_s` of groups given as runs of (repeats, count, dma_s, work_s): `repeats`
+    equal groups in a row. The steps are summed one by one, in order, as `pipeline_s` sums
+    them (the same float result)."""
+    runs = [r for r in runs if r[0] > 0 and r[1] > 0]
+    if not runs:
+        return 0.0
+    t = runs[0][2]
+    for i, (rep, count, dma, work) in enumerate(runs):
+        nxt = runs[i + 1][2] if i + 1 < len(runs) else 0.0
+        step = (count - 1) * max(work, dma)
+        same = step + max(work, dma)  # followed by an equal group
+        for _ in range(rep - 1):
+            t += same
+        t += step + max(work, nxt)
+    return t
+
+
 def _path(lo: int, hi: int, tiers: tuple[Tier, ...]) -> list[int]:
     """Tiers whose bandwidth a move from tier lo up to tier hi shares, beyond lo's own port:
     the boundaries between them, and main memory itself (its streaming bandwidth)."""
@@ -193,10 +212,7 @@ class Hw:
         return self.peak_flops / self.cores
 
     def key(self, a: int, b: int) -> str:
-        k = ("key", a, b)
-        if k not in self._memo:
-            self._memo[k] = f"{self.tiers[a].name}->{self.tiers[b].name}"
-        return self._memo[k]
+        return f"{self.tiers[a].name}->{self.tiers[b].name}"
 
     def bw(self, lo: int, hi: int, active: int = 1) -> float:
         """Bytes/s one of `active` concurrent copies of tier `lo` gets on the path to `hi`:
@@ -219,42 +235,63 @@ class Hw:
             self._memo[k] = max(t.latency_s for t in self.tiers[lo:hi])
         return self._memo[k]
 
-    def link(self, key: str) -> tuple[str, float, float, bool]:
-        """`_link` of "src->dst", and whether the pair touches main memory."""
-        k = ("link", key)
+    def link(self, a: int, b: int) -> tuple[str, float, float, bool]:
+        """Of moves from tier a to tier b: (boundary "fast<->slow", bytes/s with all copies
+        active, seconds per move, whether main memory is an end)."""
+        k = ("link", a, b)
         if k not in self._memo:
-            main = self.tiers[-1].name
-            self._memo[k] = (*_link(self.tiers, key), main in key.split("->"))
+            t = self.tiers
+            lo, hi = min(a, b), max(a, b)
+            bw = min(t[i].bandwidth_bytes_per_s * t[i].copies for i in [lo, *_path(lo, hi, t)])
+            # Moves from the copies of tier lo are issued in parallel; their setups overlap.
+            latency = max(x.latency_s for x in t[lo:hi]) / t[lo].copies
+            name = f"{t[lo].name}<->{t[hi].name}"
+            self._memo[k] = (name, bw, latency, self.main in (a, b))
         return self._memo[k]
 
 
 class Tally:
-    """Bytes and moves per ordered tier pair."""
+    """Bytes and moves per ordered tier pair (src, dst), in the order first added."""
+
+    __slots__ = ("hw", "flows")
 
     def __init__(self, hw: Hw) -> None:
         self.hw = hw
-        self.bytes: dict[str, int] = {}
-        self.moves: dict[str, int] = {}
+        self.flows: dict[tuple[int, int], list[int]] = {}  # (src, dst) -> [bytes, moves]
 
     def add(self, src: int, dst: int, nbytes: int, nmoves: int) -> None:
         if nmoves <= 0:
             return
-        key = self.hw.key(src, dst)
-        self.bytes[key] = self.bytes.get(key, 0) + nbytes
-        self.moves[key] = self.moves.get(key, 0) + nmoves
+        flow = self.flows.get((src, dst))
+        if flow is None:
+            self.flows[src, dst] = [nbytes, nmoves]
+        else:
+            flow[0] += nbytes
+            flow[1] += nmoves
 
     def scale(self, f: int) -> Tally:
-        self.bytes = {k: v * f for k, v in self.bytes.items()}
-        self.moves = {k: v * f for k, v in self.moves.items()}
+        for flow in self.flows.values():
+            flow[0] *= f
+            flow[1] *= f
         return self
 
     @property
+    def bytes(self) -> dict[str, int]:
+        """Per "src->dst" (tier names)."""
+        return {self.hw.key(a, b): v for (a, b), (v, _) in self.flows.items()}
+
+    @property
+    def moves(self) -> dict[str, int]:
+        return {self.hw.key(a, b): v for (a, b), (_, v) in self.flows.items()}
+
+    @property
     def ddr(self) -> int:
-        return sum(v for k, v in self.bytes.items() if self.hw.link(k)[3])
+        main = self.hw.main
+        return sum(v for (a, b), (v, _) in self.flows.items() if main in (a, b))
 
     @property
     def n_moves(self) -> int:
-        return sum(self.moves.values())
+        return sum(v for _, v in self.flows.values())
 
 
 class Priced(NamedTuple):
@@ -304,24 +341,24 @@ def fits(hw: Hw, buffers: dict[int, int]) -> bool:
     return all(b <= hw.tiers[i].capacity_bytes for i, b in buffers.items())
 
 
-@functools.lru_cache(maxsize=256)
-def _link(tiers: tuple[Tier, ...], key: str) -> tuple[str, float, float]:
-    """(boundary name, bytes/s with all copies active, seconds per move) of "src->dst"."""
-    idx = {t.name: i for i, t in enumerate(tiers)}
-    a, b = (idx[x] for x in key.split("->"))
-    lo, hi = min(a, b), max(a, b)
-    bw = min(tiers[i].bandwidth_bytes_per_s * tiers[i].copies for i in [lo, *_path(lo, hi, tiers)])
-    # Moves from the copies of tier lo are issued in parallel; their setups overlap.
-    latency = max(t.latency_s for t in tiers[lo:hi]) / tiers[lo].copies
-    return f"{tiers[lo].name}<->{tiers[hi].name}", bw, latency
+def fitting(ok, cands: list) -> int:
+    """How many of cands (in order) ok() accepts, ok being monotone (true, then false)."""
+    lo, hi = 0, len(cands)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(cands[mid]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def dma_times(hw: Hw, tally: Tally) -> dict[str, float]:
     """Per boundary "fast<->slow": moves x latency + bytes / bandwidth, all copies active."""
     dma: dict[str, float] = {}
-    for key, nbytes in tally.bytes.items():
-        name, bw, latency, _ = hw.link(key)
-        dma[name] = dma.get(name, 0.0) + tally.moves[key] * latency + nbytes / bw
+    for (a, b), (nbytes, nmoves) in tally.flows.items():
+        name, bw, latency, _ = hw.link(a, b)
+        dma[name] = dma.get(name, 0.0) + nmoves * latency + nbytes / bw
     return dma
 
 
@@ -339,8 +376,8 @@ def make_plan(op, shape, dtype, hw: Hw, tile, grid, stage_step, p: Priced, time_
         grid=grid,
         stage_step=stage_step,
         buffer_bytes={hw.tiers[i].name: b for i, b in p.buffers.items()},
-        bytes_moved=dict(p.tally.bytes),
-        moves=dict(p.tally.moves),
+        bytes_moved=p.tally.bytes,
+        moves=p.tally.moves,
         flops=p.flops,
         time_s=time_s,
         compute_time_s=compute_s,
@@ -349,9 +386,16 @@ def make_plan(op, shape, dtype, hw: Hw, tile, grid, stage_step, p: Priced, time_
     )
 
 
-def roof_s(hw: Hw, p: Priced) -> float:
-    """The roofline estimate of a priced tile set: compute or its busiest boundary."""
-    return max(p.flops / hw.peak_flops, *dma_times(hw, p.tally).values())
+def rank(hw: Hw, tally: Tally, flops: int) -> tuple[float, int]:
+    """(roof_s, ddr_bytes) of a tile set, as `select` ranks them: its roofline estimate
+    (compute or its busiest boundary, as `dma_times`) and its main-memory bytes."""
+    dma: dict[str, float] = {}
+    ddr = 0
+    for (a, b), (nbytes, nmoves) in tally.flows.items():
+        name, bw, latency, main = hw.link(a, b)
+        dma[name] = dma.get(name, 0.0) + nmoves * latency + nbytes / bw
+        ddr += nbytes if main else 0
+    return max(flops / hw.peak_flops, *dma.values()), ddr
 
 
 def select(ranked, price, expand, timing):
@@ -359,7 +403,7 @@ def select(ranked, price, expand, timing):
     the fastest (fewest moves, then time, on ties).
 
     ranked: (roof_s, ddr_bytes, hw, cfg) of every tile set that fits, staged ones with their
-    finest staged step: its roofline estimate (`roof_s`) and main-memory bytes; price(hw,
+    finest staged step: its roofline estimate and main-memory bytes (see `rank`); price(hw,
     cfg) -> Priced, or None when the buffers do not fit; expand(hw, cfg) -> the coarser
     staged steps of a base, finest first (the same bytes in fewer moves, more buffer);
     timing(hw, cfg) -> seconds. Only a shortlist is priced in full and timed: the tile sets
