@@ -43,7 +43,7 @@ from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, re
 from ratrain.runtime.launch import spawn
 from ratrain.runtime.memory import PeakMemory
 from ratrain.runtime.metrics import JsonlWriter, Progress, TensorBoardWriter
-from ratrain.runtime.stage import StageModel
+from ratrain.runtime.stage import StageModel, check_tied
 from ratrain.runtime.trace import Recorder, write_measured_trace
 from ratrain.schedule import build_schedule, check_schedule
 
@@ -117,6 +117,7 @@ def run_job(job: Job) -> list[RankResult]:
     spawning pp*dp local ranks. Returns every rank's result (only this rank's when launched
     externally)."""
     job.plan.check_for(job.spec)
+    check_tied(job.spec, job.plan)
     if job.memory_cap_bytes is not None:
         for _, overrides in job_variants(job):
             check_fits(
@@ -369,6 +370,7 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         source,
         device=getattr(args, "device", None),
         backend=getattr(args, "backend", "torch"),
+        timeout_s=getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S,
         metrics_path=getattr(args, "metrics", None),
         tensorboard_dir=getattr(args, "tensorboard", None),
         trace_path=getattr(args, "trace", None),

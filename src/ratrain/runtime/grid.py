@@ -35,8 +35,10 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
 ]
 
-DEFAULT_TIMEOUT_S = 120.0
-"""Rendezvous and collective timeout: a missing rank fails the job instead of hanging it."""
+DEFAULT_TIMEOUT_S = 300.0
+"""Rendezvous and collective timeout: a missing or stuck rank fails the job instead of
+hanging it (torch's own default is 30 minutes). It bounds every single wait, so it must
+exceed the longest legitimate one: a stage waiting a pipeline's fill or drain."""
 
 
 def rank_layout(pp: int, dp: int) -> list[list[int]]:

@@ -34,7 +34,7 @@ from ratrain.runtime.memory import resize_storage
 from ratrain.runtime.optim import adamw_step_, decays, unit_sq_norm
 from ratrain.runtime.precision import torch_dtype
 
-__all__ = ["Segment", "UnitState", "StageModel"]
+__all__ = ["Segment", "UnitState", "StageModel", "check_tied"]
 
 
 @dataclass
@@ -93,7 +93,7 @@ class StageModel:
         self.sharded = plan.shard_optimizer and plan.dp > 1
         self.view_is_master = self.dtype == torch.float32 and not self.sharded
         self.unit_ids = list(plan.stage_units(spec, stage))
-        _check_tied(spec, plan, self.unit_ids)
+        check_tied(spec, plan)
         modules = {u: build_unit(spec, u, backend, seed=cfg.seed).to(device) for u in self.unit_ids}
         if spec.tied_embeddings:  # one stage holds both (checked): share like LlamaModel
             modules[self.unit_ids[-1]].weight = modules[0].weight
@@ -320,7 +320,8 @@ class StageModel:
         return out
 
 
-def _check_tied(spec: ModelSpec, plan: Plan, units: list[int]) -> None:
+def check_tied(spec: ModelSpec, plan: Plan) -> None:
+    """RatrainError for the tied-embedding layouts the runtime does not support."""
     if not spec.tied_embeddings:
         return
     if plan.pp > 1:
