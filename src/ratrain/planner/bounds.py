@@ -1,0 +1,347 @@
+"""Cheap lower bounds on a candidate's step time and memory, from the same cost model and
+the same state sizes the simulator and the ledger use.
+
+Step time. The simulator replays one step from a cold start; every compute action (F, B,
+RECOMPUTE, UPDATE) of a stage runs on that stage's one compute resource. A stage's first
+forward needs microbatch 0's forwards on every earlier stage and their sends; the last
+microbatch's backward must then flow back through every earlier stage. With f, b, r the
+forward, backward and recompute seconds of one microbatch on a stage, m microbatches,
+p_f / p_b the boundary sends forward / backward and u the optimizer step, for every s:
+
+    end of stage 0's last B  ≥  Σ_{r<s} (f_r + p_f,r) + m·(f_s + b_s + r_s) + Σ_{r<s} (b_r + p_b,r)
+    step                     ≥  Σ_{r<s} (f_r + p_f,r) + m·(f_s + b_s + r_s) + u_s
+
+and after stage 0's last backward (the embedding's) its gradient sync still runs, then the
+optimizer step that waits for it: with global checks (clipping, fp16 overflow) every
+stage's UPDATE waits for them, so for all of its units. Views, offload, the other
+collectives and any contention only add. `tests/test_planner.py` checks the bound against
+the simulator and that pruning with it never drops the plan exhaustive search picks.
+
+Memory: `MemoryBound`, a lower bound on each stage's ledger peak. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ratrain.config import Plan
+from ratrain.cost.model import CostModel
+from ratrain.memory.states import (
+    ADAM_BYTES_PER_PARAM,
+    MASTER_BYTES_PER_PARAM,
+    grad_bytes_per_param,
+    shards,
+    view_bytes_per_param,
+)
+from ratrain.models import counts
+from ratrain.models.spec import ModelSpec
+from ratrain.platforms import Platform
+from ratrain.schedule.ir import Action, Op
+from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
+
+__all__ = [
+    "UnitTimes",
+    "unit_times",
+    "stage_times",
+    "recompute_time_s",
+    "step_time_lower_bound_s",
+    "Overheads",
+    "overheads",
+    "persistent_lower_bound_bytes",
+    "MemoryBound",
+    "stage_memory_lower_bound_bytes",
+]
+
+
+@dataclass(frozen=True)
+class UnitTimes:
+    """Per-microbatch compute times of the three kinds of unit (seconds)."""
+
+    f_emb: float
+    b_emb: float
+    f_block: float
+    b_block: float
+    f_head: float
+    b_head: float
+    rc_full: float
+    """Recomputing one block's forward."""
+    rc_selective: float
+    """Recomputing one block's attention core."""
+
+
+_UNIT_TIMES: dict[tuple, tuple[Platform, UnitTimes]] = {}
+
+
+def unit_times(
+    spec: ModelSpec, platform: Platform, micro_batch: int, seq: int, dtype: str
+) -> UnitTimes:
+    """Compute times per unit kind (cached per model, platform and microbatch shape)."""
+    key = (spec, id(platform), micro_batch, seq, dtype)
+    hit = _UNIT_TIMES.get(key)
+    if hit is not None and hit[0] is platform:
+        return hit[1]
+    ut = _unit_times(spec, platform, micro_batch, seq, dtype)
+    _UNIT_TIMES[key] = (platform, ut)
+    return ut
+
+
+def _unit_times(
+    spec: ModelSpec, platform: Platform, micro_batch: int, seq: int, dtype: str
+) -> UnitTimes:
+    plan = Plan(micro_batch=micro_batch, global_batch=micro_batch, seq=seq, compute_dtype=dtype)
+    cm = CostModel(spec, plan, platform)
+    emb, head = counts.embedding_unit(spec), counts.head_unit(spec)
+
+    def t(op: Op, unit: int) -> float:
+        return cm.time_s(Action(op, 0, (unit,), 0))
+
+    full = CostModel(spec, plan.replace(recompute="full"), platform)
+    sel = CostModel(spec, plan.replace(recompute="selective"), platform)
+    rc = Action(Op.RECOMPUTE, 0, (1,), 0)
+    return UnitTimes(
+        f_emb=t(Op.F, emb),
+        b_emb=t(Op.B, emb),
+        f_block=t(Op.F, 1),
+        b_block=t(Op.B, 1),
+        f_head=t(Op.F, head),
+        b_head=t(Op.B, head),
+        rc_full=full.time_s(rc),
+        rc_selective=sel.time_s(rc),
+    )
+
+
+def stage_times(split: tuple[int, ...], ut: UnitTimes) -> list[tuple[float, float]]:
+    """(forward, backward) seconds of one microbatch on each stage."""
+    pp = len(split)
+    out = []
+    for s, n in enumerate(split):
+        f, b = n * ut.f_block, n * ut.b_block
+        if s == 0:
+            f, b = f + ut.f_emb, b + ut.b_emb
+        if s == pp - 1:
+            f, b = f + ut.f_head, b + ut.b_head
+        out.append((f, b))
+    return out
+
+
+def recompute_time_s(policy: str, n_blocks: int, ut: UnitTimes) -> float:
+    """Recompute seconds of one microbatch on a stage of `n_blocks` blocks under `policy`."""
+    if policy == "none":
+        return 0.0
+    if policy == "selective":
+        return n_blocks * ut.rc_selective
+    if policy == "full":
+        return n_blocks * ut.rc_full
+    k = int(policy.split(":", 1)[1])  # first:K
+    return min(k, n_blocks) * ut.rc_full
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """The knob-dependent terms of the step-time bound (seconds)."""
+
+    update_s: tuple[float, ...]
+    """Per stage: its optimizer step as one stage-wide UPDATE (no more than per unit)."""
+    send_f_s: tuple[float, ...]
+    """Per boundary s -> s+1: one microbatch's activation."""
+    send_b_s: tuple[float, ...]
+    """Per boundary s+1 -> s: one microbatch's gradient."""
+    tail_s: float
+    """After stage 0's last backward: its last gradient sync and the update that waits."""
+
+    @staticmethod
+    def none(pp: int) -> Overheads:
+        return Overheads((0.0,) * pp, (0.0,) * (pp - 1), (0.0,) * (pp - 1), 0.0)
+
+
+def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
+    """The bound's overheads for `plan` (its recompute field is not read)."""
+    from ratrain.schedule.lowering import global_checks
+
+    cm = CostModel(spec, plan, platform)
+    units = [tuple(plan.stage_units(spec, s)) for s in range(plan.pp)]
+    upd = tuple(cm.time_s(Action(Op.UPDATE, s, units[s])) for s in range(plan.pp))
+    send_f = tuple(cm.time_s(Action(Op.SEND_F, s, (units[s][-1],), 0)) for s in range(plan.pp - 1))
+    send_b = tuple(
+        cm.time_s(Action(Op.SEND_B, s + 1, (units[s + 1][0],), 0)) for s in range(plan.pp - 1)
+    )
+    # Stage 0's last sync covers the embedding: alone (ratrain), in the last bucket
+    # (gpu-style: no less than alone), or with the whole stage (baseline).
+    last_sync = units[0] if plan.schedule == "baseline" else (0,)
+    sync = cm.time_s(Action(Op.GRAD_SYNC, 0, last_sync))
+    if global_checks(plan):
+        after = max(upd)
+    elif plan.schedule == "ratrain":
+        after = cm.time_s(Action(Op.UPDATE, 0, (0,)))
+    else:
+        after = upd[0]
+    return Overheads(upd, send_f, send_b, sync + after)
+
+
+def step_time_lower_bound_s(
+    split: tuple[int, ...],
+    microbatches: int,
+    ut: UnitTimes,
+    recompute: tuple[str, ...] | None = None,
+    over: Overheads | None = None,
+) -> float:
+    """The bound above; no recompute and no overheads when not given."""
+    m, pp = microbatches, len(split)
+    over = over or Overheads.none(pp)
+    fb = stage_times(split, ut)
+    rc = [recompute_time_s(recompute[s], split[s], ut) if recompute else 0.0 for s in range(pp)]
+    # The first RECOMPUTE of a backward pass needs only its forward, so it may run while
+    # the stage waits for the gradient: count one block's recomputation less on the paths.
+    rcp = [max(0.0, r - (ut.rc_full if r else 0.0)) for r in rc]
+    sf = (*over.send_f_s, 0.0)  # sf[s]: s -> s+1
+    sb = (0.0, *over.send_b_s)  # sb[s]: s -> s-1
+    # Microbatch 0's round trip from stage s: forward to the last stage and back to s + 1.
+    trip = [0.0] * pp
+    for s in range(pp - 2, -1, -1):
+        f1, b1 = fb[s + 1]
+        trip[s] = trip[s + 1] + sf[s] + f1 + b1 + rcp[s + 1] + sb[s + 1]
+    best = last_b0 = fill = drain = 0.0
+    for s, (f, b) in enumerate(fb):
+        r = rc[s]
+        w = min(pp - s - 1, m)
+        # Its first backward needs w + 1 forwards of its own and microbatch 0's round trip.
+        first_b = fill + max((w + 1) * f, f + trip[s])
+        end_b = max(fill + m * (f + b + r), first_b + (m - w - 1) * f + m * (b + r) - (r - rcp[s]))
+        last_b0 = max(last_b0, end_b + drain)
+        best = max(best, end_b + over.update_s[s])
+        fill += f + sf[s]
+        drain += b + rcp[s] + (sb[s + 1] if s + 1 < pp else 0.0)
+    return max(best, last_b0 + over.tail_s)
+
+
+def persistent_lower_bound_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, ...]:
+    """Per stage, bytes no schedule goes below: the fp32 master weights and Adam states of
+    all its units (their shard, when sharded) are held through the step, and at some time
+    the largest unit's view (while its forward runs) or its full gradient (from its first
+    backward) exists on top of them."""
+    per_param = MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM
+    most = max(view_bytes_per_param(plan), grad_bytes_per_param(plan))
+    out = []
+    for s in range(plan.pp):
+        params = [counts.unit_params(spec, u) for u in plan.stage_units(spec, s)]
+        out.append(sum(params) * per_param // shards(plan) + max(params) * most)
+    return tuple(out)
+
+
+class MemoryBound:
+    """A lower bound on each stage's ledger peak under a recompute policy, from moments of
+    its 1F1B walk (one plan's knobs; the plan's own recompute field is not read).
+
+    The stage runs w = min(pp - s - 1, m) forward passes before its first backward pass.
+    While B(u, mb) runs, the ledger holds at least: the master and Adam states and the
+    persistent views; the view of u if views are transient; the activations of every other
+    microbatch whose forward pass is done and whose backward pass is not, and mb's own for
+    the units its backward has not reached (u and below); what RECOMPUTE(u, mb) restored;
+    the backward workspace; and the gradients of the units the backward has met, all of
+    them from the second backward pass on (gradients live from a unit's first B to the
+    UPDATE after its last). In flight: min(w + 1, m) microbatches at mb = 0 and
+    min(w + 1, m - 1) at mb = 1. Offloaded microbatches count for nothing. Comm buffers
+    and other transient bytes only add.
+    """
+
+    def __init__(self, spec: ModelSpec, plan: Plan) -> None:
+        from ratrain.memory.activations import activation_bytes, backward_workspace_bytes
+
+        self.spec, self.plan = spec, plan
+        emb, head = counts.embedding_unit(spec), counts.head_unit(spec)
+        kinds = {"emb": emb, "block": 1, "head": head}
+        self.keep = {
+            (k, p): activation_bytes(spec, plan, u, p, flash=True)
+            for k, u in kinds.items()
+            for p in ("none", "selective", "full")
+        }
+        self.bws = {
+            k: backward_workspace_bytes(spec, plan, u, flash=True) for k, u in kinds.items()
+        }
+        self.params = {k: counts.unit_params(spec, u) for k, u in kinds.items()}
+        self.gbp, vbp = grad_bytes_per_param(plan), view_bytes_per_param(plan)
+        self.transient = plan.schedule == "ratrain" and plan.view_policy == "transient" and vbp > 0
+        self.vbp = vbp
+        self.state_per_param = (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM) / shards(plan)
+        self._memo: dict[tuple, int] = {}
+
+    @staticmethod
+    def key(plan: Plan) -> tuple:
+        """The plan fields the bound reads besides the split (for sharing one instance)."""
+        return (
+            plan.pp,
+            plan.dp,
+            plan.micro_batch,
+            plan.microbatches,
+            plan.seq,
+            plan.schedule,
+            plan.shard_optimizer,
+            plan.view_policy,
+            plan.compute_dtype,
+            plan.grad_dtype,
+            plan.offload_activations,
+        )
+
+    def stage(self, stage: int, policy: str) -> int:
+        plan, spec = self.plan, self.spec
+        units = plan.stage_units(spec, stage)
+        n_blocks = sum(1 for u in units if counts.is_block(spec, u))
+        key = (n_blocks, units[0] == 0, units[-1] == counts.head_unit(spec), stage, policy)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._stage(*key)
+        return hit
+
+    def _stage(self, n_blocks: int, emb: bool, head: bool, stage: int, policy: str) -> int:
+        plan = self.plan
+        kinds = ["emb"] * emb + ["block"] * n_blocks + ["head"] * head
+        k_full = int(policy.split(":")[1]) if policy.startswith("first:") else None
+        pols, blocks = [], 0
+        for k in kinds:
+            if k != "block":
+                pols.append("none")
+            elif k_full is not None:
+                pols.append("full" if blocks < k_full else "none")
+            else:
+                pols.append(policy)
+            blocks += k == "block"
+        keep = [self.keep[(k, p)] for k, p in zip(kinds, pols, strict=True)]
+        params = [self.params[k] for k in kinds]
+        static = sum(int(n * self.state_per_param) for n in params)
+        if not self.transient:
+            static += sum(params) * self.vbp
+        m, w = plan.microbatches, min(plan.pp - stage - 1, plan.microbatches)
+        total_keep, all_grads = sum(keep), sum(params) * self.gbp
+        best = 0
+        # B(., i) runs after F(min(i + w, m - 1)): microbatches i .. i + w are in flight.
+        # From i = 1 on every unit's gradient exists; i = m - 1 - w is the last steady pair.
+        for mb in sorted({0, min(1, m - 1), max(0, m - 1 - w)}):
+            others, grads_all = min(w, m - 1 - mb), mb >= 1
+            mine_off, others_b = self._offload(mb, others, m, w, total_keep)
+            grads_met = all_grads
+            below = 0
+            for i, k in enumerate(kinds):
+                below += keep[i]
+                running = self.keep[(k, "none")] - keep[i] + self.bws[k]
+                if self.transient and k != "emb":
+                    running += params[i] * self.vbp
+                # An offloaded microbatch holds the unit running and the ones reloaded ahead.
+                mine = sum(keep[max(0, i - RELOAD_AHEAD_UNITS) : i + 1]) if mine_off else below
+                grads = all_grads if grads_all else grads_met
+                best = max(best, static + grads + mine + others_b + running)
+                grads_met -= params[i] * self.gbp
+        return best
+
+    def _offload(self, mb: int, others: int, m: int, w: int, total_keep: int) -> tuple[bool, int]:
+        """Whether microbatch `mb` is offloaded at its backward, and the bytes the other
+        microbatches in flight keep on the device. Offload moves a microbatch with another
+        forward pass between its F and B: all but the last when w >= 1."""
+        if not self.plan.offload_activations or w == 0:
+            return False, others * total_keep
+        last_in_flight = mb < m - 1 <= mb + others  # another microbatch, kept on device
+        return mb < m - 1, int(last_in_flight) * total_keep
+
+
+def stage_memory_lower_bound_bytes(spec: ModelSpec, plan: Plan, stage: int, policy: str) -> int:
+    """`MemoryBound(spec, plan).stage(stage, policy)`."""
+    return MemoryBound(spec, plan).stage(stage, policy)

@@ -1,0 +1,114 @@
+"""Memory and speed of one candidate plan: the ledger and the simulator, with caches.
+
+Feasibility is the ledger's: a plan fits when, on every stage, its peak plus the
+platform's reserved workspace is at most the usable memory. The memory the planner
+reports is the ledger's replay of the plan's own schedule (`ratrain.schedule.
+build_schedule`), the same one `ratrain simulate --plan` reports.
+
+During the search, memory is replayed on a shortened step when that is exact: a 1F1B
+stage's memory repeats from one steady-state pair to the next, so a step of `pp + 1`
+microbatches reaches the same per-stage peak as a longer one (`memory_microbatches`;
+`tests/test_planner.py` checks the equality on every schedule). The winning plans are
+replayed in full when simulated. Pure Python.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ratrain.config import Plan
+from ratrain.planner.space import Request
+
+__all__ = ["MemoryReport", "Evaluator", "memory_microbatches", "usable_bytes"]
+
+
+def usable_bytes(req: Request) -> int:
+    """What a stage's ledger peak may reach: the usable memory less the reserved workspace."""
+    return req.platform.usable_memory_bytes - req.platform.workspace_bytes
+
+
+def memory_microbatches(plan: Plan) -> int:
+    """Microbatches of the shortened step whose per-stage peak equals the full step's."""
+    return min(plan.microbatches, plan.pp + 1)
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Per-stage ledger peaks of one plan against the cap."""
+
+    peak_bytes: tuple[int, ...]
+    breakdown: tuple[dict[str, int], ...]
+    """Bytes per state class at each stage's peak."""
+    limit_bytes: int
+    """Usable memory less the workspace: the most a peak may be."""
+
+    @property
+    def fits(self) -> bool:
+        return all(p <= self.limit_bytes for p in self.peak_bytes)
+
+    def over_bytes(self, stage: int) -> int:
+        return self.peak_bytes[stage] - self.limit_bytes
+
+    @property
+    def worst_stage(self) -> int:
+        return max(range(len(self.peak_bytes)), key=lambda s: self.peak_bytes[s])
+
+
+@dataclass
+class Evaluator:
+    """Counts and caches ledger replays and simulations for one request."""
+
+    req: Request
+    shortcut: bool = True
+    """Replay memory on the shortened step (exact; see the module docstring)."""
+    n_memory: int = 0
+    n_simulated: int = 0
+    memory_s: float = 0.0
+    simulate_s: float = 0.0
+    _mem: dict = field(default_factory=dict)
+    _sim: dict = field(default_factory=dict)
+
+    def memory(self, plan: Plan) -> MemoryReport:
+        from ratrain.memory import replay
+        from ratrain.schedule import build_schedule
+
+        if self.shortcut:
+            m = memory_microbatches(plan)
+            plan = plan.replace(global_batch=plan.micro_batch * plan.dp * m)
+        key = _freeze(plan)
+        hit = self._mem.get(key)
+        if hit is not None:
+            return hit
+        t0 = time.perf_counter()
+        spec = self.req.spec
+        ledger = replay(build_schedule(spec, plan), spec, plan, keep_trace=False)
+        rep = MemoryReport(
+            peak_bytes=tuple(int(st.peak_bytes) for st in ledger.stages),
+            breakdown=tuple(dict(st.breakdown_at_peak) for st in ledger.stages),
+            limit_bytes=usable_bytes(self.req),
+        )
+        self.memory_s += time.perf_counter() - t0
+        self.n_memory += 1
+        self._mem[key] = rep
+        return rep
+
+    def simulate(self, plan: Plan):
+        """The full step: `ratrain.sim.simulate`'s result (memory from the full ledger)."""
+        from ratrain.sim import simulate
+
+        key = _freeze(plan)
+        hit = self._sim.get(key)
+        if hit is not None:
+            return hit
+        t0 = time.perf_counter()
+        res = simulate(self.req.spec, plan, self.req.platform)
+        self.simulate_s += time.perf_counter() - t0
+        self.n_simulated += 1
+        self._sim[key] = res
+        return res
+
+
+def _freeze(plan: Plan) -> tuple:
+    d = plan.to_dict()
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(d.items()))

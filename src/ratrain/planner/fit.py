@@ -1,0 +1,150 @@
+"""The recompute policy of each stage: the cheapest one under which the stage fits.
+
+A stage's memory depends on its own recompute policy only (its action list and its ledger
+replay read no other stage's policy), and more recomputation only adds compute to the
+stage that does it. So, for a fixed structure and knobs, the fastest plan gives every
+stage the cheapest policy that fits it (per-stage families), or every stage one policy
+that fits them all (uniform families). Policies, cheapest first by the stage's recompute
+time: none, selective (the attention core), first:K (full recompute of the stage's first
+K blocks), full.
+
+Finding them is exact and cheap: a closed-form lower bound on each stage's peak
+(`stage_memory_lower_bound_bytes`) rules policies out without the ledger; the cheapest
+policy it leaves on each stage is replayed, and a stage the ledger finds over the cap
+moves on to its next candidate. A policy is skipped only when its bound or its replay
+overflows. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ratrain.planner.bounds import (
+    MemoryBound,
+    UnitTimes,
+    recompute_time_s,
+    step_time_lower_bound_s,
+)
+from ratrain.planner.evaluate import usable_bytes
+from ratrain.planner.space import Family, Knobs, Request, Structure, make_plan
+
+__all__ = ["Options", "stage_options", "options", "time_bound_s", "per_stage_choices", "beaten_by"]
+
+
+def stage_options(n_blocks: int) -> list[str]:
+    """The distinct policies of a stage of `n_blocks` blocks (first:K for K >= n is full)."""
+    return ["none", "selective", *(f"first:{k}" for k in range(1, n_blocks)), "full"]
+
+
+def _rank(opt: str) -> int:
+    """Tie-break between equally fast policies: the one that recomputes less by name."""
+    if opt == "none":
+        return 0
+    if opt == "selective":
+        return 1
+    return 10**9 if opt == "full" else 1 + int(opt.split(":")[1])
+
+
+@dataclass
+class Options:
+    """The policies a (structure, knobs) may still use, by the memory bound alone."""
+
+    per_stage: list[list[str]]
+    """Per stage: policies whose bound fits, cheapest first (per-stage families)."""
+    uniform: list[str]
+    """Policies whose bound fits on every stage, cheapest bottleneck first (uniform)."""
+    bound_bytes: tuple[int, ...]
+    """Per stage: the smallest bound over its policies (to rank near misses)."""
+    most_saving: tuple[str, ...]
+    """Per stage: the policy with that smallest bound."""
+
+    def feasible(self, per_stage: bool) -> bool:
+        return all(self.per_stage) if per_stage else bool(self.uniform)
+
+
+_BOUNDS: dict[tuple, MemoryBound] = {}
+
+
+def options(req: Request, st: Structure, kn: Knobs, ut: UnitTimes) -> Options:
+    """Policies per stage that the closed-form bound does not rule out."""
+    plan = make_plan(req, st, kn, ("none",) * st.pp)
+    mb = _BOUNDS.get((req.spec, MemoryBound.key(plan)))
+    if mb is None:
+        mb = _BOUNDS[(req.spec, MemoryBound.key(plan))] = MemoryBound(req.spec, plan)
+        if len(_BOUNDS) > 4096:
+            _BOUNDS.clear()
+    mb.plan = plan  # the split is read per stage; the rest is the key
+    limit = usable_bytes(req)
+    per_stage, lows, most = [], [], []
+    fits: list[set[str]] = []
+    for s, n in enumerate(st.layer_split):
+        ok = _fitting(lambda o, s=s: mb.stage(s, o), n, limit)
+        ok.sort(key=lambda o, n=n: (recompute_time_s(o, n, ut), _rank(o)))
+        per_stage.append(ok)
+        fits.append(set(ok))
+        least = {o: mb.stage(s, o) for o in ("selective", "full")}
+        best = min(least, key=lambda o: (least[o], _rank(o)))
+        lows.append(least[best])
+        most.append(best)
+
+    def bottleneck(o: str) -> float:
+        return max(recompute_time_s(o, n, ut) for n in st.layer_split)
+
+    uniform = [
+        o
+        for o in stage_options(max(st.layer_split))
+        if all(
+            o in f or _same_as_full(o, n) and "full" in f
+            for f, n in zip(fits, st.layer_split, strict=True)
+        )
+    ]
+    uniform.sort(key=lambda o: (bottleneck(o), _rank(o)))
+    return Options(per_stage, uniform, tuple(lows), tuple(most))
+
+
+def _fitting(bound, n_blocks: int, limit: int) -> list[str]:
+    """The policies of a stage whose bound fits. The bound does not grow with K in
+    first:K (each block moved to full recompute keeps less, and restores while its own
+    backward runs only what it kept before), so the fitting first:K are K >= some K0:
+    found by bisection."""
+    ok = [o for o in ("none", "selective") if bound(o) <= limit]
+    if bound("full") > limit:
+        return ok
+    lo, hi = 1, n_blocks  # first:n_blocks is full, which fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if bound(f"first:{mid}") <= limit:
+            hi = mid
+        else:
+            lo = mid + 1
+    return ok + [f"first:{k}" for k in range(lo, n_blocks)] + ["full"]
+
+
+def _same_as_full(opt: str, n_blocks: int) -> bool:
+    return opt.startswith("first:") and int(opt.split(":")[1]) >= n_blocks
+
+
+def time_bound_s(fam: Family, st: Structure, m: int, ut: UnitTimes, opts: Options, over) -> float:
+    """Step-time lower bound over every policy choice the memory bound leaves."""
+    if fam.per_stage_recompute:
+        rec = tuple(o[0] for o in opts.per_stage)
+        return step_time_lower_bound_s(st.layer_split, m, ut, rec, over)
+    return min(
+        step_time_lower_bound_s(st.layer_split, m, ut, (o,) * st.pp, over) for o in opts.uniform
+    )
+
+
+def per_stage_choices(opts: Options, over_stages: list[int], idx: list[int]) -> bool:
+    """Move each stage the replay found over the cap to its next policy; False if one has
+    none left."""
+    for s in over_stages:
+        idx[s] += 1
+        if idx[s] >= len(opts.per_stage[s]):
+            return False
+    return True
+
+
+def beaten_by(times_of, opt: str, found: list[str]) -> bool:
+    """A uniform policy no faster on any stage than one already found to fit."""
+    mine = times_of(opt)
+    return any(all(a >= b for a, b in zip(mine, times_of(f), strict=True)) for f in found)

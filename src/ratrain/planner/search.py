@@ -1,0 +1,322 @@
+"""Branch and bound over the search space: feasible by the ledger, ranked by the simulator.
+
+1. Enumerate structures (pp, dp, micro-batch, split) of every family asked for, each with
+   the compute-bound lower bound on its step time (`ratrain.planner.bounds`), and sort them
+   by it: the tokens per step are fixed by the request, so a shorter step is more tokens/s.
+2. Walk them in that order. Once `top` plans are known, a structure whose bound is no
+   shorter than the `top`-th best step cannot place, and neither can any after it: stop.
+3. For each knob combination of a structure: drop it if a persistent-state lower bound
+   already overflows a stage; else fit the recompute policy per stage with the ledger
+   (`ratrain.planner.fit`); bound again with the recomputation and the optimizer step
+   added; simulate only what can still place.
+
+The simulator's step time is the ranking; its memory (the full ledger) is what is reported.
+Pure Python.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ratrain.config import Plan
+from ratrain.planner.bounds import overheads, recompute_time_s, step_time_lower_bound_s, unit_times
+from ratrain.planner.evaluate import Evaluator, usable_bytes
+from ratrain.planner.fit import beaten_by, options, per_stage_choices, time_bound_s
+from ratrain.planner.space import FAMILIES, Request, Structure, knob_combos, make_plan, structures
+
+__all__ = ["Candidate", "Near", "SearchResult", "search"]
+
+
+@dataclass
+class Candidate:
+    """One feasible, simulated plan."""
+
+    plan: Plan
+    family: str
+    tokens_per_s: float
+    step_time_s: float
+    bubble_fraction: float
+    peak_memory_bytes: tuple[int, ...]
+    memory_breakdown: tuple[dict[str, int], ...]
+    limit_bytes: int
+    clusters_used: int
+    exposed: list[dict[str, float]] = field(default_factory=list)
+    utilization: list[dict[str, float]] = field(default_factory=list)
+
+    def predicted(self) -> dict:
+        return {
+            "tokens_per_s": self.tokens_per_s,
+            "step_time_s": self.step_time_s,
+            "bubble_fraction": self.bubble_fraction,
+            "peak_memory_bytes": list(self.peak_memory_bytes),
+            "memory_breakdown": [dict(b) for b in self.memory_breakdown],
+            "limit_bytes": self.limit_bytes,
+        }
+
+
+@dataclass
+class Near:
+    """The infeasible candidate that came closest to fitting (least overflow)."""
+
+    plan: Plan
+    family: str
+    peak_bytes: tuple[int, ...]
+    """Per stage: the ledger's peak under the most-saving recompute tried, or, when
+    `measured` is False, the persistent-state lower bound."""
+    limit_bytes: int
+    breakdown: tuple[dict[str, int], ...] = ()
+    measured: bool = True
+
+    @property
+    def over_bytes(self) -> int:
+        return max(self.peak_bytes) - self.limit_bytes
+
+    @property
+    def worst_stage(self) -> int:
+        return max(range(len(self.peak_bytes)), key=lambda s: self.peak_bytes[s])
+
+
+@dataclass
+class SearchResult:
+    request: Request
+    ranked: list[Candidate]
+    search_time_s: float
+    candidates_total: int
+    """Structure x knob combinations in the space (before any pruning)."""
+    candidates_evaluated: int
+    """Combinations whose feasibility was decided (bound or ledger)."""
+    candidates_simulated: int
+    memory_replays: int
+    structures_pruned: int
+    near: Near | None = None
+    best_by_family: dict[str, Candidate] = field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        return bool(self.ranked)
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.ranked[0] if self.ranked else None
+
+
+class _Top:
+    """The `k` shortest steps seen so far."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.items = k, []
+
+    def add(self, c: Candidate) -> None:
+        same = [o for o in self.items if _signature(o) == _signature(c)]
+        if same and _tie(same[0]) <= _tie(c):
+            return  # the same prediction by a plan no simpler: adds nothing to the ranking
+        self.items = [o for o in self.items if _signature(o) != _signature(c)]
+        self.items.append(c)
+        self.items.sort(key=lambda c: (c.step_time_s, _tie(c)))
+        del self.items[self.k :]
+
+    def beaten(self, lower_bound_s: float) -> bool:
+        """No plan whose step is at least `lower_bound_s` can enter the top."""
+        return len(self.items) >= self.k and lower_bound_s >= self.items[-1].step_time_s
+
+
+def _signature(c: Candidate) -> tuple:
+    return (c.family, c.step_time_s, c.peak_memory_bytes)
+
+
+def _tie(c: Candidate) -> tuple:
+    """Equal steps: the plan that keeps more memory free, then the one with fewer features."""
+    p = c.plan
+    features = (p.offload_activations, p.view_policy == "transient", p.shard_optimizer)
+    return (max(c.peak_memory_bytes), sum(features), p.view_lookahead, str(p.to_dict()))
+
+
+def _tasks(req: Request, families: tuple[str, ...]):
+    out = []
+    for order, name in enumerate(families):
+        fam = FAMILIES[name]
+        if req.pins.get("schedule", fam.schedule) != fam.schedule:
+            continue
+        for st in structures(req, fam):
+            kns = knob_combos(req, fam, st)
+            if not kns:
+                continue
+            ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
+            lb = step_time_lower_bound_s(st.layer_split, st.microbatches(req.global_batch), ut)
+            out.append((lb, order, st, fam, kns, ut))
+    out.sort(key=lambda t: (t[0], t[1], t[2]))
+    return out
+
+
+def search(
+    req: Request,
+    *,
+    top: int = 5,
+    prune: bool = True,
+    progress: Callable[[str], None] | None = None,
+    evaluator: Evaluator | None = None,
+) -> SearchResult:
+    """The `top` fastest feasible plans for `req` (all families in `req.families`)."""
+    t0 = time.perf_counter()
+    ev = evaluator or Evaluator(req)
+    tasks = _tasks(req, req.families)
+    best, state = _Top(max(1, top)), _State()
+    last_report = t0
+    for i, (lb, _, st, fam, kns, ut) in enumerate(tasks):
+        if prune and best.beaten(lb):
+            state.pruned = len(tasks) - i
+            break
+        _structure(ev, req, st, fam, kns, ut, best, state, prune)
+        if progress is not None and time.perf_counter() - last_report > 1.0:
+            last_report = time.perf_counter()
+            tps = f"{best.items[0].tokens_per_s:,.0f} tokens/s" if best.items else "none fits yet"
+            progress(
+                f"{i + 1}/{len(tasks)} structures, {ev.n_memory} memory replays, "
+                f"{ev.n_simulated} simulated; best {tps}"
+            )
+    return SearchResult(
+        request=req,
+        ranked=list(best.items),
+        search_time_s=time.perf_counter() - t0,
+        candidates_total=sum(len(t[4]) for t in tasks),
+        candidates_evaluated=state.evaluated,
+        candidates_simulated=ev.n_simulated,
+        memory_replays=ev.n_memory,
+        structures_pruned=state.pruned,
+        near=None if best.items else state.near,
+    )
+
+
+@dataclass
+class _State:
+    evaluated: int = 0
+    pruned: int = 0
+    near: Near | None = None
+
+
+def _structure(ev, req, st, fam, kns, ut, best: _Top, state: _State, prune: bool) -> None:
+    """Every knob combination of one structure: bound, fit, simulate what can place."""
+    m = st.microbatches(req.global_batch)
+    queue = []
+    for kn in kns:
+        state.evaluated += 1
+        opts = options(req, st, kn, ut)
+        if not opts.feasible(fam.per_stage_recompute):
+            plan = make_plan(req, st, kn, opts.most_saving)
+            near = Near(plan, fam.name, opts.bound_bytes, usable_bytes(req), measured=False)
+            state.near = _closer(state.near, near)
+            continue
+        over = overheads(req.spec, make_plan(req, st, kn, ("none",) * st.pp), req.platform)
+        queue.append((time_bound_s(fam, st, m, ut, opts, over), len(queue), kn, opts, over))
+    queue.sort(key=lambda q: (q[0], q[1]))
+    for lb, _, kn, opts, over in queue:
+        if prune and best.beaten(lb):
+            continue
+        ctx = _Ctx(ev, req, st, fam, kn, ut, over, m, best, state, prune)
+        if "recompute" in req.pins:
+            ctx.try_policy(_pinned(req.pins["recompute"], st.pp))
+        elif fam.per_stage_recompute:
+            _per_stage(ctx, opts)
+        else:
+            _uniform(ctx, opts)
+
+
+def _pinned(rec, pp: int) -> tuple[str, ...] | None:
+    rec = (rec,) * pp if isinstance(rec, str) else tuple(rec)
+    return rec if len(rec) == pp else None
+
+
+@dataclass
+class _Ctx:
+    """One (structure, knobs) being fitted and simulated."""
+
+    ev: Evaluator
+    req: Request
+    st: Structure
+    fam: object
+    kn: object
+    ut: object
+    over: object
+    m: int
+    best: _Top
+    state: _State
+    prune: bool
+
+    def try_policy(self, rec: tuple[str, ...] | None) -> str | list[int]:
+        """Simulate `rec` unless its bound cannot place: "pruned", "fits" (ranked), or the
+        stages the full replay finds over the cap."""
+        if rec is None:
+            return "pruned"
+        lb = step_time_lower_bound_s(self.st.layer_split, self.m, self.ut, rec, self.over)
+        if self.prune and self.best.beaten(lb):
+            return "pruned"
+        plan = make_plan(self.req, self.st, self.kn, rec)
+        rep = self.ev.memory(plan)  # the ledger first: a simulation costs several replays
+        over = [s for s, p in enumerate(rep.peak_bytes) if p > rep.limit_bytes]
+        if not over:
+            res = self.ev.simulate(plan)
+            peaks, parts = tuple(res.peak_memory_bytes), tuple(res.memory_breakdown)
+            over = [s for s, p in enumerate(peaks) if p > rep.limit_bytes]
+        else:
+            peaks, parts = rep.peak_bytes, rep.breakdown
+        if over:
+            near = Near(plan, self.fam.name, peaks, rep.limit_bytes, parts)
+            self.state.near = _closer(self.state.near, near)
+            return over
+        limit = rep.limit_bytes
+        self.best.add(_candidate(res, plan, self.fam.name, limit))
+        return "fits"
+
+
+def _per_stage(ctx: _Ctx, opts) -> None:
+    """The cheapest policy per stage that the bound allows; a stage the full replay finds
+    over the cap moves to its next one."""
+    idx = [0] * ctx.st.pp
+    while True:
+        rec = tuple(o[i] for o, i in zip(opts.per_stage, idx, strict=True))
+        over = ctx.try_policy(rec)
+        if isinstance(over, str) or not per_stage_choices(opts, over, idx):
+            return
+
+
+def _uniform(ctx: _Ctx, opts) -> None:
+    """Each uniform policy the bound allows, unless one found to fit is no slower anywhere."""
+
+    def times(o: str) -> tuple[float, ...]:
+        return tuple(recompute_time_s(o, n, ctx.ut) for n in ctx.st.layer_split)
+
+    found: list[str] = []
+    for o in opts.uniform:
+        if beaten_by(times, o, found):
+            continue
+        if ctx.try_policy((o,) * ctx.st.pp) == "fits":
+            found.append(o)
+
+
+def _closer(a: Near | None, b: Near) -> Near:
+    """The nearer miss; one measured by the ledger beats one only bounded."""
+    if a is None:
+        return b
+    return b if (not b.measured, b.over_bytes) < (not a.measured, a.over_bytes) else a
+
+
+def _candidate(res, plan: Plan, family: str, limit: int) -> Candidate:
+    return Candidate(
+        plan=plan,
+        family=family,
+        tokens_per_s=res.tokens_per_s,
+        step_time_s=res.step_time_s,
+        bubble_fraction=res.bubble_fraction,
+        peak_memory_bytes=tuple(res.peak_memory_bytes),
+        memory_breakdown=tuple(res.memory_breakdown),
+        limit_bytes=limit,
+        clusters_used=plan.pp * plan.dp,
+        exposed=list(res.exposed),
+        utilization=list(res.utilization),
+    )
+
+
+def structure_of(plan: Plan) -> Structure:
+    return Structure(plan.pp, plan.dp, plan.micro_batch, tuple(plan.layer_split or ()))

@@ -1,0 +1,419 @@
+"""The search space: what the planner may choose, what the user pinned, and the families.
+
+A *request* fixes the model, the platform, the cluster count, the global batch and the
+sequence length. A *family* says which knobs a system has: RATrain's lifecycle schedule
+(per-stage recompute, transient views, offload), a Megatron-like GPU-style 1F1B (uniform
+recompute, bucketed overlapped sync, end-of-step optimizer) and a DeepSpeed-like ZeRO-1 +
+PP (Baseline-1F1B with sharded optimizer states). Each baseline is searched over its own
+knobs under the same memory cap, so a speedup compares best against best.
+
+A candidate is built in two layers: a *structure* (pp, dp, micro-batch, layer split), which
+fixes the compute per stage and the pipeline shape, and *knobs* (schedule, sharding, views,
+gradient dtype, offload, bucket size), over which the recompute policy per stage is then
+the cheapest one that fits (see `ratrain.planner.fit`). Pure Python.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+
+from ratrain.config import DTYPES, SCHEDULES, Plan, even_split
+from ratrain.errors import RatrainError
+from ratrain.models import counts
+from ratrain.models.spec import ModelSpec
+from ratrain.platforms import Platform
+
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "Knobs",
+    "Request",
+    "Structure",
+    "balanced_split",
+    "knob_combos",
+    "parse_pins",
+    "pick_compute_dtype",
+    "structures",
+]
+
+MICRO_BATCHES = (1, 2, 4, 8)
+"""Micro-batch sizes tried (sequences); larger ones only lengthen the pipeline fill."""
+
+# Fields a pin may set. global_batch and seq are the request itself; model names the spec.
+_PINNABLE = tuple(f.name for f in fields(Plan) if f.name not in ("global_batch", "seq", "model"))
+_BOOL_TEXT = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+@dataclass(frozen=True)
+class Family:
+    """A system whose knobs the planner searches."""
+
+    name: str
+    schedule: str
+    description: str
+    per_stage_recompute: bool
+    """True: each stage picks its own policy; False: one policy for every stage."""
+    shard: tuple[bool, ...]
+    views: tuple[tuple[str, int], ...]
+    """(view_policy, view_lookahead) pairs."""
+    offload: tuple[bool, ...]
+    split_modes: tuple[str, ...]
+
+
+_ALL_VIEWS = (("persistent", 1), ("transient", 1), ("transient", 2))
+_SPLITS = ("even", "compute", "params")
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in [
+        Family(
+            "ratrain",
+            "ratrain",
+            "RATrain lifecycle schedule: per-layer sync, update and view prefetch",
+            per_stage_recompute=True,
+            shard=(False, True),
+            views=_ALL_VIEWS,
+            offload=(False, True),
+            split_modes=(*_SPLITS, "memory"),
+        ),
+        Family(
+            "gpu-style",
+            "gpu-style",
+            "Megatron-like 1F1B: uniform recompute, bucketed overlapped sync, end-of-step optimizer",
+            per_stage_recompute=False,
+            shard=(False, True),  # Megatron's distributed optimizer is one of its knobs
+            views=(("persistent", 1),),
+            offload=(False,),
+            split_modes=_SPLITS,
+        ),
+        Family(
+            "zero1-pp",
+            "baseline",
+            "DeepSpeed-like ZeRO-1 + PP: Baseline-1F1B with optimizer states sharded over DP",
+            per_stage_recompute=False,
+            shard=(True,),
+            views=(("persistent", 1),),
+            offload=(False,),
+            split_modes=_SPLITS,
+        ),
+        Family(
+            "baseline",
+            "baseline",
+            "Baseline-1F1B: sync after the flush, one optimizer step per stage",
+            per_stage_recompute=False,
+            shard=(False,),
+            views=(("persistent", 1),),
+            offload=(False,),
+            split_modes=_SPLITS,
+        ),
+    ]
+}
+BASELINE_FAMILIES = ("gpu-style", "zero1-pp")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asks for: a model on `clusters` compute units of a platform."""
+
+    spec: ModelSpec
+    platform: Platform
+    clusters: int
+    global_batch: int
+    """Sequences per optimizer step (Plan.global_batch)."""
+    seq: int
+    pins: Mapping[str, object] = field(default_factory=dict)
+    families: tuple[str, ...] = ("ratrain", "gpu-style", "zero1-pp", "baseline")
+
+    def __post_init__(self) -> None:
+        for f in ("clusters", "global_batch", "seq"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise RatrainError(f"plan request: {f} must be a positive integer, got {v!r}")
+        if self.seq > self.spec.max_seq:
+            raise RatrainError(
+                f"seq={self.seq} exceeds {self.spec.name}'s max_seq={self.spec.max_seq}; "
+                "pass a shorter --seq"
+            )
+        for name in self.families:
+            if name not in FAMILIES:
+                raise RatrainError(f"unknown family {name!r}; choose from {', '.join(FAMILIES)}")
+        object.__setattr__(self, "pins", dict(self.pins))
+
+    def with_(self, **kw) -> Request:
+        from dataclasses import replace
+
+        return replace(self, **kw)
+
+    @property
+    def compute_dtype(self) -> str:
+        return str(self.pins.get("compute_dtype") or pick_compute_dtype(self.platform))
+
+
+def pick_compute_dtype(platform: Platform) -> str:
+    """The fastest 16-bit dtype of the platform (bf16 on a tie: no loss scaling needed)."""
+    return max(("bf16", "fp16"), key=lambda d: (platform.peak_flops[d], d == "bf16"))
+
+
+# -- pins ------------------------------------------------------------------------------------
+
+
+def _convert(name: str, text: str):
+    default = getattr(Plan(), name)
+    low = text.strip().lower()
+    if name == "layer_split":
+        try:
+            return tuple(int(x) for x in text.split(","))
+        except ValueError:
+            raise RatrainError(
+                f"pin layer_split={text!r}: expected comma-separated integers"
+            ) from None
+    if name == "recompute":
+        parts = tuple(p.strip() for p in text.split(","))
+        return parts[0] if len(parts) == 1 else parts
+    if name == "clip_grad":
+        return None if low in ("none", "0", "off") else float(text)
+    if isinstance(default, bool):
+        if low not in _BOOL_TEXT:
+            raise RatrainError(f"pin {name}={text!r}: expected true or false")
+        return _BOOL_TEXT[low]
+    if isinstance(default, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise RatrainError(f"pin {name}={text!r}: expected an integer") from None
+    return text.strip()
+
+
+def parse_pins(items: list[str] | None) -> dict[str, object]:
+    """`["pp=8", "recompute=full", "layer_split=7,9,9,7"]` -> a dict of Plan field values."""
+    pins: dict[str, object] = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not value.strip():
+            raise RatrainError(f"pin {item!r}: expected FIELD=VALUE, e.g. pp=8")
+        if name not in _PINNABLE:
+            raise RatrainError(
+                f"pin {item!r}: unknown field {name!r}; pinnable: {', '.join(_PINNABLE)}"
+            )
+        pins[name] = _convert(name, value)
+    if "schedule" in pins and pins["schedule"] not in SCHEDULES:
+        raise RatrainError(
+            f"pin schedule={pins['schedule']!r}: choose one of {', '.join(SCHEDULES)}"
+        )
+    for f in ("compute_dtype", "grad_dtype"):
+        if f in pins and pins[f] not in DTYPES:
+            raise RatrainError(f"pin {f}={pins[f]!r}: choose one of {', '.join(DTYPES)}")
+    return pins
+
+
+# -- structures ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class Structure:
+    """The pipeline shape of a candidate: fixes the compute of every stage."""
+
+    pp: int
+    dp: int
+    micro_batch: int
+    layer_split: tuple[int, ...]
+
+    def microbatches(self, global_batch: int) -> int:
+        return global_batch // (self.micro_batch * self.dp)
+
+
+def _largest_dp(limit: int, per_replica: int) -> int:
+    """Largest dp <= limit that divides per_replica (the global batch over the micro-batch)."""
+    for dp in range(min(limit, per_replica), 0, -1):
+        if per_replica % dp == 0:
+            return dp
+    return 1
+
+
+def balanced_split(costs: list[tuple[float, float]], n_layers: int, pp: int) -> tuple[int, ...]:
+    """Blocks per stage minimising the largest stage cost a·n + b, for per-stage (a, b).
+
+    Stage 0 and the last may hold no block (they hold the embedding and the head); middle
+    stages hold at least one. Ties keep blocks away from the end stages.
+    """
+    assert len(costs) == pp
+    lows = [0 if (s in (0, pp - 1) and pp > 1) else 1 for s in range(pp)]
+    split = list(lows)
+    for _ in range(n_layers - sum(lows)):
+        # Give the next block to the stage whose cost after taking it is smallest.
+        s = min(
+            range(pp),
+            key=lambda s: (costs[s][0] * (split[s] + 1) + costs[s][1], s in (0, pp - 1), s),
+        )
+        split[s] += 1
+    return tuple(split)
+
+
+def _split_costs(req: Request, pp: int, mode: str) -> list[tuple[float, float]]:
+    """Per-stage (per-block cost, fixed cost) for a balanced split.
+
+    compute: forward + backward seconds of one microbatch (the cost model's); params: the
+    parameters held; memory: model states (fp32 master, Adam, 16-bit view and gradient:
+    16 B per parameter, assumed unsharded) plus the activations of the min(pp - s, m)
+    microbatches a 1F1B stage holds at once without recompute.
+    """
+    spec = req.spec
+    head, emb = counts.head_unit(spec), counts.embedding_unit(spec)
+    if mode == "compute":
+        from ratrain.planner.bounds import unit_times
+
+        ut = unit_times(spec, req.platform, 1, req.seq, req.compute_dtype)
+        block, first, last = ut.f_block + ut.b_block, ut.f_emb + ut.b_emb, ut.f_head + ut.b_head
+        return _edges([(block, 0.0)] * pp, first, last)
+    if mode == "params":
+        block = float(counts.unit_params(spec, 1))
+        return _edges(
+            [(block, 0.0)] * pp, counts.unit_params(spec, emb), counts.unit_params(spec, head)
+        )
+    from ratrain.memory.activations import activation_bytes
+
+    plan = Plan(global_batch=1, seq=req.seq, compute_dtype=req.compute_dtype)
+    m = max(1, req.global_batch // max(1, req.clusters // pp))
+
+    def cost(u: int, s: int) -> float:
+        return 16.0 * counts.unit_params(spec, u) + min(pp - s, m) * activation_bytes(
+            spec, plan, u, "none", flash=True
+        )
+
+    costs = [(cost(1, s), 0.0) for s in range(pp)]
+    return _edges(costs, cost(emb, 0), cost(head, pp - 1))
+
+
+def _edges(
+    costs: list[tuple[float, float]], first: float, last: float
+) -> list[tuple[float, float]]:
+    costs = list(costs)
+    costs[0] = (costs[0][0], costs[0][1] + first)
+    costs[-1] = (costs[-1][0], costs[-1][1] + last)
+    return costs
+
+
+def splits(req: Request, pp: int, modes: tuple[str, ...]) -> list[tuple[int, ...]]:
+    """Distinct layer splits for `pp` stages under the split modes of a family."""
+    out: list[tuple[int, ...]] = []
+    for mode in modes:
+        if mode == "even":
+            s = even_split(req.spec.n_layers, pp)
+        else:
+            s = balanced_split(_split_costs(req, pp, mode), req.spec.n_layers, pp)
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def structures(req: Request, family: Family) -> Iterator[Structure]:
+    """Every (pp, dp, micro_batch, layer_split) the family may use under the pins.
+
+    dp is the largest replica count that fits the clusters left by pp and divides the
+    global batch: fewer replicas only add microbatches to the same pipeline (a longer step
+    for the same tokens), so they never win; the clusters left over are reported.
+    """
+    pins, L, N, gb = req.pins, req.spec.n_layers, req.clusters, req.global_batch
+    pps = [pins["pp"]] if "pp" in pins else range(1, min(L, N) + 1)
+    mbs = [pins["micro_batch"]] if "micro_batch" in pins else MICRO_BATCHES
+    for pp in pps:
+        if pp > L or pp > N:
+            continue
+        if "layer_split" in pins:
+            cands = [tuple(pins["layer_split"])] if len(pins["layer_split"]) == pp else []
+        else:
+            cands = splits(req, pp, family.split_modes)
+        for mb in mbs:
+            if gb % mb:
+                continue
+            if "dp" in pins:
+                dp = pins["dp"]
+                if pp * dp > N or gb % (mb * dp):
+                    continue
+            else:
+                dp = _largest_dp(N // pp, gb // mb)
+            for split in cands:
+                yield Structure(pp, dp, mb, split)
+
+
+# -- knobs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Everything but the structure and the recompute policy."""
+
+    family: str
+    schedule: str
+    shard_optimizer: bool
+    view_policy: str
+    view_lookahead: int
+    compute_dtype: str
+    grad_dtype: str
+    offload_activations: bool
+
+
+def _offload_matters(pp: int, microbatches: int) -> bool:
+    """Offload only moves microbatches with another forward pass between their F and B."""
+    return pp > 1 and microbatches > 1
+
+
+def knob_combos(req: Request, family: Family, st: Structure) -> list[Knobs]:
+    """The family's knob combinations under the pins (no sharding over one replica, no
+    offload where no microbatch waits for another's forward)."""
+    dp, pp, microbatches = st.dp, st.pp, st.microbatches(req.global_batch)
+    pins = req.pins
+    if "schedule" in pins and pins["schedule"] != family.schedule:
+        return []
+    cdt = req.compute_dtype
+    shard = [pins["shard_optimizer"]] if "shard_optimizer" in pins else list(family.shard)
+    if dp == 1 and "shard_optimizer" not in pins:
+        shard = [s for s in shard if not s] or [shard[0]]  # sharding over 1 replica changes nothing
+    views = list(family.views)
+    if "view_policy" in pins:
+        views = [(p, la) for p, la in views if p == pins["view_policy"]] or [
+            (pins["view_policy"], 1)
+        ]
+    if "view_lookahead" in pins:
+        views = sorted({(p, pins["view_lookahead"]) for p, _ in views})
+    grads = (
+        [pins["grad_dtype"]]
+        if "grad_dtype" in pins
+        else sorted({"fp32", cdt}, key=lambda d: d != "fp32")
+    )
+    offload = (
+        [pins["offload_activations"]] if "offload_activations" in pins else list(family.offload)
+    )
+    if not _offload_matters(pp, microbatches) and "offload_activations" not in pins:
+        offload = [False]
+    out = []
+    for sh, (vp, la), gd, off in itertools.product(shard, views, grads, offload):
+        out.append(Knobs(family.name, family.schedule, sh, vp, la, cdt, gd, off))
+    return out
+
+
+def make_plan(req: Request, st: Structure, kn: Knobs, recompute: tuple[str, ...]) -> Plan:
+    """The Plan of one candidate; pins of fields the search does not vary are applied here."""
+    extra = {k: v for k, v in req.pins.items() if k in ("bucket_bytes", "clip_grad")}
+    rec: tuple[str, ...] | str = recompute[0] if len(set(recompute)) == 1 else recompute
+    return Plan(
+        pp=st.pp,
+        dp=st.dp,
+        micro_batch=st.micro_batch,
+        global_batch=req.global_batch,
+        seq=req.seq,
+        schedule=kn.schedule,
+        layer_split=st.layer_split,
+        recompute=rec,
+        shard_optimizer=kn.shard_optimizer,
+        view_policy=kn.view_policy,
+        view_lookahead=kn.view_lookahead,
+        compute_dtype=kn.compute_dtype,
+        grad_dtype=kn.grad_dtype,
+        offload_activations=kn.offload_activations,
+        model=req.spec.name,
+        **extra,
+    )
