@@ -2,8 +2,8 @@
 
 Pure Python (no torch). The tiled backend (`ratrain.kernels.tiled`) executes a `TilePlan`
 move by move; the bytes it counts equal `TilePlan.bytes_moved` exactly (tested). This module
-holds the public API and the GEMM model; `tiling_attention` the attention models and
-`tiling_core` the shared machinery.
+holds the public API and the GEMM model; `tiling_attention` the attention models (their time
+in `tiling_attention_time`) and `tiling_core` the shared machinery.
 
 The model
 ---------
@@ -58,8 +58,11 @@ at peak / cores. Blocks run one after another; unstaged units run in waves, taki
 max(longest unit, total / cores). `bound` is "compute" when FLOPs / peak is at least the DMA
 time of every boundary, else "dma".
 
-Choice: every tile set that fits is priced; among those predicted within `TIME_SLACK` (5%)
-of the fastest, the one moving the fewest main-memory bytes is taken (fewest moves on ties).
+Choice: every tile set that fits is ranked by a roofline estimate and by its main-memory
+bytes (groups of tile sets that cannot make either list are skipped at once, on bounds of
+both), and the best few by either are timed (`tiling_core.select`); among those predicted
+within `TIME_SLACK` (5%) of the fastest, the one moving the fewest main-memory bytes is taken
+(fewest moves on ties).
 Main-memory traffic is the objective because DDR is the resource the rest of a training step
 (gradient sync, optimizer updates, offload) competes for; the time constraint keeps it from
 buying a few bytes with a slower kernel (tiny k-steps whose DMA setups dominate). With no
@@ -88,6 +91,7 @@ from ratrain.cost.tiling_core import (
     TIME_SLACK,
     Hw,
     Priced,
+    Shortlist,
     Tally,
     TilePlan,
     applies,
@@ -231,16 +235,28 @@ def _link(hw: Hw, a: int, b: int) -> tuple[float, float]:
     return latency, bw
 
 
-def _ranked(hws: list[Hw], m, n, k, e, bias) -> list[tuple[float, int, Hw, _Gemm]]:
-    """(roof_s, ddr_bytes, hw, cfg) of every base tile set that fits (see `select`): for
-    each C tile height and k-step the widest C tile that fits, unstaged or on each maximal
-    core grid of each staging tier with its finest staged step. The figures are those of
-    `_tally` and `rank` in closed form, summed in the same order (the ranking
-    reads their last bits on ties)."""
-    out = []
+def _shortlist(hws: list[Hw], m, n, k, e, bias) -> Shortlist:
+    """The base tile sets (see `select`): for each C tile height and k-step the widest C
+    tile that fits, unstaged or on each maximal core grid of each staging tier with its
+    finest staged step. Their estimates are those of `_tally` and `rank` in closed form,
+    summed in the same order (ties read their last bits). Largest tiles first: they set a
+    bar early that most of the small ones fall short of as a group."""
+    short = Shortlist()
     nsz, cap0 = sizes(n, fine=True), hws[0].tiers[0].capacity_bytes
-    for mc in sizes(m):
-        for kc in sizes(k, hi=256):
+    ksz, cores = sizes(k, hi=256), hws[0].cores
+    compute_s = min(2 * m * n * k / hw.peak_flops for hw in hws)
+    for mc in reversed(sizes(m)):
+        # A bar for the whole row: no tile set moves fewer bytes than with the widest C
+        # tile (that of the shortest k-step) on a grid of all the cores each way.
+        nc = _widest_nc(cap0, nsz, m, k, e, bias, mc, ksz[0])
+        if nc is None:
+            continue
+        tm = ceil_div(m, mc)
+        gm, gn = ceil_div(m, min(cores, tm) * mc), ceil_div(n, cores * nc)
+        ddr_bytes = (m * k * gn + k * n * gm) * e + (n * tm * e if bias else 0) + m * n * e
+        if short.beaten(compute_s, ddr_bytes):
+            continue
+        for kc in reversed(ksz):
             nc = _widest_nc(cap0, nsz, m, k, e, bias, mc, kc)
             if nc is None:
                 continue
@@ -249,12 +265,12 @@ def _ranked(hws: list[Hw], m, n, k, e, bias) -> list[tuple[float, int, Hw, _Gemm
             a_bytes, a_moves = (m * k * tn + k * n * tm) * e, 2 * tiles * ceil_div(k, kc)
             b_bytes = n * tm * e if bias else 0
             for hw in hws:
-                out += _ranked_hw(hw, m, n, k, e, bias, mc, nc, kc, a_bytes, a_moves, b_bytes)
-    return out
+                _add(short, hw, m, n, k, e, bias, mc, nc, kc, a_bytes, a_moves, b_bytes)
+    return short
 
 
-def _ranked_hw(hw: Hw, m, n, k, e, bias, mc, nc, kc, a_bytes, a_moves, b_bytes) -> list:
-    """`_ranked` for one C tile and k-step on one platform variant."""
+def _add(short: Shortlist, hw: Hw, m, n, k, e, bias, mc, nc, kc, a_bytes, a_moves, b_bytes):
+    """`_shortlist` for one C tile and k-step on one platform variant."""
     tm, tn = ceil_div(m, mc), ceil_div(n, nc)
     tiles, c_bytes = tm * tn, m * n * e
     compute_s = 2 * m * n * k / hw.peak_flops
@@ -264,7 +280,8 @@ def _ranked_hw(hw: Hw, m, n, k, e, bias, mc, nc, kc, a_bytes, a_moves, b_bytes) 
         nb, nm = a_bytes + b_bytes, a_moves + (tiles if bias else 0)
         d = nm * lat_m + nb / bw_m
         d = d + tiles * lat_m + c_bytes / bw_m
-        return [(max(compute_s, d), nb + c_bytes, hw, _Gemm(mc, nc, kc, 1, 1, kc))]
+        short.add(max(compute_s, d), nb + c_bytes, hw, _Gemm(mc, nc, kc, 1, 1, kc))
+        return
     (lat_s, bw_s), (lat_0, bw_0) = _link(hw, hw.main, hw.stage), _link(hw, hw.stage, 0)
     d_0 = a_moves * lat_0 + a_bytes / bw_0  # "stage->0": A and B
     if bias:  # "main->0" (the bias), then "0->main" (C)
@@ -273,8 +290,11 @@ def _ranked_hw(hw: Hw, m, n, k, e, bias, mc, nc, kc, a_bytes, a_moves, b_bytes) 
     else:
         d_m = tiles * lat_m + c_bytes / bw_m
     roof_s, ddr_out = max(compute_s, d_0, d_m), b_bytes + c_bytes
+    # No grid is taller than min(cores, tm) tiles or wider than min(cores, tn).
+    gm, gn = ceil_div(m, min(hw.cores, tm) * mc), ceil_div(n, min(hw.cores, tn) * nc)
+    if short.beaten(roof_s, (m * k * gn + k * n * gm) * e + ddr_out):
+        return
     cap, kt2 = hw.tiers[hw.stage].capacity_bytes, 2 * e * min(kc, k)
-    out = []
     for pr, pc in _grids(hw.cores, tm, tn):
         bm, bn = pr * mc, pc * nc
         if kt2 * (min(bm, m) + min(bn, n)) > cap:
@@ -282,8 +302,7 @@ def _ranked_hw(hw: Hw, m, n, k, e, bias, mc, nc, kc, a_bytes, a_moves, b_bytes) 
         gm, gn = ceil_div(m, bm), ceil_div(n, bn)
         panels = (m * k * gn + k * n * gm) * e  # "main->stage"
         d_s = 2 * gm * gn * ceil_div(k, kc) * lat_s + panels / bw_s
-        out.append((max(roof_s, d_s), panels + ddr_out, hw, _Gemm(mc, nc, kc, pr, pc, kc)))
-    return out
+        short.add(max(roof_s, d_s), panels + ddr_out, hw, _Gemm(mc, nc, kc, pr, pc, kc))
 
 
 def _expand(hw: Hw, c: _Gemm, k: int):
@@ -306,7 +325,7 @@ def _plan_gemm(m, n, k, dtype, bias, tiers, peak, stage) -> TilePlan:
         return Priced(_tally(hw, m, n, k, e, bias, c), 2 * m * n * k, buffers)
 
     hw, c, p, time_s = select(
-        _ranked(hw_variants(tiers, peak, stage), m, n, k, e, bias),
+        _shortlist(hw_variants(tiers, peak, stage), m, n, k, e, bias),
         price,
         lambda hw, c: _expand(hw, c, k),
         lambda hw, c: _time(hw, m, n, k, e, bias, c),

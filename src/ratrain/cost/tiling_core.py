@@ -6,7 +6,7 @@ Pure Python (no torch). The model itself is described in `ratrain.cost.tiling`.
 
 from __future__ import annotations
 
-import heapq
+import bisect
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -29,6 +29,7 @@ __all__ = [
     "dma_times",
     "make_plan",
     "select",
+    "Shortlist",
     "rank",
     "steps",
     "chunks",
@@ -398,28 +399,55 @@ def rank(hw: Hw, tally: Tally, flops: int) -> tuple[float, int]:
     return max(flops / hw.peak_flops, *dma.values()), ddr
 
 
-def select(ranked, price, expand, timing):
+class Shortlist:
+    """Of the tile sets added with their estimates, the `_SHORTLIST` that a roofline estimate
+    ranks fastest and the `_SHORTLIST` moving the fewest main-memory bytes (ties: the other
+    estimate, then the staging tier and the tile set), each list in that order."""
+
+    def __init__(self) -> None:
+        self.by_roof: list = []  # [((roof_s, ddr, stage, cfg), (roof_s, ddr, hw, cfg))]
+        self.by_ddr: list = []  # [((ddr, roof_s, stage, cfg), the same)]
+
+    def add(self, roof_s: float, ddr_bytes: int, hw: Hw, cfg) -> None:
+        """A tile set that fits: its roofline estimate (see `rank`) and main-memory bytes."""
+        item, stage = (roof_s, ddr_bytes, hw, cfg), hw.stage or 0
+        for rows, key in (
+            (self.by_roof, (roof_s, ddr_bytes, stage, cfg)),
+            (self.by_ddr, (ddr_bytes, roof_s, stage, cfg)),
+        ):
+            if len(rows) < _SHORTLIST or key < rows[-1][0]:
+                bisect.insort(rows, (key, item))
+                del rows[_SHORTLIST:]
+
+    def beaten(self, roof_s: float, ddr_bytes: int) -> bool:
+        """Whether tile sets estimated at no less than (roof_s, ddr_bytes) would make
+        neither list (both full, and both last entries ahead)."""
+        return (
+            len(self.by_ddr) == len(self.by_roof) == _SHORTLIST
+            and (roof_s, ddr_bytes) > self.by_roof[-1][0][:2]
+            and (ddr_bytes, roof_s) > self.by_ddr[-1][0][:2]
+        )
+
+
+def select(short: Shortlist, price, expand, timing):
     """Choose a tile set: the least main-memory traffic among those within `TIME_SLACK` of
     the fastest (fewest moves, then time, on ties).
 
-    ranked: (roof_s, ddr_bytes, hw, cfg) of every tile set that fits, staged ones with their
-    finest staged step: its roofline estimate and main-memory bytes (see `rank`); price(hw,
-    cfg) -> Priced, or None when the buffers do not fit; expand(hw, cfg) -> the coarser
-    staged steps of a base, finest first (the same bytes in fewer moves, more buffer);
-    timing(hw, cfg) -> seconds. Only a shortlist is priced in full and timed: the tile sets
-    the roofline estimate ranks fastest, and those moving the fewest main-memory bytes.
-    Returns (hw, cfg, priced, time_s).
+    short: every tile set that fits added, staged ones with their finest staged step, or
+    at least every one that could make its lists; price(hw, cfg) -> Priced, or None when
+    the buffers do not fit; expand(hw, cfg) -> the coarser staged steps of a base, finest
+    first (the same bytes in fewer moves, more buffer); timing(hw, cfg) -> seconds. Only
+    the shortlist is priced in full and timed. Returns (hw, cfg, priced, time_s).
     """
-    if not ranked:
+    if not short.by_roof:
         raise RatrainError(
             "no tile fits the platform's compute tier; use a platform with larger on-chip "
             "tiers or a smaller head_dim"
         )
-    by_roof = heapq.nsmallest(_SHORTLIST, ranked, key=lambda x: (x[0], x[1], x[2].stage or 0, x[3]))
-    by_ddr = heapq.nsmallest(_SHORTLIST, ranked, key=lambda x: (x[1], x[0], x[2].stage or 0, x[3]))
-    short = by_roof + [x for x in by_ddr if x not in by_roof]
+    by_roof = [x for _, x in short.by_roof]
+    listed = by_roof + [x for _, x in short.by_ddr if x not in by_roof]
     timed = []
-    for _, _, hw, cfg in short:
+    for _, _, hw, cfg in listed:
         p = price(hw, cfg)
         timed.append((timing(hw, cfg), p.tally.ddr, p.tally.n_moves, hw.stage or 0, cfg, hw, p))
     # Coarser staged steps for the fastest few: the same bytes in fewer moves.
