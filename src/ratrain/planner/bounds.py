@@ -42,6 +42,7 @@ from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
 __all__ = [
     "UnitTimes",
     "unit_times",
+    "peak_unit_times",
     "stage_times",
     "recompute_time_s",
     "step_time_lower_bound_s",
@@ -107,6 +108,33 @@ def _unit_times(
         b_head=t(Op.B, head),
         rc_full=full.time_s(rc),
         rc_selective=sel.time_s(rc),
+    )
+
+
+def peak_unit_times(
+    spec: ModelSpec, platform: Platform, micro_batch: int, seq: int, dtype: str
+) -> UnitTimes:
+    """Compute times at the dtype's peak FLOP/s: no kernel model is faster (assumed: a
+    kernel never beats its unit's peak), so these bound `unit_times` from below at no
+    kernel-model cost. Memory-bound passes (the embedding) count as free."""
+    from ratrain.cost.compute import unit_kernels
+
+    peak = platform.peak_flops[dtype]
+
+    def t(unit: int, kind: str) -> float:
+        ks = unit_kernels(spec, unit, micro_batch, seq, kind, dtype=dtype)
+        return sum(k.flops for k in ks) / peak
+
+    head = counts.head_unit(spec)
+    return UnitTimes(
+        f_emb=0.0,
+        b_emb=0.0,
+        f_block=t(1, "F"),
+        b_block=t(1, "B"),
+        f_head=t(head, "F"),
+        b_head=t(head, "B"),
+        rc_full=t(1, "RC:full"),
+        rc_selective=t(1, "RC:selective"),
     )
 
 

@@ -16,12 +16,19 @@ Pure Python.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ratrain.config import Plan
-from ratrain.planner.bounds import overheads, recompute_time_s, step_time_lower_bound_s, unit_times
+from ratrain.planner.bounds import (
+    overheads,
+    peak_unit_times,
+    recompute_time_s,
+    step_time_lower_bound_s,
+    unit_times,
+)
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.fit import beaten_by, options, per_stage_choices, time_bound_s
 from ratrain.planner.space import FAMILIES, Request, Structure, knob_combos, make_plan, structures
@@ -44,6 +51,10 @@ class Candidate:
     clusters_used: int
     exposed: list[dict[str, float]] = field(default_factory=list)
     utilization: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def recompute_free(self) -> bool:
+        return all(r == "none" for r in self.plan.recompute)
 
     def predicted(self) -> dict:
         return {
@@ -133,8 +144,11 @@ def _tie(c: Candidate) -> tuple:
     return (max(c.peak_memory_bytes), sum(features), p.view_lookahead, str(p.to_dict()))
 
 
-def _tasks(req: Request, families: tuple[str, ...]):
-    out = []
+def _tasks(req: Request, families: tuple[str, ...]) -> list[tuple]:
+    """A heap of structures by their step-time bound. A micro-batch size whose kernel times
+    are not known yet is bounded at the dtype's peak first (no kernel-model cost); the
+    exact kernel times are computed when such a structure reaches the top of the heap."""
+    out, known = [], {}
     for order, name in enumerate(families):
         fam = FAMILIES[name]
         if req.pins.get("schedule", fam.schedule) != fam.schedule:
@@ -143,10 +157,14 @@ def _tasks(req: Request, families: tuple[str, ...]):
             kns = knob_combos(req, fam, st)
             if not kns:
                 continue
-            ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
+            if st.micro_batch not in known:
+                known[st.micro_batch] = peak_unit_times(
+                    req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype
+                )
+            ut = known[st.micro_batch]
             lb = step_time_lower_bound_s(st.layer_split, st.microbatches(req.global_batch), ut)
-            out.append((lb, order, st, fam, kns, ut))
-    out.sort(key=lambda t: (t[0], t[1], t[2]))
+            out.append((lb, order, st, len(out), fam, kns, False))
+    heapq.heapify(out)
     return out
 
 
@@ -162,25 +180,33 @@ def search(
     t0 = time.perf_counter()
     ev = evaluator or Evaluator(req)
     tasks = _tasks(req, req.families)
+    n_tasks, total = len(tasks), sum(len(t[5]) for t in tasks)
     best, state = _Top(max(1, top)), _State()
-    last_report = t0
-    for i, (lb, _, st, fam, kns, ut) in enumerate(tasks):
+    last_report, done = t0, 0
+    while tasks:
+        lb, order, st, seq, fam, kns, exact = heapq.heappop(tasks)
         if prune and best.beaten(lb):
-            state.pruned = len(tasks) - i
+            state.pruned = len(tasks) + 1
             break
+        ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
+        if not exact:
+            lb = step_time_lower_bound_s(st.layer_split, st.microbatches(req.global_batch), ut)
+            heapq.heappush(tasks, (lb, order, st, seq, fam, kns, True))
+            continue
         _structure(ev, req, st, fam, kns, ut, best, state, prune)
+        done += 1
         if progress is not None and time.perf_counter() - last_report > 1.0:
             last_report = time.perf_counter()
             tps = f"{best.items[0].tokens_per_s:,.0f} tokens/s" if best.items else "none fits yet"
             progress(
-                f"{i + 1}/{len(tasks)} structures, {ev.n_memory} memory replays, "
+                f"{done}/{n_tasks} structures, {ev.n_memory} memory replays, "
                 f"{ev.n_simulated} simulated; best {tps}"
             )
     return SearchResult(
         request=req,
         ranked=list(best.items),
         search_time_s=time.perf_counter() - t0,
-        candidates_total=sum(len(t[4]) for t in tasks),
+        candidates_total=total,
         candidates_evaluated=state.evaluated,
         candidates_simulated=ev.n_simulated,
         memory_replays=ev.n_memory,

@@ -1,0 +1,214 @@
+"""`ratrain plan`: the fastest plan that fits the memory cap, and the runners-up.
+
+Prints a ranked table (predicted tokens/s, step time, bubble, peak memory against the cap)
+and the winner's per-stage memory; `-o plan.yaml` writes the winner for `ratrain simulate
+--plan` and the runtime; `--plot` draws its memory per stage against the cap; `--json`
+prints one JSON object. When nothing fits it explains why and exits 2. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ratrain.cli.common import add_model_arg, positive_int
+from ratrain.errors import RatrainError
+from ratrain.platforms import PLATFORM_PRESETS
+
+__all__ = ["add_arguments", "run", "DEFAULT_BATCH_TOKENS"]
+
+DEFAULT_BATCH_TOKENS = 4 * 2**20
+"""LLaMA 2's global batch, 4M tokens (Touvron et al. 2023, §2.2): 1024 sequences of 4096."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arg(p, default="llama2-7b")
+    p.add_argument(
+        "--platform",
+        default="mt3000",
+        help=f"a preset ({', '.join(PLATFORM_PRESETS)}) or a platform YAML file (default mt3000)",
+    )
+    p.add_argument(
+        "--clusters",
+        type=positive_int,
+        required=True,
+        help="compute units to plan for (pp x dp <= clusters; the rest is reported as left over)",
+    )
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument(
+        "--global-batch",
+        type=positive_int,
+        help="sequences per optimizer step, over all replicas (default: 4M tokens / --seq)",
+    )
+    batch.add_argument(
+        "--global-batch-tokens",
+        type=positive_int,
+        help="tokens per optimizer step (a multiple of --seq)",
+    )
+    p.add_argument(
+        "--seq", type=positive_int, help="tokens per sequence (default min(4096, the model's max))"
+    )
+    p.add_argument(
+        "--pin",
+        action="append",
+        metavar="FIELD=VALUE",
+        default=[],
+        help="fix a plan field, e.g. --pin pp=8 --pin recompute=full --pin schedule=ratrain "
+        "(repeatable)",
+    )
+    p.add_argument(
+        "--family",
+        action="append",
+        choices=("ratrain", "gpu-style", "zero1-pp", "baseline"),
+        help="search only these systems (repeatable; default all four)",
+    )
+    p.add_argument(
+        "--baselines",
+        action="store_true",
+        help="also find the best gpu-style and zero1-pp plans and print the speedup over each",
+    )
+    p.add_argument("--top", type=positive_int, default=3, help="plans to rank (default 3)")
+    p.add_argument(
+        "-o", "--output", metavar="PLAN.yaml", help="write the best plan (YAML, or JSON by suffix)"
+    )
+    p.add_argument(
+        "--plot", metavar="MEM.png", help="write the best plan's memory per stage against the cap"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _request(args: argparse.Namespace):
+    from ratrain.models.presets import resolve_model
+    from ratrain.planner import Request, parse_pins
+    from ratrain.platforms import load
+
+    spec, platform = resolve_model(args.model), load(args.platform)
+    seq = args.seq or min(4096, spec.max_seq)
+    if args.global_batch_tokens is not None:
+        if args.global_batch_tokens % seq:
+            raise RatrainError(
+                f"--global-batch-tokens {args.global_batch_tokens} is not a multiple of --seq {seq}"
+            )
+        gb = args.global_batch_tokens // seq
+    else:
+        gb = args.global_batch or max(1, DEFAULT_BATCH_TOKENS // seq)
+    families = (
+        tuple(dict.fromkeys(args.family))
+        if args.family
+        else Request.__dataclass_fields__["families"].default
+    )
+    return Request(
+        spec, platform, args.clusters, gb, seq, pins=parse_pins(args.pin), families=families
+    )
+
+
+def _progress(args):
+    if args.quiet:
+        return None
+    return lambda msg: print(f"ratrain plan: {msg}", file=sys.stderr, flush=True)
+
+
+def _baselines(req, progress) -> dict:
+    from ratrain.planner import BASELINE_FAMILIES, search
+
+    out = {}
+    for name in BASELINE_FAMILIES:
+        if req.pins.get("schedule") not in (None, _schedule_of(name)):
+            continue
+        res = search(req.with_(families=(name,)), top=1, progress=progress)
+        out[name] = res.best
+    return out
+
+
+def _schedule_of(family: str) -> str:
+    from ratrain.planner import FAMILIES
+
+    return FAMILIES[family].schedule
+
+
+def run(args: argparse.Namespace) -> int:
+    from ratrain.planner import explain, search
+    from ratrain.planner.report import plot_memory, result_json
+
+    req = _request(args)
+    progress = _progress(args)
+    res = search(req, top=args.top, progress=progress)
+    if not res.feasible:
+        ex = explain(req, res.near)
+        if args.json:
+            print(json.dumps(result_json(res, explanation=ex)))
+        else:
+            print("\n".join(ex.lines()))
+        return 2
+    baselines = _baselines(req, progress) if args.baselines else None
+    best = res.best
+    if args.output:
+        _save(best, req, args)
+    if args.plot:
+        plot_memory(
+            best,
+            args.plot,
+            title=f"{req.spec.name} on {req.platform.name}, {req.clusters} clusters",
+        )
+    if args.json:
+        print(json.dumps(result_json(res, baselines=baselines)))
+        return 0
+    _print(res, baselines, args)
+    return 0
+
+
+def _save(best, req, args) -> None:
+    from ratrain.config import save_plan
+    from ratrain.models.presets import PRESETS
+
+    extra = {
+        "platform": args.platform,
+        "clusters": req.clusters,
+        "predicted": {
+            "tokens_per_s": best.tokens_per_s,
+            "step_time_s": best.step_time_s,
+            "peak_memory_bytes": list(best.peak_memory_bytes),
+        },
+    }
+    if args.model not in PRESETS:
+        extra["model_path"] = args.model
+    save_plan(best.plan, args.output, **extra)
+
+
+def _print(res, baselines, args) -> None:
+    from ratrain.planner.report import ranked_table, stage_table, why
+
+    req, best = res.request, res.best
+    left = req.clusters - best.clusters_used
+    print(
+        f"{req.spec.name} on {req.platform.name}, {req.clusters} clusters, global batch "
+        f"{req.global_batch} x {req.seq} tokens; searched {res.candidates_evaluated} of "
+        f"{res.candidates_total} candidates ({res.candidates_simulated} simulated) in "
+        f"{res.search_time_s:.1f} s"
+    )
+    print(ranked_table(res))
+    runner = res.ranked[1] if len(res.ranked) > 1 else None
+    print(f"\nwhy #1: {why(best, runner, '#2')}")
+    for name, base in (baselines or {}).items():
+        if base is None:
+            print(f"vs best {name}: no {name} plan fits")
+        else:
+            print(
+                f"vs best {name} ({base.tokens_per_s:,.1f} tokens/s, {_describe(base)}): "
+                f"{best.tokens_per_s / base.tokens_per_s:.3f}x; {why(best, base, name)}"
+            )
+    if left:
+        print(f"{left} of {req.clusters} clusters left over (pp x dp = {best.clusters_used})")
+    print(f"\nbest plan, per stage (cap less workspace {best.limit_bytes / 1e9:.2f} GB):")
+    print(stage_table(best))
+    for path, what in ((args.output, "plan"), (args.plot, "memory plot")):
+        if path:
+            print(f"{what} written to {path}")
+
+
+def _describe(c) -> str:
+    from ratrain.planner.report import describe
+
+    return describe(c.plan)

@@ -1,0 +1,266 @@
+"""Why no plan fits, and the cheapest change that would make one fit.
+
+When the search finds nothing feasible, the explanation names the candidate that came
+closest (least overflow), the stage that overflows, by how many bytes, the state class that
+dominates that stage at its peak, and then tries changes, cheapest first:
+
+1. drop a pin that forbids a memory-saving setting (the job itself does not change);
+2. more clusters (the smallest count, found by doubling then bisection, with a fitting plan);
+3. a shorter sequence (the longest power-of-two fraction of it that fits).
+
+Each change is checked with the ledger on a concrete plan, found by a feasibility scan that
+tries, per structure, the family's most memory-saving knobs with the cheapest recompute
+the memory bound allows, and confirms with the ledger. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ratrain.config import Plan
+from ratrain.planner.bounds import unit_times
+from ratrain.planner.evaluate import Evaluator, MemoryReport, usable_bytes
+from ratrain.planner.fit import options
+from ratrain.planner.search import Near
+from ratrain.planner.space import FAMILIES, Knobs, Request, knob_combos, make_plan, structures
+
+__all__ = ["Change", "Explanation", "explain", "find_feasible"]
+
+_SAVING_PINS = (
+    "recompute",
+    "micro_batch",
+    "shard_optimizer",
+    "view_policy",
+    "view_lookahead",
+    "grad_dtype",
+    "offload_activations",
+    "pp",
+    "dp",
+    "layer_split",
+    "schedule",
+)
+_MAX_CLUSTER_FACTOR = 1024
+_MIN_SEQ = 128
+
+
+@dataclass
+class Change:
+    """One change that makes a plan fit, with the plan that shows it."""
+
+    what: str
+    plan: Plan
+    peak_bytes: tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return {
+            "change": self.what,
+            "plan": self.plan.to_dict(),
+            "peak_memory_bytes": list(self.peak_bytes),
+        }
+
+
+@dataclass
+class Explanation:
+    closest: Plan | None
+    family: str | None
+    stage: int | None
+    peak_bytes: int
+    limit_bytes: int
+    breakdown: dict[str, int]
+    changes: list[Change] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def over_bytes(self) -> int:
+        return self.peak_bytes - self.limit_bytes
+
+    @property
+    def largest_class(self) -> str | None:
+        return max(self.breakdown, key=self.breakdown.__getitem__) if self.breakdown else None
+
+    def lines(self) -> list[str]:
+        gb = 1e9
+        if self.closest is None:
+            return [f"no candidate plan exists for this request: {self.note}"]
+        p = self.closest
+        out = [
+            f"no plan fits {self.limit_bytes / gb:.2f} GB per stage (usable memory less the workspace).",
+            f"closest: {self.family} pp={p.pp} dp={p.dp} micro_batch={p.micro_batch} "
+            f"split={list(p.layer_split or ())} recompute={_rec(p)} shard_optimizer={p.shard_optimizer} "
+            f"views={p.view_policy} grad={p.grad_dtype} offload={p.offload_activations}",
+            f"stage {self.stage} peaks at {self.peak_bytes / gb:.2f} GB, over by {self.over_bytes / gb:.2f} GB "
+            f"({self.over_bytes:,} bytes); at its peak: "
+            + ", ".join(f"{k} {v / gb:.2f} GB" for k, v in self.breakdown.items() if v)
+            + (f"; {self.largest_class} is the largest class" if self.largest_class else ""),
+        ]
+        if self.changes:
+            first = self.changes[0]
+            out.append(
+                f"cheapest change that fits: {first.what} (worst stage {max(first.peak_bytes) / gb:.2f} GB)"
+            )
+            out += [
+                f"also fits: {c.what} (worst stage {max(c.peak_bytes) / gb:.2f} GB)"
+                for c in self.changes[1:]
+            ]
+        if self.note:
+            out.append(self.note)
+        return out
+
+    def to_json(self) -> dict:
+        return {
+            "closest_plan": self.closest.to_dict() if self.closest else None,
+            "family": self.family,
+            "stage": self.stage,
+            "peak_bytes": self.peak_bytes,
+            "limit_bytes": self.limit_bytes,
+            "over_bytes": self.over_bytes,
+            "breakdown_at_peak": self.breakdown,
+            "largest_class": self.largest_class,
+            "changes": [c.to_json() for c in self.changes],
+            "note": self.note,
+            "text": self.lines(),
+        }
+
+
+def _rec(p: Plan) -> str:
+    return p.recompute[0] if len(set(p.recompute)) == 1 else ",".join(p.recompute)
+
+
+def _saving_order(kn: Knobs) -> tuple:
+    """Most memory-saving knobs first."""
+    return (
+        not kn.shard_optimizer,
+        kn.view_policy == "persistent",
+        kn.view_lookahead,
+        kn.grad_dtype == "fp32",
+        not kn.offload_activations,
+    )
+
+
+def find_feasible(req: Request, ev: Evaluator | None = None) -> tuple[Plan, MemoryReport] | None:
+    """Some plan that fits, if any: per structure, the most memory-saving knobs and per
+    stage the cheapest recompute the bound allows, confirmed (and raised) by the ledger."""
+    ev = ev or Evaluator(req)
+    for name in req.families:
+        fam = FAMILIES[name]
+        if req.pins.get("schedule", fam.schedule) != fam.schedule:
+            continue
+        cands = sorted(structures(req, fam), key=lambda st: (st.micro_batch, -st.pp))
+        for st in cands:
+            kns = sorted(knob_combos(req, fam, st), key=_saving_order)
+            if not kns:
+                continue
+            ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
+            opts = options(req, st, kns[0], ut)
+            if not opts.feasible(True):
+                continue
+            found = _confirm(ev, req, st, kns[0], opts, fam.per_stage_recompute)
+            if found is not None:
+                return found
+    return None
+
+
+def _confirm(ev, req, st, kn, opts, per_stage: bool):
+    if "recompute" in req.pins:
+        rec = req.pins["recompute"]
+        rec = (rec,) * st.pp if isinstance(rec, str) else tuple(rec)
+        if len(rec) != st.pp:
+            return None
+        plan = make_plan(req, st, kn, rec)
+        rep = ev.memory(plan)
+        return (plan, rep) if rep.fits else None
+    if not per_stage:
+        for o in opts.uniform[::-1][:1] + opts.uniform[:1]:
+            plan = make_plan(req, st, kn, (o,) * st.pp)
+            rep = ev.memory(plan)
+            if rep.fits:
+                return plan, rep
+        return None
+    # The most-saving policy each stage allows: if that does not fit, nothing does here.
+    rec = tuple(o[-1] for o in opts.per_stage)
+    plan = make_plan(req, st, kn, rec)
+    rep = ev.memory(plan)
+    return (plan, rep) if rep.fits else None
+
+
+def explain(req: Request, near: Near | None, ev: Evaluator | None = None) -> Explanation:
+    """The explanation of an infeasible request (`near`: the search's closest miss)."""
+    ev = ev or Evaluator(req)
+    limit = usable_bytes(req)
+    if near is None:
+        return Explanation(None, None, None, 0, limit, {}, note=_no_candidate_note(req))
+    breakdown: tuple[dict[str, int], ...] = near.breakdown
+    peaks = near.peak_bytes
+    if not near.measured:
+        rep = ev.memory(near.plan)
+        peaks, breakdown = rep.peak_bytes, rep.breakdown
+    stage = max(range(len(peaks)), key=lambda s: peaks[s])
+    ex = Explanation(near.plan, near.family, stage, peaks[stage], limit, dict(breakdown[stage]))
+    ex.changes = _changes(req, ev)
+    if not ex.changes:
+        ex.note = "no change tried fits (pins dropped, up to "
+        ex.note += f"{req.clusters * _MAX_CLUSTER_FACTOR} clusters, sequences down to {_MIN_SEQ})"
+    return ex
+
+
+def _no_candidate_note(req: Request) -> str:
+    pins = ", ".join(f"{k}={v}" for k, v in req.pins.items()) or "none"
+    return (
+        f"the pins ({pins}) leave no configuration of {req.clusters} clusters for a global batch of "
+        f"{req.global_batch} sequences (pp x dp must fit the clusters and dp x micro-batch divide the batch)"
+    )
+
+
+def _changes(req: Request, ev: Evaluator) -> list[Change]:
+    out: list[Change] = []
+    pinned = [k for k in _SAVING_PINS if k in req.pins]
+    if pinned:
+        free = req.with_(pins={k: v for k, v in req.pins.items() if k not in pinned})
+        hit = find_feasible(free)
+        if hit is not None:
+            out.append(Change(f"drop the pin(s) {', '.join(pinned)}", hit[0], hit[1].peak_bytes))
+    clusters = _more_clusters(req)
+    if clusters is not None:
+        n, plan, rep = clusters
+        out.append(Change(f"use {n} clusters instead of {req.clusters}", plan, rep.peak_bytes))
+    seq = _shorter_seq(req)
+    if seq is not None:
+        s, plan, rep = seq
+        out.append(
+            Change(f"use sequences of {s} tokens instead of {req.seq}", plan, rep.peak_bytes)
+        )
+    return out
+
+
+def _more_clusters(req: Request):
+    def fits(n: int):
+        return find_feasible(req.with_(clusters=n))
+
+    lo, hi, hit = req.clusters, None, None
+    n = req.clusters * 2
+    while n <= req.clusters * _MAX_CLUSTER_FACTOR:
+        hit = fits(n)
+        if hit is not None:
+            hi = n
+            break
+        lo, n = n, n * 2
+    if hi is None:
+        return None
+    while hi - lo > 1:  # the smallest count in (lo, hi] that fits
+        mid = (lo + hi) // 2
+        got = fits(mid)
+        if got is not None:
+            hi, hit = mid, got
+        else:
+            lo = mid
+    return hi, hit[0], hit[1]
+
+
+def _shorter_seq(req: Request):
+    s = req.seq // 2
+    while s >= _MIN_SEQ:
+        hit = find_feasible(req.with_(seq=s))
+        if hit is not None:
+            return s, hit[0], hit[1]
+        s //= 2
+    return None
