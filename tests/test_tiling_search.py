@@ -286,10 +286,10 @@ def test_attention_time_models_equal_the_step_by_step_sums(fwd, causal, platform
     timing, ref = (fwd_time_s, _ref_fwd_time) if fwd else (bwd_time_s, _ref_bwd_time)
     for b, h, kvh, s, d in [(1, 4, 2, 150, 16), (2, 8, 2, 333, 32), (1, 2, 2, 64, 16)]:
         memo = {}
-        for _ in range(25):
+        for _ in range(30):
             hw = Hw(tiers, peak, rng.choice([None, *range(1, len(tiers) - 1)]))
             hg = rng.choice(_divisors(h // kvh))
-            br, bc = rng.randint(1, s // 2), rng.randint(1, s // 2)
+            br, bc = (rng.choice([rng.randint(4, 16), rng.randint(1, s // 2)]) for _ in "qk")
             inner = bc if fwd else br
             units = (h // kvh) // hg * ceil_div(s, br) if fwd else ceil_div(s, bc)
             f = rng.choice([1, 2]) if causal and hw.stage is not None else 1

@@ -258,21 +258,17 @@ def _shortlist(hws: list[Hw], m, n, k, e, bias) -> Shortlist:
             continue
         for kc in reversed(ksz):
             nc = _widest_nc(cap0, nsz, m, k, e, bias, mc, kc)
-            if nc is None:
-                continue
-            tm, tn = ceil_div(m, mc), ceil_div(n, nc)
-            tiles = tm * tn
-            a_bytes, a_moves = (m * k * tn + k * n * tm) * e, 2 * tiles * ceil_div(k, kc)
-            b_bytes = n * tm * e if bias else 0
-            for hw in hws:
-                _add(short, hw, m, n, k, e, bias, mc, nc, kc, a_bytes, a_moves, b_bytes)
+            if nc is not None:
+                for hw in hws:
+                    _add(short, hw, m, n, k, e, bias, mc, nc, kc)
     return short
 
 
-def _add(short: Shortlist, hw: Hw, m, n, k, e, bias, mc, nc, kc, a_bytes, a_moves, b_bytes):
+def _add(short: Shortlist, hw: Hw, m, n, k, e, bias, mc, nc, kc):
     """`_shortlist` for one C tile and k-step on one platform variant."""
     tm, tn = ceil_div(m, mc), ceil_div(n, nc)
-    tiles, c_bytes = tm * tn, m * n * e
+    tiles, c_bytes, b_bytes = tm * tn, m * n * e, n * tm * e if bias else 0
+    a_bytes, a_moves = (m * k * tn + k * n * tm) * e, 2 * tiles * ceil_div(k, kc)
     compute_s = 2 * m * n * k / hw.peak_flops
     lat_m, bw_m = _link(hw, hw.main, 0)
     if hw.stage is None:
@@ -290,19 +286,21 @@ def _add(short: Shortlist, hw: Hw, m, n, k, e, bias, mc, nc, kc, a_bytes, a_move
     else:
         d_m = tiles * lat_m + c_bytes / bw_m
     roof_s, ddr_out = max(compute_s, d_0, d_m), b_bytes + c_bytes
-    # No grid is taller than min(cores, tm) tiles or wider than min(cores, tn).
-    gm, gn = ceil_div(m, min(hw.cores, tm) * mc), ceil_div(n, min(hw.cores, tn) * nc)
-    if short.beaten(roof_s, (m * k * gn + k * n * gm) * e + ddr_out):
+    # Panels of a pr x pc grid: (m·k·⌈n/(pc·nc)⌉ + k·n·⌈m/(pr·mc)⌉)·e, at least
+    # 2·m·n·k·e / √(pr·pc·mc·nc) (AM-GM), pr·pc <= cores (less a rounding margin).
+    panels_lb = 2 * m * n * k * e / math.sqrt(hw.cores * mc * nc) * (1 - 1e-9)
+    if short.beaten(roof_s, panels_lb + ddr_out):
         return
-    cap, kt2 = hw.tiers[hw.stage].capacity_bytes, 2 * e * min(kc, k)
+    cap, kt2, k_steps = hw.tiers[hw.stage].capacity_bytes, 2 * e * min(kc, k), ceil_div(k, kc)
     for pr, pc in _grids(hw.cores, tm, tn):
         bm, bn = pr * mc, pc * nc
         if kt2 * (min(bm, m) + min(bn, n)) > cap:
             continue
         gm, gn = ceil_div(m, bm), ceil_div(n, bn)
         panels = (m * k * gn + k * n * gm) * e  # "main->stage"
-        d_s = 2 * gm * gn * ceil_div(k, kc) * lat_s + panels / bw_s
-        short.add(max(roof_s, d_s), panels + ddr_out, hw, _Gemm(mc, nc, kc, pr, pc, kc))
+        roof = max(roof_s, 2 * gm * gn * k_steps * lat_s + panels / bw_s)
+        if not short.beaten(roof, panels + ddr_out):
+            short.add(roof, panels + ddr_out, hw, _Gemm(mc, nc, kc, pr, pc, kc))
 
 
 def _expand(hw: Hw, c: _Gemm, k: int):

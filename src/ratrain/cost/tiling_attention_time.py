@@ -43,14 +43,13 @@ def _busiest(keys: list, f: int, cost) -> float:
     """The work of a block's busiest core: per core (as `_pairs` assigns the units), the sum
     of cost(keys[i]) over its units, in their order. Units with equal keys cost the same, so
     each distinct core is costed once."""
+    costs = {k: cost(k) for k in set(keys)}
     if f == 1:
-        return max(cost(k) for k in set(keys))
+        return max(costs.values())
     n = len(keys)
     h = n // 2
-    costs = [cost(a) + cost(b) for a, b in set(zip(keys[:h], keys[: n - h - 1 : -1], strict=True))]
-    if n % 2:
-        costs.append(cost(keys[h]))
-    return max(costs)
+    pairs = set(zip(keys[:h], keys[: n - h - 1 : -1], strict=True))
+    return max([costs[a] + costs[b] for a, b in pairs] + ([costs[keys[h]]] if n % 2 else []))
 
 
 def fwd_vis(i: int, s: int, br: int, causal: bool) -> int:
@@ -77,7 +76,7 @@ def fwd_time_s(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn, memo=None) -> float
             ends_of[r, active] = q_in + out
         return ends_of[r, active]
 
-    def step(r, t, active):  # (count, DMA, work) of a kv step of t rows (K and V in)
+    def step(r, t, active):  # (DMA, work) of a kv step of t rows (K and V in)
         if (r, t, active) not in step_of:
             dma = hw.move_s(0, hw.src, 2 * t * d * e, active, 2)
             step_of[r, t, active] = (dma, 4 * c.hg * r * t * d / hw.core_flops)
@@ -107,7 +106,8 @@ def fwd_time_s(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn, memo=None) -> float
         return blocks[key]
 
     def work(blk, off, width):
-        """Busiest core over the kv step [off, off + width) (relative to low)."""
+        """(The busiest core over the kv step [off, off + width) (relative to low), how many
+        steps of bs rows from there on see the same)."""
         rs, vs, p, _, memo_w = blk
         # kv rows of the step each unit sees: none up to lo, all from hi (vs ascending).
         lo, hi = bisect.bisect_right(vs, off), bisect.bisect_left(vs, off + width)
@@ -116,7 +116,9 @@ def fwd_time_s(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn, memo=None) -> float
             seen = [0] * lo + list(mid) + [width] * (len(vs) - hi)
             keys = list(zip(rs, seen, strict=True))  # no rows: no work (0.0)
             memo_w[lo, mid, width] = _busiest(keys, c.f, lambda k: core_s(k[0], k[1], p))
-        return memo_w[lo, mid, width]
+        # With no unit in part, the same until the next unit's last row comes in.
+        same = (vs[lo] - width - off) // c.bs + 1 if lo == hi < len(vs) else 1
+        return memo_w[lo, mid, width], same
 
     blocks = memo.setdefault(("fwd blocks", hw.stage, c.hg, c.br, c.bc, c.p, c.f), {})
     total, n_units = 0.0, nq * hgroups
@@ -128,12 +130,20 @@ def fwd_time_s(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn, memo=None) -> float
         # (but for the last q tile's rows).
         blk = block((u0 % hgroups, u1 - u0) if q1 < nq - 1 else u0, u0, u1, low)
         # kv steps of bs rows up to `end`; those ending by `low` every unit sees in full.
-        full = low // c.bs
-        runs = [(full, 1, _kv_dma_s(hw, c.bs, d, e), work(blk, -c.bs, c.bs))]
-        for k0 in range(full * c.bs, end, c.bs):
+        full, dma = low // c.bs, _kv_dma_s(hw, c.bs, d, e)
+        runs, k0 = [(full, 1, dma, work(blk, -c.bs, c.bs)[0])], full * c.bs
+        while k0 < end:
             k1 = min(k0 + c.bs, end)
-            off = k0 - low if k1 > low else -(k1 - k0)
-            runs.append((1, 1, _kv_dma_s(hw, k1 - k0, d, e), work(blk, off, k1 - k0)))
+            if k1 <= low:  # the last step, short, that every unit sees in full
+                runs.append((1, 1, _kv_dma_s(hw, k1 - k0, d, e), work(blk, k0 - k1, k1 - k0)[0]))
+                break
+            work_s, same = work(blk, k0 - low, k1 - k0)
+            if k1 - k0 < c.bs:
+                runs.append((1, 1, _kv_dma_s(hw, k1 - k0, d, e), work_s))
+                break
+            rep = min(same, (end - k0) // c.bs)
+            runs.append((rep, 1, dma, work_s))
+            k0 += rep * c.bs
         total += pipeline_runs_s(runs) + blk[3]
     return total * b * kvh
 
@@ -196,18 +206,22 @@ def bwd_time_s(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn, memo=None) -> float
         return blocks[n, later, t_last]
 
     def work(blk, off, width):
-        """Busiest core over the q step [off, off + width) (relative to the first key)."""
+        """(The busiest core over the q step [off, off + width) (relative to the first key),
+        how many steps of bs rows from there on see the same)."""
         ts, rel, loads, p, _, memo_w = blk
         # Rows each unit sees: all up to lo (first keys before off + br), none from hi (those
         # that skip every q step of the step).
+        span = ceil_div(width, c.br) * c.br  # the q steps of the step
         lo = bisect.bisect_left(rel, off + c.br) if causal else len(rel)
-        hi = bisect.bisect_left(rel, off + ceil_div(width, c.br) * c.br) if width > c.br else lo
+        hi = bisect.bisect_left(rel, off + span) if width > c.br else lo
         mid = tuple([max(0, width - (r - off) // c.br * c.br) for r in rel[lo:hi]])
         if (lo, mid, width) not in memo_w:
             seen = [width] * lo + list(mid) + [0] * (len(rel) - hi)
             keys = list(zip(ts, seen, loads, strict=True))
             memo_w[lo, mid, width] = _busiest(keys, c.f, lambda k: core_s(k[0], k[1], p, k[2]))
-        return memo_w[lo, mid, width]
+        # With no unit in part, the same until the next unit's first key comes in.
+        same = (rel[lo] - span - off) // c.bs + 1 if lo == hi < len(rel) else 1
+        return memo_w[lo, mid, width], same
 
     def dma_s(width, later):  # a staged q step in (with dQ partials when later)
         if (width, later) not in dma_of:
@@ -227,19 +241,19 @@ def bwd_time_s(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn, memo=None) -> float
         # c_hi - br + 1 on every unit sees in full (all of them when not causal).
         first = c_lo // c.bs if causal else 0
         fast = max(first, ceil_div(c_hi - c.br + 1, c.bs)) if causal else 0
-        runs = []
-        for a0 in range(first * c.bs, min(fast, n_steps) * c.bs, c.bs):
+        runs, a0, stop = [], first * c.bs, min(fast * c.bs, s)
+        while a0 < stop:
             w = min(a0 + c.bs, s) - a0
-            dma_work = (dma_s(w, later), work(blk, a0 - c_lo, w))
-            if runs and runs[-1][2:] == dma_work:  # the same step again
-                runs[-1] = (runs[-1][0] + 1, hgroups, *dma_work)
-            else:
-                runs.append((1, hgroups, *dma_work))
+            work_s, same = work(blk, a0 - c_lo, w)
+            rep = min(same, (stop - a0) // c.bs) if w == c.bs else 1
+            runs.append((rep, hgroups, dma_s(w, later), work_s))
+            a0 += rep * c.bs
         # Seen in full: relative to c_lo, the step [c_hi - c_lo, +w) (any from there on).
-        runs.append((s // c.bs - fast, hgroups, dma_s(c.bs, later), work(blk, c_hi - c_lo, c.bs)))
+        full = work(blk, c_hi - c_lo, c.bs)[0]
+        runs.append((s // c.bs - fast, hgroups, dma_s(c.bs, later), full))
         if s % c.bs and fast < n_steps:
             w = s % c.bs
-            runs.append((1, hgroups, dma_s(w, later), work(blk, c_hi - c_lo, w)))
+            runs.append((1, hgroups, dma_s(w, later), work(blk, c_hi - c_lo, w)[0]))
         total += (pipeline_runs_s(runs) + blk[4]) * b * kvh
     return total
 

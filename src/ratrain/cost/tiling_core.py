@@ -419,14 +419,16 @@ class Shortlist:
                 bisect.insort(rows, (key, item))
                 del rows[_SHORTLIST:]
 
-    def beaten(self, roof_s: float, ddr_bytes: int) -> bool:
+    def beaten(self, roof_s: float, ddr_bytes: float) -> bool:
         """Whether tile sets estimated at no less than (roof_s, ddr_bytes) would make
         neither list (both full, and both last entries ahead)."""
-        return (
-            len(self.by_ddr) == len(self.by_roof) == _SHORTLIST
-            and (roof_s, ddr_bytes) > self.by_roof[-1][0][:2]
-            and (ddr_bytes, roof_s) > self.by_ddr[-1][0][:2]
-        )
+        if len(self.by_ddr) < _SHORTLIST or len(self.by_roof) < _SHORTLIST:
+            return False
+        roof, ddr = self.by_roof[-1][1][:2]
+        if roof_s < roof or (roof_s == roof and ddr_bytes <= ddr):
+            return False
+        roof, ddr = self.by_ddr[-1][1][:2]
+        return ddr_bytes > ddr or (ddr_bytes == ddr and roof_s > roof)
 
 
 def select(short: Shortlist, price, expand, timing):
