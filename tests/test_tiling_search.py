@@ -163,8 +163,9 @@ def test_attention_shortlist_equals_pricing_every_candidate(op, platform, b, h, 
     assert _got(tiling_attention._shortlist(op, b, h, kvh, s, d, 2, causal, hws)) == want
 
 
-def test_forward_bytes_and_flops_do_not_depend_on_the_kv_tile():
-    """What lets `_shortlist` drop the rest of a forward row at once."""
+def test_forward_rows_rank_no_worse_with_a_wider_kv_tile():
+    """What lets `_shortlist` drop the rest of a forward row at once: the same bytes and
+    FLOPs whatever the kv tile, and a roofline estimate that never grows with it."""
     tiers, peak, stage = platform_key(MT3000, "bf16")
     hws, (b, h, kvh, s, d) = hw_variants(tiers, peak, stage), (2, 8, 2, 1000, 64)
     buffers, tally, _, inner, units = _model("attention", s, h // kvh)
@@ -175,8 +176,10 @@ def test_forward_bytes_and_flops_do_not_depend_on_the_kv_tile():
     )
     assert len(rows) > 50
     for hw, cfgs in rows:
-        priced = {(t.ddr, f) for t, f in (tally(hw, b, h, kvh, s, d, 2, True, c) for c in cfgs)}
-        assert len(priced) == 1, cfgs
+        priced = [tally(hw, b, h, kvh, s, d, 2, True, c) for c in cfgs]
+        assert len({(t.ddr, flops) for t, flops in priced}) == 1, cfgs
+        roofs = [rank(hw, *p)[0] for p in priced]
+        assert roofs == sorted(roofs, reverse=True), cfgs
 
 
 # --- time models -----------------------------------------------------------------------------

@@ -173,10 +173,11 @@ def _rows(hws: list[Hw], s, g, buffers, inner, units, causal):
     in the kv tile (bc) alone, smallest first; inner(cfg) is the per-core step the staged
     step is a multiple of, units(cfg) the units of one kv head. Staged blocks may pair units
     on a core when causal (their work differs). The buffers grow with bc, so the kv tiles
-    that fit are the smallest few. Larger q tiles and head groups first (less traffic)."""
+    that fit are the smallest few. Larger head groups (less traffic) and smaller q tiles
+    (less work wasted in diagonal tiles) first: good ones early make a bar the rest miss."""
     sz = sizes(s, lo=min(s, 8))
     for hg in reversed(_divisors(g)):
-        for br in reversed(sz):
+        for br in sz:
             for hw in hws:
                 for f in (1, 2) if causal and hw.stage is not None else (1,):
 
@@ -211,18 +212,24 @@ def _model(op, s, g):
 
 def _shortlist(op, b, h, kvh, s, d, e, causal, hws: list[Hw]) -> Shortlist:
     """The candidates of `_rows`, ranked (see `select`), but those that cannot make the
-    lists: no faster than compute, and moving no fewer bytes, than the last listed."""
+    lists. A forward row moves the same bytes in the same FLOPs whatever its kv tile, and
+    fewer moves (so no more time at any boundary) the wider the tile: widest first, it ends
+    at the first that cannot."""
     buffers, tally, _, inner, units = _model(op, s, h // kvh)
     short = Shortlist()
     rows = _rows(hws, s, h // kvh, lambda hw, c: buffers(hw, s, d, e, c), inner, units, causal)
     for hw, cfgs in rows:
+        if op == "attention":
+            for c in reversed(cfgs):
+                roof_s, ddr = rank(hw, *tally(hw, b, h, kvh, s, d, e, causal, c))
+                if short.beaten(roof_s, ddr):
+                    break
+                short.add(roof_s, ddr, hw, c)
+            continue
         for c in cfgs:
             t, flops = tally(hw, b, h, kvh, s, d, e, causal, c)
-            if short.beaten(flops / hw.peak_flops, t.ddr):
-                if op == "attention":  # nor will the rest of the row: same FLOPs and bytes
-                    break
-                continue
-            short.add(*rank(hw, t, flops), hw, c)
+            if not short.beaten(flops / hw.peak_flops, t.ddr):  # no faster than compute
+                short.add(*rank(hw, t, flops), hw, c)
     return short
 
 
