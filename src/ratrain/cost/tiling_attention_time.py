@@ -213,7 +213,7 @@ def bwd_time_s(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn, memo=None) -> float
         # that skip every q step of the step).
         span = ceil_div(width, c.br) * c.br  # the q steps of the step
         lo = bisect.bisect_left(rel, off + c.br) if causal else len(rel)
-        hi = bisect.bisect_left(rel, off + span) if width > c.br else lo
+        hi = bisect.bisect_left(rel, off + span) if causal and width > c.br else lo
         mid = tuple([max(0, width - (r - off) // c.br * c.br) for r in rel[lo:hi]])
         if (lo, mid, width) not in memo_w:
             seen = [width] * lo + list(mid) + [0] * (len(rel) - hi)

@@ -390,13 +390,7 @@ def make_plan(op, shape, dtype, hw: Hw, tile, grid, stage_step, p: Priced, time_
 def rank(hw: Hw, tally: Tally, flops: int) -> tuple[float, int]:
     """(roof_s, ddr_bytes) of a tile set, as `select` ranks them: its roofline estimate
     (compute or its busiest boundary, as `dma_times`) and its main-memory bytes."""
-    dma: dict[str, float] = {}
-    ddr = 0
-    for (a, b), (nbytes, nmoves) in tally.flows.items():
-        name, bw, latency, main = hw.link(a, b)
-        dma[name] = dma.get(name, 0.0) + nmoves * latency + nbytes / bw
-        ddr += nbytes if main else 0
-    return max(flops / hw.peak_flops, *dma.values()), ddr
+    return max(flops / hw.peak_flops, *dma_times(hw, tally).values()), tally.ddr
 
 
 class Shortlist:
