@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ratrain.config import Plan
-from ratrain.planner.bounds import unit_times
+from ratrain.planner.bounds import persistent_lower_bound_bytes
 from ratrain.planner.evaluate import Evaluator, MemoryReport, usable_bytes
 from ratrain.planner.fit import options
 from ratrain.planner.search import Near
@@ -103,7 +103,7 @@ class Explanation:
                 for c in self.changes[1:]
             ]
         if self.note:
-            out.append(self.note)
+            out.append(f"note: {self.note}")
         return out
 
     def to_json(self) -> dict:
@@ -141,17 +141,23 @@ def find_feasible(req: Request, ev: Evaluator | None = None) -> tuple[Plan, Memo
     """Some plan that fits, if any: per structure, the most memory-saving knobs and per
     stage the cheapest recompute the bound allows, confirmed (and raised) by the ledger."""
     ev = ev or Evaluator(req)
+    limit = usable_bytes(req)
     for name in req.families:
         fam = FAMILIES[name]
         if req.pins.get("schedule", fam.schedule) != fam.schedule:
             continue
-        cands = sorted(structures(req, fam), key=lambda st: (st.micro_batch, -st.pp))
-        for st in cands:
+        for st in structures(req, fam):
+            # The smallest micro-batch holds the fewest activations and, with the largest
+            # dp, the smallest optimizer shards: the others cannot fit where it does not.
+            if st.micro_batch != req.pins.get("micro_batch", 1):
+                continue
             kns = sorted(knob_combos(req, fam, st), key=_saving_order)
             if not kns:
                 continue
-            ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
-            opts = options(req, st, kns[0], ut)
+            plan = make_plan(req, st, kns[0], ("full",) * st.pp)
+            if max(persistent_lower_bound_bytes(req.spec, plan)) > limit:
+                continue
+            opts = options(req, st, kns[0], None)
             if not opts.feasible(True):
                 continue
             found = _confirm(ev, req, st, kns[0], opts, fam.per_stage_recompute)
@@ -196,10 +202,14 @@ def explain(req: Request, near: Near | None, ev: Evaluator | None = None) -> Exp
         peaks, breakdown = rep.peak_bytes, rep.breakdown
     stage = max(range(len(peaks)), key=lambda s: peaks[s])
     ex = Explanation(near.plan, near.family, stage, peaks[stage], limit, dict(breakdown[stage]))
-    ex.changes = _changes(req, ev)
-    if not ex.changes:
-        ex.note = "no change tried fits (pins dropped, up to "
-        ex.note += f"{req.clusters * _MAX_CLUSTER_FACTOR} clusters, sequences down to {_MIN_SEQ})"
+    ex.changes, notes = _changes(req, ev)
+    states = sum(v for k, v in ex.breakdown.items() if k in ("master", "optimizer", "view", "grad"))
+    if states > limit:
+        notes.append(
+            f"the model states alone (master, optimizer, view, gradient) take {states / 1e9:.2f} GB "
+            f"of stage {stage}'s peak at the closest candidate: activations are not the problem"
+        )
+    ex.note = "; ".join(notes)
     return ex
 
 
@@ -211,25 +221,58 @@ def _no_candidate_note(req: Request) -> str:
     )
 
 
-def _changes(req: Request, ev: Evaluator) -> list[Change]:
+_PIN_CHANGE = {
+    "recompute": "allow more recomputation",
+    "micro_batch": "allow a smaller micro-batch",
+    "shard_optimizer": "allow sharded optimizer states",
+    "view_policy": "allow transient views",
+    "offload_activations": "allow activation offload",
+    "grad_dtype": "allow 16-bit gradients",
+}
+
+
+def _changes(req: Request, ev: Evaluator) -> tuple[list[Change], list[str]]:
+    """Changes that fit, cheapest first, and notes on the ones that do not."""
     out: list[Change] = []
+    notes: list[str] = []
     pinned = [k for k in _SAVING_PINS if k in req.pins]
-    if pinned:
+    for k in pinned:  # one pin at a time: the smallest departure from the request
+        hit = find_feasible(req.with_(pins={f: v for f, v in req.pins.items() if f != k}))
+        if hit is not None:
+            what = _PIN_CHANGE.get(k, "allow other values")
+            out.append(
+                Change(
+                    f"{what} (drop --pin {k}={_pin_text(req.pins[k])})", hit[0], hit[1].peak_bytes
+                )
+            )
+    if len(pinned) > 1 and not out:
         free = req.with_(pins={k: v for k, v in req.pins.items() if k not in pinned})
         hit = find_feasible(free)
         if hit is not None:
-            out.append(Change(f"drop the pin(s) {', '.join(pinned)}", hit[0], hit[1].peak_bytes))
+            out.append(Change(f"drop the pins {', '.join(pinned)}", hit[0], hit[1].peak_bytes))
     clusters = _more_clusters(req)
     if clusters is not None:
         n, plan, rep = clusters
         out.append(Change(f"use {n} clusters instead of {req.clusters}", plan, rep.peak_bytes))
+    else:
+        notes.append(f"no cluster count up to {req.clusters * _MAX_CLUSTER_FACTOR} fits")
     seq = _shorter_seq(req)
     if seq is not None:
         s, plan, rep = seq
         out.append(
             Change(f"use sequences of {s} tokens instead of {req.seq}", plan, rep.peak_bytes)
         )
-    return out
+    else:
+        notes.append(
+            f"no shorter sequence (down to {_MIN_SEQ} tokens) fits on {req.clusters} clusters"
+        )
+    return out, notes
+
+
+def _pin_text(v) -> str:
+    if isinstance(v, tuple):
+        return ",".join(map(str, v))
+    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def _more_clusters(req: Request):

@@ -65,21 +65,28 @@ class Options:
 _BOUNDS: dict[tuple, MemoryBound] = {}
 
 
-def options(req: Request, st: Structure, kn: Knobs, ut: UnitTimes) -> Options:
-    """Policies per stage that the closed-form bound does not rule out."""
-    plan = make_plan(req, st, kn, ("none",) * st.pp)
-    mb = _BOUNDS.get((req.spec, MemoryBound.key(plan)))
+def memory_bound(req: Request, plan) -> MemoryBound:
+    """The memory bound of `plan`, shared by plans that differ only in split and recompute."""
+    key = (req.spec, MemoryBound.key(plan))
+    mb = _BOUNDS.get(key)
     if mb is None:
-        mb = _BOUNDS[(req.spec, MemoryBound.key(plan))] = MemoryBound(req.spec, plan)
         if len(_BOUNDS) > 4096:
             _BOUNDS.clear()
+        mb = _BOUNDS[key] = MemoryBound(req.spec, plan)
     mb.plan = plan  # the split is read per stage; the rest is the key
+    return mb
+
+
+def options(req: Request, st: Structure, kn: Knobs, ut: UnitTimes | None) -> Options:
+    """Policies per stage that the closed-form bound does not rule out (ordered by
+    recompute time when `ut` is given, else by how much they recompute)."""
+    mb = memory_bound(req, make_plan(req, st, kn, ("none",) * st.pp))
     limit = usable_bytes(req)
     per_stage, lows, most = [], [], []
     fits: list[set[str]] = []
     for s, n in enumerate(st.layer_split):
         ok = _fitting(lambda o, s=s: mb.stage(s, o), n, limit)
-        ok.sort(key=lambda o, n=n: (recompute_time_s(o, n, ut), _rank(o)))
+        ok.sort(key=lambda o, n=n: (recompute_time_s(o, n, ut) if ut else 0.0, _rank(o)))
         per_stage.append(ok)
         fits.append(set(ok))
         least = {o: mb.stage(s, o) for o in ("selective", "full")}
@@ -88,7 +95,7 @@ def options(req: Request, st: Structure, kn: Knobs, ut: UnitTimes) -> Options:
         most.append(best)
 
     def bottleneck(o: str) -> float:
-        return max(recompute_time_s(o, n, ut) for n in st.layer_split)
+        return max(recompute_time_s(o, n, ut) for n in st.layer_split) if ut else 0.0
 
     uniform = [
         o

@@ -25,12 +25,13 @@ from ratrain.config import Plan
 from ratrain.planner.bounds import (
     overheads,
     peak_unit_times,
+    persistent_lower_bound_bytes,
     recompute_time_s,
     step_time_lower_bound_s,
     unit_times,
 )
 from ratrain.planner.evaluate import Evaluator, usable_bytes
-from ratrain.planner.fit import beaten_by, options, per_stage_choices, time_bound_s
+from ratrain.planner.fit import beaten_by, memory_bound, options, per_stage_choices, time_bound_s
 from ratrain.planner.space import FAMILIES, Request, Structure, knob_combos, make_plan, structures
 
 __all__ = ["Candidate", "Near", "SearchResult", "search"]
@@ -144,6 +145,12 @@ def _tie(c: Candidate) -> tuple:
     return (max(c.peak_memory_bytes), sum(features), p.view_lookahead, str(p.to_dict()))
 
 
+_PEAK, _KERNELS, _KNOBS = 0, 1, 2
+"""How far a structure's step-time bound has been refined: kernel times at the dtype's
+peak, the kernel model's times, then per knob combination with the recomputation the
+memory bound forces and the communication and update overheads."""
+
+
 def _tasks(req: Request, families: tuple[str, ...]) -> list[tuple]:
     """A heap of structures by their step-time bound. A micro-batch size whose kernel times
     are not known yet is bounded at the dtype's peak first (no kernel-model cost); the
@@ -163,7 +170,7 @@ def _tasks(req: Request, families: tuple[str, ...]) -> list[tuple]:
                 )
             ut = known[st.micro_batch]
             lb = step_time_lower_bound_s(st.layer_split, st.microbatches(req.global_batch), ut)
-            out.append((lb, order, st, len(out), fam, kns, False))
+            out.append((lb, order, len(out), _PEAK, st, fam, kns, None))
     heapq.heapify(out)
     return out
 
@@ -180,20 +187,26 @@ def search(
     t0 = time.perf_counter()
     ev = evaluator or Evaluator(req)
     tasks = _tasks(req, req.families)
-    n_tasks, total = len(tasks), sum(len(t[5]) for t in tasks)
+    n_tasks, total = len(tasks), sum(len(t[6]) for t in tasks)
     best, state = _Top(max(1, top)), _State()
     last_report, done = t0, 0
     while tasks:
-        lb, order, st, seq, fam, kns, exact = heapq.heappop(tasks)
+        lb, order, seq, level, st, fam, kns, queue = heapq.heappop(tasks)
         if prune and best.beaten(lb):
             state.pruned = len(tasks) + 1
             break
         ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
-        if not exact:
-            lb = step_time_lower_bound_s(st.layer_split, st.microbatches(req.global_batch), ut)
-            heapq.heappush(tasks, (lb, order, st, seq, fam, kns, True))
+        m = st.microbatches(req.global_batch)
+        if level == _PEAK:  # the kernel model's times, then back in the heap
+            lb = step_time_lower_bound_s(st.layer_split, m, ut)
+            heapq.heappush(tasks, (lb, order, seq, _KERNELS, st, fam, kns, None))
             continue
-        _structure(ev, req, st, fam, kns, ut, best, state, prune)
+        if level == _KERNELS:  # the memory bound's recomputation and the overheads added
+            queue = _bound_knobs(req, st, fam, kns, ut, state)
+            if queue:
+                heapq.heappush(tasks, (queue[0][0], order, seq, _KNOBS, st, fam, kns, queue))
+            continue
+        _run_queue(ev, req, st, fam, ut, queue, best, state, prune)
         done += 1
         if progress is not None and time.perf_counter() - last_report > 1.0:
             last_report = time.perf_counter()
@@ -222,21 +235,35 @@ class _State:
     near: Near | None = None
 
 
-def _structure(ev, req, st, fam, kns, ut, best: _Top, state: _State, prune: bool) -> None:
-    """Every knob combination of one structure: bound, fit, simulate what can place."""
+def _bound_knobs(req, st, fam, kns, ut, state: _State) -> list[tuple]:
+    """Each knob combination of a structure that the memory bound lets fit, with its
+    step-time bound (recomputation the bound forces, and the overheads), fastest first."""
     m = st.microbatches(req.global_batch)
+    limit = usable_bytes(req)
     queue = []
     for kn in kns:
         state.evaluated += 1
+        plan = make_plan(req, st, kn, ("full",) * st.pp)
+        if max(persistent_lower_bound_bytes(req.spec, plan)) > limit:
+            # The model states alone overflow a stage; rank the miss by the fuller bound.
+            floor = tuple(memory_bound(req, plan).stage(s, "full") for s in range(st.pp))
+            state.near = _closer(state.near, Near(plan, fam.name, floor, limit, measured=False))
+            continue
         opts = options(req, st, kn, ut)
         if not opts.feasible(fam.per_stage_recompute):
             plan = make_plan(req, st, kn, opts.most_saving)
-            near = Near(plan, fam.name, opts.bound_bytes, usable_bytes(req), measured=False)
+            near = Near(plan, fam.name, opts.bound_bytes, limit, measured=False)
             state.near = _closer(state.near, near)
             continue
         over = overheads(req.spec, make_plan(req, st, kn, ("none",) * st.pp), req.platform)
         queue.append((time_bound_s(fam, st, m, ut, opts, over), len(queue), kn, opts, over))
     queue.sort(key=lambda q: (q[0], q[1]))
+    return queue
+
+
+def _run_queue(ev, req, st, fam, ut, queue, best: _Top, state: _State, prune: bool) -> None:
+    """Fit and simulate the knob combinations of one structure that can still place."""
+    m = st.microbatches(req.global_batch)
     for lb, _, kn, opts, over in queue:
         if prune and best.beaten(lb):
             continue

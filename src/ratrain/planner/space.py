@@ -255,7 +255,7 @@ def balanced_split(costs: list[tuple[float, float]], n_layers: int, pp: int) -> 
 def _split_costs(req: Request, pp: int, mode: str) -> list[tuple[float, float]]:
     """Per-stage (per-block cost, fixed cost) for a balanced split.
 
-    compute: forward + backward seconds of one microbatch (the cost model's); params: the
+    compute: forward + backward FLOPs of one microbatch (as time at the dtype's peak); params: the
     parameters held; memory: model states (fp32 master, Adam, 16-bit view and gradient:
     16 B per parameter, assumed unsharded) plus the activations of the min(pp - s, m)
     microbatches a 1F1B stage holds at once without recompute.
@@ -263,9 +263,9 @@ def _split_costs(req: Request, pp: int, mode: str) -> list[tuple[float, float]]:
     spec = req.spec
     head, emb = counts.head_unit(spec), counts.embedding_unit(spec)
     if mode == "compute":
-        from ratrain.planner.bounds import unit_times
+        from ratrain.planner.bounds import peak_unit_times
 
-        ut = unit_times(spec, req.platform, 1, req.seq, req.compute_dtype)
+        ut = peak_unit_times(spec, req.platform, 1, req.seq, req.compute_dtype)
         block, first, last = ut.f_block + ut.b_block, ut.f_emb + ut.b_emb, ut.f_head + ut.b_head
         return _edges([(block, 0.0)] * pp, first, last)
     if mode == "params":
@@ -296,8 +296,24 @@ def _edges(
     return costs
 
 
+_SPLITS_CACHE: dict[tuple, list[tuple[int, ...]]] = {}
+
+
 def splits(req: Request, pp: int, modes: tuple[str, ...]) -> list[tuple[int, ...]]:
     """Distinct layer splits for `pp` stages under the split modes of a family."""
+    key = (
+        req.spec,
+        req.platform.name,
+        req.seq,
+        req.compute_dtype,
+        req.clusters,
+        req.global_batch,
+        pp,
+        modes,
+    )
+    hit = _SPLITS_CACHE.get(key)
+    if hit is not None:
+        return hit
     out: list[tuple[int, ...]] = []
     for mode in modes:
         if mode == "even":
@@ -306,6 +322,9 @@ def splits(req: Request, pp: int, modes: tuple[str, ...]) -> list[tuple[int, ...
             s = balanced_split(_split_costs(req, pp, mode), req.spec.n_layers, pp)
         if s not in out:
             out.append(s)
+    if len(_SPLITS_CACHE) > 100_000:
+        _SPLITS_CACHE.clear()
+    _SPLITS_CACHE[key] = out
     return out
 
 

@@ -1,0 +1,123 @@
+"""The paper's evaluation, by planning and simulation: RATrain against the GPU-style
+baselines under the same memory cap, and the LLaMA-2-7B scaling curve.
+
+Every figure here is a prediction of ratrain's cost model from platform constants that are
+sourced or assumed (see the platform file); none is fitted to the paper's results, which
+are listed beside ours in `PAPER`. Pure Python.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ratrain.models.presets import get_preset
+from ratrain.planner.search import Candidate, search
+from ratrain.planner.space import BASELINE_FAMILIES, Request
+from ratrain.platforms import Platform
+
+__all__ = [
+    "PAPER",
+    "PAPER_MODELS",
+    "SCALING_CLUSTERS",
+    "ModelRow",
+    "ScalePoint",
+    "compare_models",
+    "scaling_curve",
+]
+
+PAPER = {
+    "max_speedup": 1.35,
+    "llama2_7b_1024_tokens_per_s": 112_790.55,
+    "llama2_7b_1024_scaling_efficiency": 0.970,
+    "memory_cap_bytes": 20e9,
+}
+"""RATrain (arXiv 2606.10415): up to 1.35x over MT-3000-adapted GPU-style strategies;
+LLaMA-2-7B on 1024 compute clusters at 112,790.55 tokens/s, 97.0% scaling efficiency."""
+
+PAPER_MODELS = ("llama2-7b", "baichuan2-13b", "qwen2.5-32b", "llama2-70b")
+SCALING_CLUSTERS = (8, 16, 32, 64, 128, 256, 512, 1024)
+SEQ = 4096
+BATCH_TOKENS = 4 * 2**20
+"""LLaMA 2's global batch (Touvron et al. 2023, §2.2): 4M tokens, 1024 sequences of 4096."""
+
+
+@dataclass
+class ModelRow:
+    model: str
+    ratrain: Candidate | None
+    baselines: dict[str, Candidate | None]
+    search_time_s: float
+
+    def speedup(self, family: str | None = None) -> float | None:
+        """Over one baseline family, or over the best baseline when `family` is None."""
+        if self.ratrain is None:
+            return None
+        if family is None:
+            found = [c for c in self.baselines.values() if c is not None]
+            base = max(found, key=lambda c: c.tokens_per_s) if found else None
+        else:
+            base = self.baselines.get(family)
+        return None if base is None else self.ratrain.tokens_per_s / base.tokens_per_s
+
+
+@dataclass
+class ScalePoint:
+    clusters: int
+    global_batch: int
+    best: Candidate | None
+    efficiency: float | None = None
+    """(tokens/s at N / N) / (tokens/s at the first point / its clusters)."""
+
+
+def _req(model: str, platform: Platform, clusters: int, global_batch: int, families) -> Request:
+    return Request(get_preset(model), platform, clusters, global_batch, SEQ, families=families)
+
+
+def compare_models(
+    platform: Platform,
+    models: tuple[str, ...] = PAPER_MODELS,
+    clusters: int = 1024,
+    progress: Callable[[str], None] | None = None,
+) -> list[ModelRow]:
+    """Per model: the best RATrain plan and the best plan of each baseline family."""
+    rows = []
+    gb = BATCH_TOKENS // SEQ
+    for model in models:
+        t0 = time.perf_counter()
+        best = search(_req(model, platform, clusters, gb, ("ratrain",)), top=1).best
+        bases = {
+            fam: search(_req(model, platform, clusters, gb, (fam,)), top=1).best
+            for fam in BASELINE_FAMILIES
+        }
+        rows.append(ModelRow(model, best, bases, time.perf_counter() - t0))
+        if progress:
+            progress(f"{model}: {rows[-1].search_time_s:.1f} s")
+    return rows
+
+
+def scaling_curve(
+    platform: Platform,
+    model: str = "llama2-7b",
+    clusters: tuple[int, ...] = SCALING_CLUSTERS,
+    *,
+    weak: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> list[ScalePoint]:
+    """The best RATrain plan at each cluster count. Strong scaling (default): the global
+    batch stays LLaMA 2's 4M tokens; weak: one 4096-token sequence per cluster per step
+    (4M tokens at 1024 clusters)."""
+    points = []
+    for n in clusters:
+        gb = max(1, n * BATCH_TOKENS // SEQ // 1024) if weak else BATCH_TOKENS // SEQ
+        best = search(_req(model, platform, n, gb, ("ratrain",)), top=1).best
+        points.append(ScalePoint(n, gb, best))
+        if progress:
+            progress(f"{model} on {n} clusters")
+    base = points[0]
+    for p in points:
+        if p.best is not None and base.best is not None:
+            per = p.best.tokens_per_s / p.clusters
+            p.efficiency = per / (base.best.tokens_per_s / base.clusters)
+    return points
