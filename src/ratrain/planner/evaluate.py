@@ -5,11 +5,12 @@ platform's reserved workspace is at most the usable memory. The memory the plann
 reports is the ledger's replay of the plan's own schedule (`ratrain.schedule.
 build_schedule`), the same one `ratrain simulate --plan` reports.
 
-During the search, memory is replayed on a shortened step when that is exact: a 1F1B
-stage's memory repeats from one steady-state pair to the next, so a step of `pp + 1`
-microbatches reaches the same per-stage peak as a longer one (`memory_microbatches`;
-`tests/test_planner.py` checks the equality on every schedule). The winning plans are
-replayed in full when simulated. Pure Python.
+During the search, memory is replayed on a shortened step: a 1F1B stage's memory repeats
+from one steady-state pair to the next, so a step of a few more microbatches than stages
+reaches the same per-stage peak as a longer one (`memory_microbatches`;
+`tests/test_planner.py` checks the equality over schedules, policies and lookaheads).
+Every plan that is ranked is replayed in full by its simulation, and one that the full
+replay finds over the cap is not ranked. Pure Python.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ def usable_bytes(req: Request) -> int:
 
 
 def memory_microbatches(plan: Plan) -> int:
-    """Microbatches of the shortened step whose per-stage peak equals the full step's."""
-    return min(plan.microbatches, plan.pp + 1)
+    """Microbatches of the shortened step whose per-stage peak equals the full step's: one
+    steady pair past the longest warmup (pp - 1 forwards), and, with transient views, room
+    for a fetch placed `view_lookahead` uses back to reach into the previous pass."""
+    extra = 2 + plan.view_lookahead if plan.view_policy == "transient" else 1
+    return min(plan.microbatches, plan.pp + extra)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,231 @@
+"""The planner: its bounds hold against the ledger and the simulator, pruning never drops
+the plan exhaustive search picks, families keep to their knobs, pins hold."""
+
+import itertools
+import sys
+from dataclasses import replace
+
+import pytest
+
+from ratrain.config import Plan
+from ratrain.errors import RatrainError
+from ratrain.memory import replay
+from ratrain.models.presets import get_preset
+from ratrain.planner import FAMILIES, Request, parse_pins, search
+from ratrain.planner.bounds import (
+    MemoryBound,
+    overheads,
+    peak_unit_times,
+    step_time_lower_bound_s,
+    unit_times,
+)
+from ratrain.planner.evaluate import Evaluator, usable_bytes
+from ratrain.planner.fit import stage_options
+from ratrain.planner.space import knob_combos, make_plan, structures
+from ratrain.platforms.load import load
+from ratrain.schedule import build_schedule
+from ratrain.sim import simulate
+
+TINY = get_preset("tiny")
+
+
+def _small_cap(usable: int = 3_000_000, workspace: int = 500_000):
+    """mt3000 with a cap that the tiny model's plans straddle (so recompute matters)."""
+    return replace(load("mt3000"), usable_memory_bytes=usable, workspace_bytes=workspace)
+
+
+def _grid(spec, seq, pps=(1, 2, 4), ms=(1, 2, 3, 6)):
+    for pp, dp, m, sched, rec, shard, view, off in itertools.product(
+        pps,
+        (1, 4),
+        ms,
+        ("baseline", "gpu-style", "ratrain"),
+        ("none", "selective", "first:1", "full"),
+        (False, True),
+        ("persistent", "transient"),
+        (False, True),
+    ):
+        if sched != "ratrain" and (view == "transient" or off):
+            continue
+        yield Plan(
+            pp=pp,
+            dp=dp,
+            global_batch=dp * m,
+            seq=seq,
+            schedule=sched,
+            recompute=rec,
+            shard_optimizer=shard,
+            view_policy=view,
+            compute_dtype="fp16",
+            grad_dtype="fp16",
+            offload_activations=off,
+        )
+
+
+@pytest.mark.parametrize("name,seq", [("tiny", 128), ("llama2-7b", 1024)])
+def test_memory_bound_never_exceeds_the_ledger(name, seq):
+    spec = get_preset(name)
+    ratios = []
+    small = name == "tiny"
+    for plan in _grid(
+        spec, seq, pps=(1, 2, 4) if small else (2, 4), ms=(1, 3, 6) if small else (1, 6)
+    ):
+        led = replay(build_schedule(spec, plan), spec, plan, keep_trace=False)
+        bound = MemoryBound(spec, plan)
+        for s, st in enumerate(led.stages):
+            lb = bound.stage(s, plan.recompute[s])
+            assert lb <= st.peak_bytes, (plan, s, lb, st.peak_bytes)
+            ratios.append(lb / st.peak_bytes)
+    ratios.sort()
+    assert ratios[len(ratios) // 2] > 0.95  # tight enough to pick the recompute policy
+
+
+@pytest.mark.parametrize("platform", ["mt3000", "a100-80g"])
+def test_step_bound_never_exceeds_the_simulation(platform):
+    pl = load(platform)
+    ut = unit_times(TINY, pl, 1, 128, "fp16")
+    peak = peak_unit_times(TINY, pl, 1, 128, "fp16")
+    for f in ("f_block", "b_block", "f_head", "b_head", "rc_full", "rc_selective"):
+        assert getattr(peak, f) <= getattr(ut, f)  # the lazy bound is a bound
+    tight = 0
+    for plan in _grid(TINY, 128, ms=(1, 2, 6)):
+        res = simulate(TINY, plan, pl)
+        split = plan.blocks_per_stage(TINY)
+        lb = step_time_lower_bound_s(
+            split, plan.microbatches, ut, plan.recompute, overheads(TINY, plan, pl)
+        )
+        assert lb <= res.step_time_s * (1 + 1e-12), (plan, lb, res.step_time_s)
+        assert step_time_lower_bound_s(split, plan.microbatches, peak) <= lb
+        tight += lb > 0.9 * res.step_time_s
+    assert tight > 0
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama2-7b"])
+def test_shortened_memory_replay_equals_the_full_one(name):
+    spec = get_preset(name)
+    ev = Evaluator(Request(spec, load("mt3000"), 64, 64, 128))
+    plans = list(_grid(spec, 128, pps=(2, 4), ms=(14,))) if name == "tiny" else []
+    plans += [
+        Plan(
+            pp=pp,
+            dp=2,
+            global_batch=2 * m,
+            seq=128,
+            view_policy="transient",
+            view_lookahead=la,
+            recompute=rec,
+            offload_activations=off,
+            compute_dtype="fp16",
+        )
+        for pp, la, rec, off, m in itertools.product(
+            (3, 4), (2, 3), ("none", "full"), (False, True), (13, 20)
+        )
+    ]
+    for plan in plans:
+        full = replay(build_schedule(spec, plan), spec, plan, keep_trace=False)
+        short = ev.memory(plan)
+        assert short.peak_bytes == tuple(s.peak_bytes for s in full.stages), plan
+
+
+def _exhaustive(req: Request) -> tuple[float, int, int]:
+    """Best tokens/s over every plan of the space, every recompute choice included."""
+    best, feasible, infeasible = 0.0, 0, 0
+    limit = usable_bytes(req)
+    for name in req.families:
+        fam = FAMILIES[name]
+        for st in structures(req, fam):
+            for kn in knob_combos(req, fam, st):
+                if fam.per_stage_recompute:
+                    recs = itertools.product(*(stage_options(n) for n in st.layer_split))
+                else:
+                    recs = ((o,) * st.pp for o in stage_options(max(st.layer_split)))
+                for rec in recs:
+                    plan = make_plan(req, st, kn, tuple(rec))
+                    led = replay(build_schedule(req.spec, plan), req.spec, plan, keep_trace=False)
+                    if any(s.peak_bytes > limit for s in led.stages):
+                        infeasible += 1
+                        continue
+                    feasible += 1
+                    best = max(best, simulate(req.spec, plan, req.platform).tokens_per_s)
+    return best, feasible, infeasible
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("clusters,global_batch", [(3, 6), (2, 8)])
+def test_pruning_never_drops_the_exhaustive_best(clusters, global_batch):
+    req = Request(TINY, _small_cap(), clusters, global_batch, 128)
+    want, feasible, infeasible = _exhaustive(req)
+    assert feasible and infeasible  # the cap binds: recompute and sharding matter
+    pruned = search(req, top=1)
+    full = search(req, top=1, prune=False)
+    assert pruned.best.tokens_per_s == pytest.approx(want, rel=1e-12)
+    assert full.best.tokens_per_s == pytest.approx(want, rel=1e-12)
+    assert pruned.candidates_simulated < full.candidates_simulated
+    assert all(p <= usable_bytes(req) for p in pruned.best.peak_memory_bytes)
+
+
+def test_baseline_families_keep_to_their_knobs():
+    req = Request(TINY, _small_cap(4_000_000), 4, 8, 128)
+    for fam, schedule in (("gpu-style", "gpu-style"), ("zero1-pp", "baseline")):
+        res = search(req.with_(families=(fam,)), top=3)
+        assert res.ranked
+        for c in res.ranked:
+            p = c.plan
+            assert c.family == fam and p.schedule == schedule
+            assert len(set(p.recompute)) == 1 and p.view_policy == "persistent"
+            assert not p.offload_activations
+            if fam == "zero1-pp" and p.dp > 1:
+                assert p.shard_optimizer
+
+
+def test_ranked_plans_fit_and_are_ordered():
+    req = Request(TINY, _small_cap(), 4, 8, 128)
+    res = search(req, top=4)
+    steps = [c.step_time_s for c in res.ranked]
+    assert steps == sorted(steps) and len(steps) == 4
+    for c in res.ranked:
+        assert c.clusters_used <= 4
+        assert max(c.peak_memory_bytes) <= usable_bytes(req)
+        res2 = simulate(TINY, c.plan, req.platform)
+        assert tuple(res2.peak_memory_bytes) == c.peak_memory_bytes
+        assert res2.step_time_s == c.step_time_s
+
+
+def test_pins_are_respected():
+    pins = parse_pins(["pp=2", "recompute=full", "schedule=ratrain", "shard_optimizer=false"])
+    assert pins == {"pp": 2, "recompute": "full", "schedule": "ratrain", "shard_optimizer": False}
+    res = search(Request(TINY, _small_cap(), 4, 8, 128, pins=pins), top=2)
+    for c in res.ranked:
+        p = c.plan
+        assert (p.pp, p.schedule, p.shard_optimizer) == (2, "ratrain", False)
+        assert set(p.recompute) == {"full"}
+    split = parse_pins(["layer_split=1,3", "recompute=none,full"])
+    res = search(Request(TINY, load("mt3000"), 4, 8, 128, pins={"pp": 2, **split}), top=1)
+    assert res.best.plan.layer_split == (1, 3) and res.best.plan.recompute == ("none", "full")
+
+
+@pytest.mark.parametrize(
+    "bad", ["pp", "nosuch=1", "pp=two", "shard_optimizer=maybe", "schedule=x", "global_batch=8"]
+)
+def test_bad_pins_are_user_errors(bad):
+    with pytest.raises(RatrainError):
+        parse_pins([bad])
+
+
+def test_infeasible_search_reports_the_nearest_miss():
+    from ratrain.planner import explain
+
+    req = Request(TINY, _small_cap(1_200_000, 100_000), 2, 4, 128)
+    res = search(req, top=1)
+    assert not res.feasible and res.near is not None
+    ex = explain(req, res.near)
+    assert ex.over_bytes > 0 and ex.stage is not None and ex.largest_class in ex.breakdown
+    assert ex.changes and all(max(c.peak_bytes) <= usable_bytes(req) for c in ex.changes)
+    assert any("clusters" in c.what for c in ex.changes)
+
+
+def test_planner_does_not_import_torch():
+    import subprocess
+
+    code = "import sys, ratrain.planner, ratrain.planner.paper; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
