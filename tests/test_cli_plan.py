@@ -1,0 +1,163 @@
+"""`ratrain plan` and `ratrain bench paper`: output, plan files that `ratrain simulate`
+reads with the same memory, infeasibility with exit code 2, user errors."""
+
+import json
+
+import pytest
+import yaml
+
+from ratrain.cli import main
+
+
+def _json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.timeout(120)
+def test_plan_memory_equals_simulate_of_the_written_plan(tmp_path, capsys):
+    out = tmp_path / "plan.yaml"
+    png = tmp_path / "mem.png"
+    rc = main(
+        [
+            "plan",
+            "--model",
+            "llama2-7b",
+            "--platform",
+            "mt3000",
+            "--clusters",
+            "64",
+            "--top",
+            "2",
+            "--quiet",
+            "--json",
+            "-o",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
+    assert rc == 0
+    got = _json(capsys)
+    for key in ("feasible", "plan", "predicted", "search_time_s", "candidates_evaluated"):
+        assert key in got
+    assert got["feasible"] and got["global_batch"] == 1024 and got["seq"] == 4096
+    pred = got["predicted"]
+    assert len(pred["peak_memory_bytes"]) == got["plan"]["pp"]
+    assert max(pred["peak_memory_bytes"]) <= 20e9 - 0.5e9
+    assert png.stat().st_size > 0
+    assert yaml.safe_load(out.read_text())["plan"]["model"] == "llama2-7b"
+
+    assert main(["simulate", "--plan", str(out), "--platform", "mt3000", "--json"]) == 0
+    sim = _json(capsys)
+    assert sim["peak_memory_bytes"] == pred["peak_memory_bytes"]
+    assert sim["step_time_s"] == pytest.approx(pred["step_time_s"], rel=1e-12)
+    assert sim["tokens_per_s"] == pytest.approx(pred["tokens_per_s"], rel=1e-12)
+
+
+@pytest.mark.timeout(120)
+def test_llama2_70b_on_8_clusters_is_explained_with_exit_code_2(capsys):
+    rc = main(["plan", "--model", "llama2-70b", "--clusters", "8", "--quiet"])
+    assert rc == 2
+    text = capsys.readouterr().out
+    assert "no plan fits" in text and "over by" in text
+    assert "cheapest change that fits: use" in text and "clusters instead of 8" in text
+    assert "optimizer" in text  # the state class that dominates the overflowing stage
+
+
+@pytest.mark.timeout(120)
+def test_infeasible_json_has_the_explanation(capsys):
+    rc = main(
+        [
+            "plan",
+            "--model",
+            "llama2-7b",
+            "--clusters",
+            "8",
+            "--quiet",
+            "--json",
+            "--pin",
+            "pp=2",
+            "--pin",
+            "recompute=none",
+        ]
+    )
+    assert rc == 2
+    got = _json(capsys)
+    assert got["feasible"] is False
+    ex = got["explanation"]
+    assert ex["over_bytes"] > 0 and ex["stage"] is not None and ex["largest_class"]
+    assert any("recompute" in c["change"] for c in ex["changes"])
+    assert all(max(c["peak_memory_bytes"]) <= 19.5e9 for c in ex["changes"])
+
+
+def test_table_output_and_batch_in_tokens(capsys):
+    rc = main(
+        [
+            "plan",
+            "--model",
+            "tiny",
+            "--platform",
+            "cpu-local",
+            "--clusters",
+            "4",
+            "--global-batch-tokens",
+            "1024",
+            "--seq",
+            "128",
+            "--quiet",
+            "--baselines",
+        ]
+    )
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "global batch 8 x 128 tokens" in text
+    assert "tokens/s" in text and "why #1" in text and "vs best gpu-style" in text
+    assert "largest classes at the peak" in text
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--pin", "nosuch=1"], "unknown field"),
+        (["--pin", "pp=x"], "expected an integer"),
+        (["--global-batch-tokens", "1000", "--seq", "128"], "not a multiple"),
+        (["--seq", "100000"], "max_seq"),
+    ],
+)
+def test_user_errors_are_one_line_with_exit_code_2(argv, message, capsys):
+    rc = main(["plan", "--model", "tiny", "--clusters", "4", "--quiet", *argv])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_help_says_the_global_batch_is_in_sequences(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "sequences per optimizer step" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_bench_paper_writes_table_json_and_plot(tmp_path, capsys):
+    rc = main(
+        [
+            "bench",
+            "paper",
+            "--out",
+            str(tmp_path),
+            "--models",
+            "llama2-7b",
+            "--clusters",
+            "512,1024",
+            "--quiet",
+        ]
+    )
+    assert rc == 0
+    md = (tmp_path / "paper_eval.md").read_text()
+    assert "112,790.55" in md and "1.35x" in md and "| llama2-7b |" in md
+    data = json.loads((tmp_path / "paper_eval.json").read_text())
+    row = data["models"][0]
+    assert row["speedup"]["best_baseline"] > 0
+    assert [p["clusters"] for p in data["scaling"]] == [512, 1024]
+    assert data["scaling"][0]["efficiency"] == pytest.approx(1.0)
+    assert (tmp_path / "paper_eval.png").stat().st_size > 0
