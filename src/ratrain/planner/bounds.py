@@ -176,6 +176,8 @@ class Overheads:
     """Per boundary s+1 -> s: one microbatch's gradient."""
     tail_s: float
     """After stage 0's last backward: its last gradient sync and the update that waits."""
+    start_s: float = 0.0
+    """Before stage 0's first forward: fetching the embedding's transient view."""
 
     @staticmethod
     def none(pp: int) -> Overheads:
@@ -203,7 +205,14 @@ def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
         after = cm.time_s(Action(Op.UPDATE, 0, (0,)))
     else:
         after = upd[0]
-    return Overheads(upd, send_f, send_b, sync + after)
+    # Transient views are not held between steps: the first forward waits for its fetch.
+    transient = plan.schedule == "ratrain" and plan.view_policy == "transient"
+    start = (
+        cm.time_s(Action(Op.VIEW_FETCH, 0, (0,)))
+        if transient and view_bytes_per_param(plan)
+        else 0.0
+    )
+    return Overheads(upd, send_f, send_b, sync + after, start)
 
 
 def step_time_lower_bound_s(
@@ -228,7 +237,8 @@ def step_time_lower_bound_s(
     for s in range(pp - 2, -1, -1):
         f1, b1 = fb[s + 1]
         trip[s] = trip[s + 1] + sf[s] + f1 + b1 + rcp[s + 1] + sb[s + 1]
-    best = last_b0 = fill = drain = 0.0
+    best = last_b0 = drain = 0.0
+    fill = over.start_s
     for s, (f, b) in enumerate(fb):
         r = rc[s]
         w = min(pp - s - 1, m)

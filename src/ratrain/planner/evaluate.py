@@ -88,8 +88,8 @@ class Evaluator:
         t0 = time.perf_counter()
         spec = self.req.spec
         schedule = build_schedule(spec, plan)
-        self._schedule = (key, schedule)  # the next simulation of the same plan reuses it
         ledger = replay(schedule, spec, plan, keep_trace=False)
+        self._schedule = (key, schedule, ledger)  # a simulation of the same plan reuses both
         rep = MemoryReport(
             peak_bytes=tuple(int(st.peak_bytes) for st in ledger.stages),
             breakdown=tuple(dict(st.breakdown_at_peak) for st in ledger.stages),
@@ -102,15 +102,21 @@ class Evaluator:
 
     def simulate(self, plan: Plan):
         """The full step: `ratrain.sim.simulate`'s result (memory from the full ledger)."""
-        from ratrain.sim import simulate
+        from ratrain.cost.model import CostModel
+        from ratrain.sim.simulate import simulate, simulate_schedule
 
         key = _freeze(plan)
         hit = self._sim.get(key)
         if hit is not None:
             return hit
         t0 = time.perf_counter()
-        schedule = self._schedule[1] if self._schedule and self._schedule[0] == key else None
-        res = simulate(self.req.spec, plan, self.req.platform, schedule=schedule)
+        if self._schedule and self._schedule[0] == key:
+            # The step just replayed in full: time it with the same schedule and ledger.
+            _, schedule, ledger = self._schedule
+            cost = CostModel(self.req.spec, plan, self.req.platform)
+            res = simulate_schedule(schedule, cost, ledger=ledger)
+        else:
+            res = simulate(self.req.spec, plan, self.req.platform)
         self.simulate_s += time.perf_counter() - t0
         self.n_simulated += 1
         self._sim[key] = res

@@ -136,9 +136,11 @@ def time_bound_s(fam: Family, st: Structure, m: int, ut: UnitTimes, opts: Option
     if fam.per_stage_recompute:
         rec = tuple(o[0] for o in opts.per_stage)
         return step_time_lower_bound_s(st.layer_split, m, ut, rec, over)
-    return min(
-        step_time_lower_bound_s(st.layer_split, m, ut, (o,) * st.pp, over) for o in opts.uniform
+    # Per stage the cheapest of the uniform policies left: one bound below all of them.
+    rec = tuple(
+        min(opts.uniform, key=lambda o, n=n: recompute_time_s(o, n, ut)) for n in st.layer_split
     )
+    return step_time_lower_bound_s(st.layer_split, m, ut, rec, over)
 
 
 def per_stage_choices(opts: Options, over_stages: list[int], idx: list[int]) -> bool:

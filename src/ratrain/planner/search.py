@@ -155,7 +155,7 @@ def _tasks(req: Request, families: tuple[str, ...]) -> list[tuple]:
     """A heap of structures by their step-time bound. A micro-batch size whose kernel times
     are not known yet is bounded at the dtype's peak first (no kernel-model cost); the
     exact kernel times are computed when such a structure reaches the top of the heap."""
-    out, known = [], {}
+    out, known, seen = [], {}, {}
     for order, name in enumerate(families):
         fam = FAMILIES[name]
         if req.pins.get("schedule", fam.schedule) != fam.schedule:
@@ -168,8 +168,10 @@ def _tasks(req: Request, families: tuple[str, ...]) -> list[tuple]:
                 known[st.micro_batch] = peak_unit_times(
                     req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype
                 )
-            ut = known[st.micro_batch]
-            lb = step_time_lower_bound_s(st.layer_split, st.microbatches(req.global_batch), ut)
+            lb = seen.get(st)
+            if lb is None:  # families share structures: bound each once
+                m = st.microbatches(req.global_batch)
+                lb = seen[st] = step_time_lower_bound_s(st.layer_split, m, known[st.micro_batch])
             out.append((lb, order, len(out), _PEAK, st, fam, kns, None))
     heapq.heapify(out)
     return out
