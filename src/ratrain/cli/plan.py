@@ -82,6 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _request(args: argparse.Namespace):
     from ratrain.models.presets import resolve_model
     from ratrain.planner import Request, parse_pins
+    from ratrain.planner.space import ALL_FAMILIES
     from ratrain.platforms import load
 
     spec, platform = resolve_model(args.model), load(args.platform)
@@ -94,11 +95,7 @@ def _request(args: argparse.Namespace):
         gb = args.global_batch_tokens // seq
     else:
         gb = args.global_batch or max(1, DEFAULT_BATCH_TOKENS // seq)
-    families = (
-        tuple(dict.fromkeys(args.family))
-        if args.family
-        else Request.__dataclass_fields__["families"].default
-    )
+    families = tuple(dict.fromkeys(args.family)) if args.family else ALL_FAMILIES
     return Request(
         spec, platform, args.clusters, gb, seq, pins=parse_pins(args.pin), families=families
     )

@@ -24,9 +24,20 @@ _KNOBS = (
 )
 
 
+def _runs(values) -> str:
+    """Run-length text: none,selective*16,none*15."""
+    out: list[list] = []
+    for v in values:
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return ",".join(f"{v}*{n}" if n > 1 else str(v) for v, n in out)
+
+
 def _rec(p: Plan) -> str:
     rec = p.recompute
-    return rec[0] if len(set(rec)) == 1 else ",".join(rec)
+    return rec[0] if len(set(rec)) == 1 else _runs(rec)
 
 
 def describe(p: Plan) -> str:
@@ -34,7 +45,7 @@ def describe(p: Plan) -> str:
     views = p.view_policy + (f"/{p.view_lookahead}" if p.view_policy == "transient" else "")
     return (
         f"{p.schedule} pp={p.pp} dp={p.dp} mb={p.micro_batch} m={p.microbatches} "
-        f"split={','.join(map(str, p.layer_split or ()))} recompute={_rec(p)} "
+        f"split={_runs(p.layer_split or ())} recompute={_rec(p)} "
         f"shard={'yes' if p.shard_optimizer else 'no'} views={views} grad={p.grad_dtype} "
         f"offload={'yes' if p.offload_activations else 'no'}"
     )
@@ -45,7 +56,7 @@ def _value(p: Plan, f: str) -> str:
     if f == "recompute":
         return _rec(p)
     if isinstance(v, tuple):
-        return ",".join(map(str, v))
+        return _runs(v)
     return str(v)
 
 

@@ -26,6 +26,8 @@ from ratrain.models.spec import ModelSpec
 from ratrain.platforms import Platform
 
 __all__ = [
+    "ALL_FAMILIES",
+    "BASELINE_FAMILIES",
     "FAMILIES",
     "Family",
     "Knobs",
@@ -111,6 +113,7 @@ FAMILIES: dict[str, Family] = {
     ]
 }
 BASELINE_FAMILIES = ("gpu-style", "zero1-pp")
+ALL_FAMILIES = tuple(FAMILIES)
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ class Request:
     """Sequences per optimizer step (Plan.global_batch)."""
     seq: int
     pins: Mapping[str, object] = field(default_factory=dict)
-    families: tuple[str, ...] = ("ratrain", "gpu-style", "zero1-pp", "baseline")
+    families: tuple[str, ...] = ALL_FAMILIES
 
     def __post_init__(self) -> None:
         for f in ("clusters", "global_batch", "seq"):
