@@ -50,7 +50,6 @@ __all__ = [
     "overheads",
     "persistent_lower_bound_bytes",
     "MemoryBound",
-    "stage_memory_lower_bound_bytes",
 ]
 
 
@@ -378,8 +377,3 @@ class MemoryBound:
             return False, others * total_keep
         last_in_flight = mb < m - 1 <= mb + others  # another microbatch, kept on device
         return mb < m - 1, int(last_in_flight) * total_keep
-
-
-def stage_memory_lower_bound_bytes(spec: ModelSpec, plan: Plan, stage: int, policy: str) -> int:
-    """`MemoryBound(spec, plan).stage(stage, policy)`."""
-    return MemoryBound(spec, plan).stage(stage, policy)

@@ -9,10 +9,10 @@ time: none, selective (the attention core), first:K (full recompute of the stage
 K blocks), full.
 
 Finding them is exact and cheap: a closed-form lower bound on each stage's peak
-(`stage_memory_lower_bound_bytes`) rules policies out without the ledger; the cheapest
-policy it leaves on each stage is replayed, and a stage the ledger finds over the cap
-moves on to its next candidate. A policy is skipped only when its bound or its replay
-overflows. Pure Python.
+(`MemoryBound`) rules policies out without the ledger (`options`); the search replays the
+cheapest policy it leaves on each stage and moves a stage the ledger finds over the cap on
+to its next one (`per_stage_choices`). A policy is skipped only when its bound or its
+replay overflows. Pure Python.
 """
 
 from __future__ import annotations

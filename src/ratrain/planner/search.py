@@ -1,14 +1,16 @@
 """Branch and bound over the search space: feasible by the ledger, ranked by the simulator.
 
-1. Enumerate structures (pp, dp, micro-batch, split) of every family asked for, each with
-   the compute-bound lower bound on its step time (`ratrain.planner.bounds`), and sort them
-   by it: the tokens per step are fixed by the request, so a shorter step is more tokens/s.
-2. Walk them in that order. Once `top` plans are known, a structure whose bound is no
+1. Enumerate the structures (pp, dp, micro-batch, split) of every family asked for, each
+   with a lower bound on its step time (`ratrain.planner.bounds`), in a heap: the tokens per
+   step are fixed by the request, so a shorter step is more tokens/s.
+2. Pop the structure with the smallest bound. Once `top` plans are known, a bound no
    shorter than the `top`-th best step cannot place, and neither can any after it: stop.
-3. For each knob combination of a structure: drop it if a persistent-state lower bound
-   already overflows a stage; else fit the recompute policy per stage with the ledger
-   (`ratrain.planner.fit`); bound again with the recomputation and the optimizer step
-   added; simulate only what can still place.
+   A bound is refined before its structure is worked on, and pushed back: from kernel times
+   at peak to the kernel model's times, then per knob combination with the recomputation
+   the memory bound forces and the communication and update overheads.
+3. For each knob combination that can still place: the cheapest recompute policy per stage
+   the memory bound allows (`ratrain.planner.fit`) is replayed by the ledger; a stage over
+   the cap moves to its next policy; what fits is simulated.
 
 The simulator's step time is the ranking; its memory (the full ledger) is what is reported.
 Pure Python.
@@ -103,7 +105,6 @@ class SearchResult:
     memory_replays: int
     structures_pruned: int
     near: Near | None = None
-    best_by_family: dict[str, Candidate] = field(default_factory=dict)
 
     @property
     def feasible(self) -> bool:
@@ -371,7 +372,3 @@ def _candidate(res, plan: Plan, family: str, limit: int) -> Candidate:
         exposed=list(res.exposed),
         utilization=list(res.utilization),
     )
-
-
-def structure_of(plan: Plan) -> Structure:
-    return Structure(plan.pp, plan.dp, plan.micro_batch, tuple(plan.layer_split or ()))
