@@ -52,8 +52,6 @@ def test_train_on_text_and_tokens(tmp_path, capsys):
         (["--warmup", "-3"], "--warmup must be >= 0"),
         (["--weight-decay", "-0.1"], "--weight-decay must be >= 0"),
         (["--data", "nope.txt"], "not found"),
-        (["--dp", "2", "--global-batch", "64"], "distributed runtime"),
-        (["--pp", "2"], "distributed runtime"),
         (["--nproc", "3"], "does not match pp x dp"),
         (["--nproc", "0"], "--nproc must be a positive"),
         (["--threads", "0"], "--threads must be a positive"),

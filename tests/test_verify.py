@@ -72,3 +72,40 @@ def test_plan_over_memory_cap_is_one_line(capsys):
 def test_unreachable_rendezvous_is_one_line(capsys, monkeypatch):
     _torchrun_env(monkeypatch, rank=1, world=4)  # rank 0 never starts
     _one_line_error(capsys, ["verify", "--steps", "1", "--timeout", "2"], "rendezvous at 127.0.0.1")
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_train_routes_pipelines_to_the_distributed_runtime(tmp_path, capsys):
+    path = tmp_path / "m.jsonl"
+    argv = [
+        "train",
+        "--pp",
+        "2",
+        "--steps",
+        "2",
+        "--seq",
+        "16",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "4",
+        "--metrics",
+        str(path),
+        "--quiet",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "pp=2 dp=1 (2 ranks)" in out and "final loss" in out and "2 steps in" in out
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    keys = {
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "step_time_s",
+        "peak_bytes_per_rank",
+        "max_rss_bytes_per_rank",
+    }
+    assert keys <= set(rows[0]) and len(rows[0]["max_rss_bytes_per_rank"]) == 2

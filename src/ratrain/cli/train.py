@@ -113,11 +113,10 @@ def run(args: argparse.Namespace) -> int:
         raise RatrainError(
             f"--nproc {args.nproc} does not match pp x dp = {world}; drop --nproc or fix it"
         )
-    if world > 1:
-        raise RatrainError(
-            f"pp x dp = {world} needs the distributed runtime, which is not available yet; "
-            "run with --pp 1 --dp 1 (the reference trainer)"
-        )
+    if world > 1 or args.nproc is not None:
+        from ratrain.runtime.distributed_train import run_distributed
+
+        return run_distributed(args, spec, plan, train_config_from_args(args))
     return run_reference(args, spec, plan)
 
 

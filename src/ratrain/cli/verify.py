@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         memory_cap_label="--memory-cap",
     )
     losses: dict[str, list[float]] = {}
+    skipped: dict[str, int] = {}
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     results = run_job(job)
@@ -120,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         for kind, run_ in r.runs.items():
             if run_.losses:
                 losses[kind] = run_.losses
+                skipped[kind] = sum(bool(rec.get("skipped")) for rec in run_.records)
     if set(losses) != {"baseline", "ratrain"}:
         return 0  # a rank of a torchrun job that is not the metrics rank: nothing to report
     if not args.no_reference:
@@ -133,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         "steps": cfg.steps,
         "bit_identical": losses["ratrain"] == losses["baseline"],
         "final_loss": {k: v[-1] for k, v in losses.items()},
+        "skipped_steps": skipped,
         "plan": plan.to_dict(),
         "model": spec.name,
         "time_s": times,
