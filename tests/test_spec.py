@@ -18,10 +18,15 @@ def test_llama2_param_counts_exact():
 def _hf_config(spec: ModelSpec):
     transformers = pytest.importorskip("transformers")
     common = dict(
-        vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.ffn,
-        num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads,
-        num_key_value_heads=spec.n_kv_heads, rms_norm_eps=spec.norm_eps,
-        rope_theta=spec.rope_theta, tie_word_embeddings=spec.tied_embeddings,
+        vocab_size=spec.vocab,
+        hidden_size=spec.hidden,
+        intermediate_size=spec.ffn,
+        num_hidden_layers=spec.n_layers,
+        num_attention_heads=spec.n_heads,
+        num_key_value_heads=spec.n_kv_heads,
+        rms_norm_eps=spec.norm_eps,
+        rope_theta=spec.rope_theta,
+        tie_word_embeddings=spec.tied_embeddings,
         max_position_embeddings=spec.max_seq,
     )
     if spec.qkv_bias:
@@ -29,7 +34,9 @@ def _hf_config(spec: ModelSpec):
     return transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
 
 
-@pytest.mark.parametrize("name", [n for n, s in PRESETS.items() if s.position == "rope" and not s.normalized_head])
+@pytest.mark.parametrize(
+    "name", [n for n, s in PRESETS.items() if s.position == "rope" and not s.normalized_head]
+)
 def test_preset_params_match_transformers_meta(name):
     torch = pytest.importorskip("torch")
     spec = PRESETS[name]
@@ -41,13 +48,19 @@ def test_preset_params_match_transformers_meta(name):
 
 def test_tied_counts_embedding_once():
     s = get_preset("tiny-tied")
-    assert total_params(s) == sum(unit_params(s, u) for u in range(s.n_layers + 2)) - s.vocab * s.hidden
+    assert (
+        total_params(s)
+        == sum(unit_params(s, u) for u in range(s.n_layers + 2)) - s.vocab * s.hidden
+    )
 
 
 def test_flops_scale():
     s = get_preset("llama2-7b")
     # 2 FLOPs per weight per token plus attention core 4 b s^2 h
-    assert unit_fwd_flops(s, 1, 1, 4096) == 2 * 4096 * (block_params(s) - 2 * s.hidden) + 4 * 4096**2 * s.hidden
+    assert (
+        unit_fwd_flops(s, 1, 1, 4096)
+        == 2 * 4096 * (block_params(s) - 2 * s.hidden) + 4 * 4096**2 * s.hidden
+    )
     assert unit_fwd_flops(s, 0, 1, 4096) == 0
 
 
@@ -74,8 +87,16 @@ def test_unknown_preset():
 
 
 def test_hf_config_roundtrip(tmp_path):
-    cfg = {"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "rope_theta": 1e6}
+    cfg = {
+        "model_type": "qwen2",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "rope_theta": 1e6,
+    }
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
     s = resolve_model(str(p))
@@ -88,8 +109,19 @@ def test_hf_config_roundtrip(tmp_path):
         ("{not json", "not valid JSON"),
         (json.dumps({"model_type": "gpt2"}), "not supported"),
         (json.dumps({"model_type": "llama", "hidden_size": 64}), "missing required"),
-        (json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 3,
-                     "intermediate_size": 8, "vocab_size": 10}), "heads"),
+        (
+            json.dumps(
+                {
+                    "model_type": "llama",
+                    "num_hidden_layers": 2,
+                    "hidden_size": 64,
+                    "num_attention_heads": 3,
+                    "intermediate_size": 8,
+                    "vocab_size": 10,
+                }
+            ),
+            "heads",
+        ),
     ],
 )
 def test_bad_hf_config(tmp_path, content, msg):

@@ -114,17 +114,29 @@ class Plan:
                 f"= {self.micro_batch * self.dp}; pick a global batch divisible by it"
             )
         if self.schedule not in SCHEDULES:
-            raise RatrainError(f"plan: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+            raise RatrainError(
+                f"plan: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
         for f in ("compute_dtype", "grad_dtype"):
             if getattr(self, f) not in DTYPES:
-                raise RatrainError(f"plan: {f} must be one of {', '.join(DTYPES)}, got {getattr(self, f)!r}")
+                raise RatrainError(
+                    f"plan: {f} must be one of {', '.join(DTYPES)}, got {getattr(self, f)!r}"
+                )
         if self.view_policy not in ("persistent", "transient"):
-            raise RatrainError(f"plan: view_policy must be persistent or transient, got {self.view_policy!r}")
+            raise RatrainError(
+                f"plan: view_policy must be persistent or transient, got {self.view_policy!r}"
+            )
         if self.clip_grad is not None and not self.clip_grad > 0:
             raise RatrainError(f"plan: clip_grad must be positive or None, got {self.clip_grad!r}")
-        rec = (self.recompute,) * self.pp if isinstance(self.recompute, str) else tuple(self.recompute)
+        rec = (
+            (self.recompute,) * self.pp
+            if isinstance(self.recompute, str)
+            else tuple(self.recompute)
+        )
         if len(rec) != self.pp:
-            raise RatrainError(f"plan: recompute has {len(rec)} entries for pp={self.pp}; give one per stage")
+            raise RatrainError(
+                f"plan: recompute has {len(rec)} entries for pp={self.pp}; give one per stage"
+            )
         for r in rec:
             _parse_recompute(r)
         object.__setattr__(self, "recompute", rec)
@@ -154,7 +166,9 @@ class Plan:
         return self.global_batch * self.seq
 
     def blocks_per_stage(self, spec: ModelSpec) -> tuple[int, ...]:
-        split = self.layer_split if self.layer_split is not None else even_split(spec.n_layers, self.pp)
+        split = (
+            self.layer_split if self.layer_split is not None else even_split(spec.n_layers, self.pp)
+        )
         if sum(split) != spec.n_layers:
             raise RatrainError(
                 f"plan: layer_split {list(split)} sums to {sum(split)}, but {spec.name} has "
@@ -254,7 +268,9 @@ def save_plan(plan: Plan, path: str | Path, **extra) -> None:
 
     data = {"plan": plan.to_dict(), **extra}
     p = Path(path)
-    p.write_text(json.dumps(data, indent=2) if p.suffix == ".json" else yaml.safe_dump(data, sort_keys=False))
+    p.write_text(
+        json.dumps(data, indent=2) if p.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
+    )
 
 
 def load_plan(path: str | Path) -> tuple[Plan, dict]:

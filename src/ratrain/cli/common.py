@@ -26,42 +26,90 @@ def _split(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
 
 
 def add_model_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
-    p.add_argument("--model", default=default, help="a preset name or a path to a Hugging Face config.json")
+    p.add_argument(
+        "--model", default=default, help="a preset name or a path to a Hugging Face config.json"
+    )
 
 
 def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -> None:
     """The plan flags. `defaults` overrides the dataclass defaults for one command."""
     d = {**Plan().to_dict(), **(defaults or {})}
-    p.add_argument("--plan", help="a plan file (YAML/JSON) written by `ratrain plan -o`; flags override it")
+    p.add_argument(
+        "--plan", help="a plan file (YAML/JSON) written by `ratrain plan -o`; flags override it"
+    )
     p.add_argument("--pp", type=positive_int, help=f"pipeline stages (default {d['pp']})")
     p.add_argument("--dp", type=positive_int, help=f"data-parallel replicas (default {d['dp']})")
-    p.add_argument("--micro-batch", type=positive_int, help=f"sequences per microbatch (default {d['micro_batch']})")
-    p.add_argument("--global-batch", type=positive_int, help=f"sequences per step (default {d['global_batch']})")
+    p.add_argument(
+        "--micro-batch",
+        type=positive_int,
+        help=f"sequences per microbatch (default {d['micro_batch']})",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=positive_int,
+        help=f"sequences per step (default {d['global_batch']})",
+    )
     p.add_argument("--seq", type=positive_int, help=f"sequence length (default {d['seq']})")
     p.add_argument("--schedule", choices=SCHEDULES, help=f"default {d['schedule']}")
-    p.add_argument("--recompute", help="per stage, comma-separated, or one for all: none|selective|full|first:K")
-    p.add_argument("--layer-split", type=_split, help="blocks per stage, comma-separated (default: even)")
-    p.add_argument("--shard-optimizer", action=argparse.BooleanOptionalAction, default=None,
-                   help="shard optimizer states over DP (ZeRO-1)")
+    p.add_argument(
+        "--recompute",
+        help="per stage, comma-separated, or one for all: none|selective|full|first:K",
+    )
+    p.add_argument(
+        "--layer-split", type=_split, help="blocks per stage, comma-separated (default: even)"
+    )
+    p.add_argument(
+        "--shard-optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="shard optimizer states over DP (ZeRO-1)",
+    )
     p.add_argument("--view-policy", choices=("persistent", "transient"))
     p.add_argument("--view-lookahead", type=int)
-    p.add_argument("--dtype", dest="compute_dtype", choices=DTYPES, help=f"compute dtype (default {d['compute_dtype']})")
+    p.add_argument(
+        "--dtype",
+        dest="compute_dtype",
+        choices=DTYPES,
+        help=f"compute dtype (default {d['compute_dtype']})",
+    )
     p.add_argument("--grad-dtype", choices=DTYPES)
-    p.add_argument("--offload", dest="offload_activations", action=argparse.BooleanOptionalAction, default=None,
-                   help="offload activation checkpoints to the host tier")
+    p.add_argument(
+        "--offload",
+        dest="offload_activations",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="offload activation checkpoints to the host tier",
+    )
     p.add_argument("--clip-grad", type=float, help="global grad-norm clip; 0 disables it")
     p.set_defaults(_plan_defaults=d)
 
 
-_FIELDS = ("pp", "dp", "micro_batch", "global_batch", "seq", "schedule", "layer_split", "shard_optimizer",
-           "view_policy", "view_lookahead", "compute_dtype", "grad_dtype", "offload_activations")
+_FIELDS = (
+    "pp",
+    "dp",
+    "micro_batch",
+    "global_batch",
+    "seq",
+    "schedule",
+    "layer_split",
+    "shard_optimizer",
+    "view_policy",
+    "view_lookahead",
+    "compute_dtype",
+    "grad_dtype",
+    "offload_activations",
+)
 
 
-def plan_from_args(args: argparse.Namespace, default_model: str | None = None) -> tuple[ModelSpec, Plan]:
+def plan_from_args(
+    args: argparse.Namespace, default_model: str | None = None
+) -> tuple[ModelSpec, Plan]:
     """Build (spec, plan) from --plan and the flags; flags override the file."""
     base: dict = dict(args._plan_defaults)
     model_name = getattr(args, "model", None)
@@ -84,11 +132,19 @@ def plan_from_args(args: argparse.Namespace, default_model: str | None = None) -
         base["clip_grad"] = args.clip_grad or None
     if isinstance(base.get("recompute"), list):
         base["recompute"] = tuple(base["recompute"])
-    if isinstance(base.get("recompute"), tuple) and len(set(base["recompute"])) == 1 and base.get("pp") != len(base["recompute"]):
+    if (
+        isinstance(base.get("recompute"), tuple)
+        and len(set(base["recompute"])) == 1
+        and base.get("pp") != len(base["recompute"])
+    ):
         base["recompute"] = base["recompute"][0]
     if getattr(args, "plan", None) is None or base.get("model") is None:
         base["model"] = spec.name
-    if getattr(args, "pp", None) is not None and getattr(args, "layer_split", None) is None and getattr(args, "plan", None):
+    if (
+        getattr(args, "pp", None) is not None
+        and getattr(args, "layer_split", None) is None
+        and getattr(args, "plan", None)
+    ):
         base["layer_split"] = None  # a new pp invalidates the file's split
     plan = Plan.from_dict(base)
     plan.check_for(spec)

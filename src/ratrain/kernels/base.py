@@ -16,7 +16,9 @@ __all__ = ["Backend", "register_backend", "get_backend", "available_backends"]
 class Backend(Protocol):
     name: str
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """y = x @ weightᵀ + bias. x: (..., k), weight: (n, k) -> (..., n)."""
         ...
 
@@ -66,5 +68,7 @@ def get_backend(name: str | Backend = "torch") -> Backend:
         return name
     _load_builtin()
     if name not in _REGISTRY:
-        raise RatrainError(f"unknown backend {name!r}; choose one of {', '.join(sorted(_REGISTRY))}")
+        raise RatrainError(
+            f"unknown backend {name!r}; choose one of {', '.join(sorted(_REGISTRY))}"
+        )
     return _REGISTRY[name]()

@@ -126,7 +126,9 @@ def unit_bwd_flops(spec: ModelSpec, unit: int, micro_batch: int, seq: int) -> in
     return 2 * unit_fwd_flops(spec, unit, micro_batch, seq)
 
 
-def unit_recompute_flops(spec: ModelSpec, unit: int, micro_batch: int, seq: int, policy: str) -> int:
+def unit_recompute_flops(
+    spec: ModelSpec, unit: int, micro_batch: int, seq: int, policy: str
+) -> int:
     """FLOPs re-done before a unit's backward under a recompute policy.
 
     'none': 0. 'full': the whole forward. 'selective': the attention core only (Korthikanti

@@ -11,7 +11,13 @@ from ratrain.models.spec import ModelSpec
 __all__ = ["from_hf_config", "SUPPORTED_MODEL_TYPES"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "baichuan")
-_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+_REQUIRED = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+)
 
 
 def from_hf_config(path: str | Path) -> ModelSpec:
@@ -19,7 +25,9 @@ def from_hf_config(path: str | Path) -> ModelSpec:
     if p.is_dir():
         p = p / "config.json"
     if not p.is_file():
-        raise RatrainError(f"model config {str(p)!r} not found; pass a preset name or a config.json path")
+        raise RatrainError(
+            f"model config {str(p)!r} not found; pass a preset name or a config.json path"
+        )
     try:
         cfg = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -35,7 +43,9 @@ def from_hf_config(path: str | Path) -> ModelSpec:
     if missing:
         raise RatrainError(f"{p}: missing required field(s) {', '.join(missing)}")
     if cfg.get("rope_scaling"):
-        raise RatrainError(f"{p}: rope_scaling is not supported; remove it or use a config without it")
+        raise RatrainError(
+            f"{p}: rope_scaling is not supported; remove it or use a config without it"
+        )
     heads = cfg["num_attention_heads"]
     layers = cfg["num_hidden_layers"]
     # Baichuan2: the 13B config has no RoPE (ALiBi); it is told apart by its layer count

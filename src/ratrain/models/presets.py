@@ -34,7 +34,9 @@ PRESETS: dict[str, ModelSpec] = {
         # tiny models for tests and demos (CPU, seconds)
         ModelSpec("tiny", 4, 64, 4, 2, 176, 256, max_seq=128),
         ModelSpec("tiny-qwen", 4, 64, 4, 2, 176, 256, max_seq=128, qkv_bias=True, rope_theta=1e6),
-        ModelSpec("tiny-alibi", 4, 64, 4, 4, 176, 256, max_seq=128, position="alibi", normalized_head=True),
+        ModelSpec(
+            "tiny-alibi", 4, 64, 4, 4, 176, 256, max_seq=128, position="alibi", normalized_head=True
+        ),
         ModelSpec("tiny-tied", 2, 32, 2, 1, 64, 128, max_seq=64, tied_embeddings=True),
     ]
 }

@@ -45,7 +45,9 @@ class ModelSpec:
         for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "vocab", "max_seq"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise RatrainError(f"model {self.name!r}: {f} must be a positive integer, got {v!r}")
+                raise RatrainError(
+                    f"model {self.name!r}: {f} must be a positive integer, got {v!r}"
+                )
         if self.hidden % self.n_heads:
             raise RatrainError(
                 f"model {self.name!r}: heads ({self.n_heads}) must divide hidden ({self.hidden}); "
@@ -60,11 +62,17 @@ class ModelSpec:
                 f"model {self.name!r}: position must be one of {POSITION_SCHEMES}, got {self.position!r}"
             )
         if not (self.norm_eps > 0):
-            raise RatrainError(f"model {self.name!r}: norm_eps must be positive, got {self.norm_eps!r}")
+            raise RatrainError(
+                f"model {self.name!r}: norm_eps must be positive, got {self.norm_eps!r}"
+            )
         if self.position == "rope" and not (self.rope_theta > 0):
-            raise RatrainError(f"model {self.name!r}: rope_theta must be positive, got {self.rope_theta!r}")
+            raise RatrainError(
+                f"model {self.name!r}: rope_theta must be positive, got {self.rope_theta!r}"
+            )
         if self.position == "rope" and self.head_dim % 2:
-            raise RatrainError(f"model {self.name!r}: RoPE needs an even head dim, got {self.head_dim}")
+            raise RatrainError(
+                f"model {self.name!r}: RoPE needs an even head dim, got {self.head_dim}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -82,5 +90,7 @@ class ModelSpec:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise RatrainError(f"model spec: unknown fields {sorted(unknown)}; known: {sorted(known)}")
+            raise RatrainError(
+                f"model spec: unknown fields {sorted(unknown)}; known: {sorted(known)}"
+            )
         return cls(**d)

@@ -70,7 +70,17 @@ class Resource(enum.Enum):
     NONE = "none"  # bookkeeping (VIEW_DROP)
 
 
-_MB_OPS = {Op.F, Op.B, Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B, Op.RECOMPUTE, Op.OFFLOAD, Op.RELOAD}
+_MB_OPS = {
+    Op.F,
+    Op.B,
+    Op.SEND_F,
+    Op.RECV_F,
+    Op.SEND_B,
+    Op.RECV_B,
+    Op.RECOMPUTE,
+    Op.OFFLOAD,
+    Op.RELOAD,
+}
 _RESOURCE = {
     Op.F: Resource.COMPUTE,
     Op.B: Resource.COMPUTE,
