@@ -17,8 +17,10 @@ own local ranks (see `ratrain.runtime.launch`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -198,17 +200,34 @@ class ParallelGrid:
         self._owns_default_group = False
 
 
+@contextlib.contextmanager
+def _cpp_logs_silenced():
+    """Mute file descriptor 2 while the rendezvous runs: c10d logs every failed connection
+    attempt with a C++ stack trace, and a failure is reported below in one line anyway."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _init_default_group(backend: str, rdzv: Rendezvous, timeout_s: float) -> None:
     try:
-        dist.init_process_group(
-            backend,
-            init_method=rdzv.init_method,
-            rank=rdzv.rank,
-            world_size=rdzv.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        with _cpp_logs_silenced():
+            dist.init_process_group(
+                backend,
+                init_method=rdzv.init_method,
+                rank=rdzv.rank,
+                world_size=rdzv.world_size,
+                timeout=datetime.timedelta(seconds=timeout_s),
+            )
     except (dist.DistError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
         raise RatrainError(
             f"rendezvous at {rdzv.master_addr}:{rdzv.master_port} failed for rank {rdzv.rank} of "
             f"{rdzv.world_size} within {timeout_s:g} s ({first}); check MASTER_ADDR/MASTER_PORT and "
