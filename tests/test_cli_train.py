@@ -25,12 +25,23 @@ def test_train_writes_metrics_and_summary(tmp_path, capsys):
 
 
 @pytest.mark.timeout(120)
-def test_train_defaults_with_progress(capsys):
-    # The built-in job's defaults (tiny, synthetic, 32 x 64 tokens), cut to two steps.
-    assert main(["train", "--steps", "2"]) == 0
-    cap = capsys.readouterr()
-    assert "2 steps x 32 seqs x 64 tokens" in cap.out and "fp32" in cap.out
-    assert "2/2" in cap.err and "loss" in cap.err  # the progress line
+@pytest.mark.timeout(180)
+def test_train_defaults_with_progress():
+    # The built-in job's defaults (tiny, synthetic, 32 x 64 tokens, pp=2 on 2 local ranks),
+    # cut to two steps. A subprocess, because the progress line comes from a rank process.
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "ratrain", "train", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "2 steps x 32 seqs x 64 tokens" in r.stdout and "fp32" in r.stdout
+    assert "pp=2" in r.stdout and "(2 ranks)" in r.stdout
+    assert "2/2" in r.stderr and "loss" in r.stderr  # the progress line
 
 
 @pytest.mark.timeout(120)

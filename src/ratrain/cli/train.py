@@ -20,7 +20,13 @@ __all__ = ["add_arguments", "run", "run_reference", "train_config_from_args", "c
 # The demo: 300 steps of 32 x 64 tokens at lr 1e-2 bring the tiny model to within about 3%
 # of the synthetic source's entropy floor on held-out data, in about 30 s of one CPU core
 # (benchmarks/converge_synthetic.py measures it).
-PLAN_DEFAULTS = {"seq": 64, "micro_batch": 32, "global_batch": 32, "compute_dtype": "fp32"}
+PLAN_DEFAULTS = {
+    "pp": 2,  # the built-in job runs the pipeline runtime on 2 local ranks
+    "seq": 64,
+    "micro_batch": 8,
+    "global_batch": 32,
+    "compute_dtype": "fp32",
+}
 DEFAULT_STEPS = 300
 DEFAULT_LR = 1e-2
 SUMMARY_WINDOW = 10  # the final loss is the mean of the last steps (one batch is noisy)
@@ -109,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     world = plan.pp * plan.dp
     if args.nproc is not None and args.nproc <= 0:
         raise RatrainError(f"--nproc must be a positive integer, got {args.nproc}")
+    if args.threads is not None and args.threads <= 0:
+        raise RatrainError(f"--threads must be a positive integer, got {args.threads}")
     if args.nproc is not None and args.nproc != world:
         raise RatrainError(
             f"--nproc {args.nproc} does not match pp x dp = {world}; drop --nproc or fix it"
