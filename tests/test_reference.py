@@ -327,3 +327,15 @@ def test_converges_to_the_entropy_floor():
     with torch.no_grad():
         held_out = cross_entropy(tr.model(x), y).item()
     assert held_out < 1.10 * source.entropy_floor_nats
+
+
+def test_jsonl_metrics_are_strict_json(tmp_path):
+    from ratrain.runtime.metrics import JsonlWriter
+
+    path = tmp_path / "m.jsonl"
+    w = JsonlWriter(path)
+    w.write({"step": 0, "grad_norm": float("inf"), "nested": [float("nan"), 1.5]})
+    w.close()
+    line = path.read_text().strip()
+    assert "Infinity" not in line and "NaN" not in line
+    assert json.loads(line) == {"step": 0, "grad_norm": None, "nested": [None, 1.5]}

@@ -18,6 +18,16 @@ from typing import IO
 __all__ = ["JsonlWriter", "Progress", "TensorBoardWriter", "format_duration"]
 
 
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 class JsonlWriter:
     """One JSON object per line, flushed after each so a crashed run keeps its history."""
 
@@ -27,7 +37,8 @@ class JsonlWriter:
         self._f = self.path.open("w")
 
     def write(self, record: dict) -> None:
-        self._f.write(json.dumps(record, allow_nan=True) + "\n")
+        # Strict JSON: a non-finite value (the grad norm of a skipped fp16 step) becomes null.
+        self._f.write(json.dumps(_finite(record), allow_nan=False) + "\n")
         self._f.flush()
 
     def close(self) -> None:
