@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from _hf import hf_config_and_class
 from ratrain.errors import RatrainError
 from ratrain.kernels import get_backend
 from ratrain.models.counts import n_units, total_params, unit_params
@@ -37,27 +38,7 @@ def _tokens(spec, B=2, T=16, seed=0):
 
 
 def _hf_model(spec: ModelSpec):
-    transformers = pytest.importorskip("transformers")
-    common = dict(
-        vocab_size=spec.vocab,
-        hidden_size=spec.hidden,
-        intermediate_size=spec.ffn,
-        num_hidden_layers=spec.n_layers,
-        num_attention_heads=spec.n_heads,
-        num_key_value_heads=spec.n_kv_heads,
-        rms_norm_eps=spec.norm_eps,
-        rope_theta=spec.rope_theta,
-        tie_word_embeddings=spec.tied_embeddings,
-        max_position_embeddings=spec.max_seq,
-        attn_implementation="eager",
-    )
-    if spec.qkv_bias:
-        cfg, cls = transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
-    else:
-        cfg, cls = transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
-    # Some transformers versions read rope_theta only from rope_parameters.
-    if getattr(cfg, "rope_parameters", None):
-        cfg.rope_parameters["rope_theta"] = spec.rope_theta
+    cfg, cls = hf_config_and_class(spec, attn_implementation="eager")
     return cls(cfg).eval()
 
 

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from _hf import hf_config_and_class
 from ratrain.config import Plan, even_split
 from ratrain.errors import RatrainError
 from ratrain.models.counts import block_params, total_params, unit_fwd_flops, unit_params
@@ -15,32 +16,13 @@ def test_llama2_param_counts_exact():
     assert total_params(get_preset("llama2-70b")) == 68_976_648_192
 
 
-def _hf_config(spec: ModelSpec):
-    transformers = pytest.importorskip("transformers")
-    common = dict(
-        vocab_size=spec.vocab,
-        hidden_size=spec.hidden,
-        intermediate_size=spec.ffn,
-        num_hidden_layers=spec.n_layers,
-        num_attention_heads=spec.n_heads,
-        num_key_value_heads=spec.n_kv_heads,
-        rms_norm_eps=spec.norm_eps,
-        rope_theta=spec.rope_theta,
-        tie_word_embeddings=spec.tied_embeddings,
-        max_position_embeddings=spec.max_seq,
-    )
-    if spec.qkv_bias:
-        return transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
-    return transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
-
-
 @pytest.mark.parametrize(
     "name", [n for n, s in PRESETS.items() if s.position == "rope" and not s.normalized_head]
 )
 def test_preset_params_match_transformers_meta(name):
     torch = pytest.importorskip("torch")
     spec = PRESETS[name]
-    cfg, cls = _hf_config(spec)
+    cfg, cls = hf_config_and_class(spec)
     with torch.device("meta"):
         model = cls(cfg)
     assert total_params(spec) == sum(p.numel() for p in model.parameters())
