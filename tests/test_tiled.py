@@ -7,44 +7,20 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from _platforms import KIB, THREE, make_platform
 from ratrain.cost.tiling import plan_attention, plan_attention_backward, plan_gemm
 from ratrain.errors import RatrainError
 from ratrain.kernels import get_backend
 from ratrain.kernels.tiled import TiledBackend
 from ratrain.kernels.torch_backend import TorchBackend
-from ratrain.platforms import Link, Platform, Tier
+from ratrain.platforms import Tier
 
-KIB = 1024
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # Max error relative to the largest reference value: a few ulps of the output dtype.
 TOL = {"fp16": 2e-3, "bf16": 1.6e-2, "fp32": 2e-5}
 
 
-def _platform(tiers):
-    link = Link(1e9, 1e-6)
-    return Platform(
-        name="test",
-        usable_memory_bytes=10**9,
-        workspace_bytes=0,
-        peak_flops={"fp16": 1e12, "bf16": 1e12, "fp32": 5e11},
-        efficiency=0.5,
-        tiers=tuple(tiers),
-        host=link,
-        intra_node=link,
-        inter_node=link,
-        units_per_node=1,
-    )
-
-
-# Small tiers, so that every dimension is cut into several tiles with ragged edges.
-THREE = _platform(
-    [
-        Tier("l1", 16 * KIB, 50e9, 1e-6, 4),
-        Tier("l2", 64 * KIB, 40e9, 1e-6, 1),
-        Tier("mem", 10**9, 10e9, 1e-6, 1),
-    ]
-)
-TWO = _platform([Tier("l1", 12 * KIB, 50e9, 1e-6, 2), Tier("mem", 10**9, 10e9, 1e-6, 1)])
+TWO = make_platform([Tier("l1", 12 * KIB, 50e9, 1e-6, 2), Tier("mem", 10**9, 10e9, 1e-6, 1)])
 
 
 def _close(got, want, dtype):
@@ -135,7 +111,7 @@ def test_attention_forward_backward_match_sdpa_and_the_plan(
 
 
 # Without DMA latency, causal staged plans put two units on a core (a short one with a long one).
-FOLD = _platform(
+FOLD = make_platform(
     [
         Tier("l1", 32 * KIB, 50e9, 0.0, 4),
         Tier("l2", 128 * KIB, 40e9, 0.0, 1),
@@ -223,7 +199,7 @@ def test_wrong_plans_are_refused():
         TiledBackend(THREE).gemm(a, b[:, :60], plan=plan_gemm(50, 70, 90, "fp16", THREE))
     with pytest.raises(RatrainError, match="fp32"):
         TiledBackend(THREE).gemm(a, b, plan=plan_gemm(50, 70, 90, "fp32", THREE))
-    big = _platform([Tier("l1", 256 * KIB, 50e9, 1e-6, 1), Tier("mem", 10**9, 10e9, 1e-6, 1)])
+    big = make_platform([Tier("l1", 256 * KIB, 50e9, 1e-6, 1), Tier("mem", 10**9, 10e9, 1e-6, 1)])
     with pytest.raises(RatrainError, match="does not fit"):
         TiledBackend(TWO).gemm(a, b, plan=plan_gemm(50, 70, 90, "fp16", big))
     with pytest.raises(RatrainError, match="fp16, bf16 or fp32"):
@@ -246,7 +222,9 @@ class _LargestTensor(TorchDispatchMode):
 
 
 def _attention_backward_footprint(s):
-    platform = _platform([Tier("l1", 32 * KIB, 50e9, 1e-6, 2), Tier("mem", 10**9, 10e9, 1e-6, 1)])
+    platform = make_platform(
+        [Tier("l1", 32 * KIB, 50e9, 1e-6, 2), Tier("mem", 10**9, 10e9, 1e-6, 1)]
+    )
     plan = plan_attention_backward(1, 2, 2, s, 16, "fp16", platform, causal=True)
     assert max(plan.tile["q"], plan.tile["kv"]) < 128  # tiles smaller than the shorter run
     be = TiledBackend(platform)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from _platforms import make_platform
 from ratrain.cost import tiling
 from ratrain.cost.tiling import (
     gemm_io_lower_bound,
@@ -15,24 +16,12 @@ from ratrain.cost.tiling import (
     plan_gemm,
 )
 from ratrain.errors import RatrainError
-from ratrain.platforms import Link, Platform, Tier
+from ratrain.platforms import Tier
 from ratrain.platforms.load import load
 
 
 def _platform(tiers, peak=1e12, name="test"):
-    link = Link(1e9, 1e-6)
-    return Platform(
-        name=name,
-        usable_memory_bytes=10**12,
-        workspace_bytes=0,
-        peak_flops={"fp16": peak, "bf16": peak, "fp32": peak / 2},
-        efficiency=0.5,
-        tiers=tuple(tiers),
-        host=link,
-        intra_node=link,
-        inter_node=link,
-        units_per_node=1,
-    )
+    return make_platform(tiers, peak, name, usable_bytes=10**12)
 
 
 def _two_level(fast_bytes, peak=1e12):

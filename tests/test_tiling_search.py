@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from _platforms import KIB, THREE, make_platform
 from ratrain.cost import tiling, tiling_attention, tiling_core
 from ratrain.cost.tiling import _buffers, _Gemm, _grids, _tally
 from ratrain.cost.tiling_attention import _Attn, _divisors, _model
@@ -26,36 +27,10 @@ from ratrain.cost.tiling_core import (
     sizes,
     steps,
 )
-from ratrain.platforms import Link, Platform, Tier
+from ratrain.platforms import Tier
 from ratrain.platforms.load import load
 
-KIB = 1024
-
-
-def _platform(tiers):
-    link = Link(1e9, 1e-6)
-    return Platform(
-        name="test",
-        usable_memory_bytes=10**9,
-        workspace_bytes=0,
-        peak_flops={"fp16": 1e12, "bf16": 1e12, "fp32": 5e11},
-        efficiency=0.5,
-        tiers=tuple(tiers),
-        host=link,
-        intra_node=link,
-        inter_node=link,
-        units_per_node=1,
-    )
-
-
-THREE = _platform(
-    [
-        Tier("l1", 16 * KIB, 50e9, 1e-6, 4),
-        Tier("l2", 64 * KIB, 40e9, 1e-6, 1),
-        Tier("mem", 10**9, 10e9, 1e-6, 1),
-    ]
-)
-FOLD = _platform(
+FOLD = make_platform(
     [
         Tier("l1", 32 * KIB, 50e9, 0.0, 4),
         Tier("l2", 128 * KIB, 40e9, 0.0, 1),
