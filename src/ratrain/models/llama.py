@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ratrain.kernels import Backend, get_backend
+from ratrain.models.rope import rope_inv_freq
 from ratrain.models.spec import ModelSpec
 
 __all__ = [
@@ -75,10 +76,7 @@ def rope_cos_sin(
     spec: ModelSpec, seq: int, device: torch.device | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE tables in fp32, HF layout (frequencies repeated over both halves): (T, hs) each."""
-    hs = spec.head_dim
-    inv_freq = 1.0 / (
-        spec.rope_theta ** (torch.arange(0, hs, 2, dtype=torch.float32, device=device) / hs)
-    )
+    inv_freq = rope_inv_freq(spec, device)  # (hs/2,), scaled as spec.rope_type says
     pos = torch.arange(seq, dtype=torch.float32, device=device)
     freqs = pos[:, None] * inv_freq[None, :]  # (T, hs/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (T, hs)

@@ -9,9 +9,10 @@ from dataclasses import asdict, dataclass, fields
 
 from ratrain.errors import RatrainError
 
-__all__ = ["ModelSpec", "POSITION_SCHEMES"]
+__all__ = ["ModelSpec", "POSITION_SCHEMES", "ROPE_TYPES"]
 
 POSITION_SCHEMES = ("rope", "alibi")
+ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,16 @@ class ModelSpec:
     tied_embeddings: bool = False
     normalized_head: bool = False
     """Baichuan2's NormHead: the head's rows are L2-normalised before the projection."""
+    rope_type: str = "default"
+    """RoPE frequency scaling, as Hugging Face `rope_parameters.rope_type`: 'default',
+    'linear' (frequencies / rope_factor) or 'llama3' (Llama 3.1's banded scaling)."""
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    """llama3 only; Llama 3.1 config.json uses 1."""
+    rope_high_freq_factor: float = 4.0
+    """llama3 only; Llama 3.1 config.json uses 4."""
+    rope_original_max_seq: int = 0
+    """llama3 only: the pre-training context the bands are measured against (0: unused)."""
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "vocab", "max_seq"):
@@ -69,10 +80,36 @@ class ModelSpec:
             raise RatrainError(
                 f"model {self.name!r}: rope_theta must be positive, got {self.rope_theta!r}"
             )
+        self._check_rope_scaling()
         if self.position == "rope" and self.head_dim % 2:
             raise RatrainError(
                 f"model {self.name!r}: RoPE needs an even head dim, got {self.head_dim}"
             )
+
+    def _check_rope_scaling(self) -> None:
+        if self.rope_type not in ROPE_TYPES:
+            raise RatrainError(
+                f"model {self.name!r}: rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}"
+            )
+        if self.rope_type != "default" and self.position != "rope":
+            raise RatrainError(f"model {self.name!r}: rope_type {self.rope_type!r} needs RoPE")
+        if not (self.rope_factor > 0):
+            raise RatrainError(
+                f"model {self.name!r}: rope_factor must be positive, got {self.rope_factor!r}"
+            )
+        if self.rope_type == "llama3":
+            lo, hi = self.rope_low_freq_factor, self.rope_high_freq_factor
+            if not (0 < lo < hi):
+                raise RatrainError(
+                    f"model {self.name!r}: llama3 RoPE needs 0 < low_freq_factor < "
+                    f"high_freq_factor, got {lo!r} and {hi!r}"
+                )
+            o = self.rope_original_max_seq
+            if not isinstance(o, int) or isinstance(o, bool) or o <= 0:
+                raise RatrainError(
+                    f"model {self.name!r}: llama3 RoPE needs a positive "
+                    f"rope_original_max_seq, got {o!r}"
+                )
 
     @property
     def head_dim(self) -> int:
