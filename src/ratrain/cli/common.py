@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ratrain.config import DTYPES, SCHEDULES, Plan, load_plan
 from ratrain.errors import RatrainError
 from ratrain.models.presets import resolve_model
 from ratrain.models.spec import ModelSpec
 
-__all__ = ["add_model_arg", "add_plan_args", "plan_from_args", "positive_int"]
+__all__ = ["add_model_arg", "add_plan_args", "plan_from_args", "plan_platform", "positive_int"]
+
+
+def _note(msg: str) -> None:
+    print(f"ratrain: {msg}", file=sys.stderr, flush=True)
+
+
+def plan_platform(args: argparse.Namespace, default: str) -> str:
+    """The platform to use: --platform, else the plan file's, else `default`. Says so on
+    stderr when --platform overrides the platform the plan file was made for."""
+    flag = getattr(args, "platform", None)
+    recorded = None
+    if getattr(args, "plan", None):
+        _, extras = load_plan(args.plan)
+        recorded = extras.get("platform")
+    if flag and recorded and str(flag) != str(recorded):
+        _note(f"--platform {flag} overrides the plan file's platform {recorded}")
+    return flag or recorded or default
 
 
 def positive_int(text: str) -> int:
@@ -90,6 +108,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -
     p.set_defaults(_plan_defaults=d)
 
 
+_FLAG_NAMES = {"compute_dtype": "--dtype", "offload_activations": "--offload"}
 _FIELDS = (
     "pp",
     "dp",
@@ -116,6 +135,8 @@ def plan_from_args(
     if getattr(args, "plan", None):
         file_plan, extras = load_plan(args.plan)
         base = file_plan.to_dict()
+        # --model with a plan for another model is refused by `Plan.check_for` (a plan's
+        # split and memory fit belong to its model); a config path naming it is accepted.
         model_name = model_name or extras.get("model_path") or file_plan.model
     model_name = model_name or default_model
     if model_name is None:
@@ -124,6 +145,9 @@ def plan_from_args(
     for f in _FIELDS:
         v = getattr(args, f, None)
         if v is not None:
+            if getattr(args, "plan", None) and base.get(f) != v:
+                flag = _FLAG_NAMES.get(f, "--" + f.replace("_", "-"))
+                _note(f"{flag} {v} overrides the plan file's {base.get(f)}")
             base[f] = v
     if getattr(args, "recompute", None):
         parts = args.recompute.split(",")

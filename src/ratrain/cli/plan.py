@@ -126,9 +126,12 @@ def _schedule_of(family: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ratrain.cli.outputs import prepare_output_file
     from ratrain.planner import explain, search
     from ratrain.planner.report import plot_memory, result_json
 
+    prepare_output_file(args.output, "-o")
+    prepare_output_file(args.plot, "--plot")
     req = _request(args)
     progress = _progress(args)
     res = search(req, top=args.top, progress=progress)

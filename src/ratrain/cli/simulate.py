@@ -11,7 +11,8 @@ import argparse
 import json
 import sys
 
-from ratrain.cli.common import add_model_arg, add_plan_args, plan_from_args
+from ratrain.cli.common import add_model_arg, add_plan_args, plan_from_args, plan_platform
+from ratrain.cli.outputs import prepare_output_file
 from ratrain.cost.comm import RANK_LAYOUTS
 from ratrain.models.presets import resolve_model
 from ratrain.platforms import PLATFORM_PRESETS, Platform, load
@@ -19,6 +20,7 @@ from ratrain.platforms import PLATFORM_PRESETS, Platform, load
 __all__ = ["add_arguments", "run"]
 
 _MODEL, _PP, _SEQ, _MB_PER_STAGE = "llama2-7b", 8, 4096, 4
+_DEFAULT_PLATFORM = "mt3000"
 # What --help shows; `_set_defaults` puts the values in (they depend on model and platform).
 _HELP_DEFAULTS = {
     "pp": f"min({_PP}, layers)",
@@ -33,9 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arg(p)  # default: the plan file's model, else _MODEL
     p.add_argument(
         "--platform",
-        default="mt3000",
         help=f"a preset ({', '.join(PLATFORM_PRESETS)}) or a path to a platform YAML file "
-        "(default mt3000)",
+        "(default: the plan file's platform, else mt3000)",
     )
     add_plan_args(p, defaults=_HELP_DEFAULTS)
     p.add_argument(
@@ -104,7 +105,9 @@ def _table(r, platform: Platform) -> str:
 def run(args: argparse.Namespace) -> int:
     from ratrain.sim import plot, simulate, write_trace
 
-    platform = load(args.platform)
+    prepare_output_file(args.trace, "--trace")
+    prepare_output_file(args.plot, "--plot")
+    platform = load(plan_platform(args, default=_DEFAULT_PLATFORM))
     _set_defaults(args, platform)
     spec, plan = plan_from_args(args, default_model=_MODEL)
     r = simulate(spec, plan, platform, check=args.check, rank_layout=args.rank_layout)

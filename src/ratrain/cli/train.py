@@ -34,7 +34,7 @@ SMALL_MODEL_PARAMS = 50_000_000  # below this, one CPU thread by default (see --
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arg(p, default="tiny")
+    add_model_arg(p)  # default: the plan file's model, else tiny
     add_plan_args(p, defaults=PLAN_DEFAULTS)
     g = p.add_argument_group("training")
     g.add_argument(
@@ -100,6 +100,10 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.weight_decay < 0:
         raise RatrainError(f"--weight-decay must be >= 0, got {args.weight_decay}")
     min_lr = args.min_lr if args.min_lr is not None else args.lr / 10
+    if not 0 <= min_lr <= args.lr:
+        raise RatrainError(
+            f"--min-lr {min_lr:g} must be between 0 and --lr {args.lr:g} (the cosine decays to it)"
+        )
     return TrainConfig(
         steps=args.steps,
         lr=args.lr,
@@ -111,6 +115,11 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ratrain.cli.outputs import prepare_output_dir, prepare_output_file
+
+    prepare_output_file(args.metrics, "--metrics")
+    prepare_output_dir(args.tensorboard, "--tensorboard")
+    train_config_from_args(args)  # flag errors before anything is built
     spec, plan = plan_from_args(args, default_model="tiny")
     world = plan.pp * plan.dp
     if args.nproc is not None and args.nproc <= 0:

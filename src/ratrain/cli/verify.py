@@ -42,7 +42,7 @@ _LABELS = {"reference": "reference trainer", "baseline": "Baseline-1F1B", "ratra
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arg(p, default="tiny")
+    add_model_arg(p)  # default: the plan file's model, else tiny
     add_plan_args(p, defaults=PLAN_DEFAULTS)
     g = p.add_argument_group("verification")
     g.add_argument(
