@@ -89,6 +89,14 @@ class Job:
     memory_cap_bytes: int | None = None
     """Declared usable memory per rank: a plan whose ledger peak exceeds it is refused."""
     memory_cap_label: str = "the declared cap"
+    save_dir: str | None = None
+    """Write checkpoints here (`ratrain.checkpoint`)."""
+    save_every: int | None = None
+    """Steps between checkpoints (None: only at the end)."""
+    keep: int | None = None
+    """Keep only the newest `keep` checkpoints (None: all)."""
+    resume_from: str | None = None
+    """A complete checkpoint directory to continue from (resolved by the caller)."""
 
 
 @dataclass
@@ -186,9 +194,15 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
     with PeakMemory(grid.device, job.measure_memory) as mem:
         model = StageModel(spec, plan, cfg, grid.stage, grid.replica, grid.device, job.backend)
         mem.track(model.state_tensors())
+        resumed = _resume(grid, model, job, plan) if job.resume_from else None
         _barrier(grid)
         rec = Recorder(grid.stage, grid.replica, time.perf_counter(), set(job.trace_steps))
         ex = StageExecutor(grid, comm, model, schedule, batches, spec, plan, cfg, rec)
+        start = 0
+        if resumed is not None:
+            start = resumed["step"]
+            ex.updates = resumed["optimizer_updates"]
+            ex.scaler.load_state_dict(resumed["loss_scaler"])
         log = (
             _StepLog(grid, comm, plan, spec, job, kind)
             if is_metrics
@@ -196,7 +210,7 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
         )
         try:
             t_last = time.perf_counter()
-            for k in range(cfg.steps):
+            for k in range(start, cfg.steps):
                 res = ex.step(k)
                 # The step time is the period between step ends: it includes waiting for the
                 # other stages, which the walk of one step alone may not.
@@ -204,6 +218,10 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
                 res.time_s, t_last = now - t_last, now
                 result.step_times_s.append(res.time_s)
                 log.push(res, mem.peak_bytes())
+                if _save_due(job, k):
+                    log.flush()  # no collective in flight while DCP runs its own
+                    _save(grid, model, ex, job, plan, k + 1)
+                    t_last = time.perf_counter()  # the save is not part of a step's time
             log.flush()
         finally:
             log.close()
@@ -212,6 +230,37 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
     result.records = log.records
     result.trace = _gather_trace(grid, rec, job, kind)
     return result
+
+
+def _save_due(job: Job, k: int) -> bool:
+    if not job.save_dir:
+        return False
+    last = k + 1 == job.cfg.steps
+    return last or (job.save_every is not None and (k + 1) % job.save_every == 0)
+
+
+def _save(grid: ParallelGrid, model: StageModel, ex: StageExecutor, job: Job, plan, step: int):
+    from ratrain.checkpoint.io import save_checkpoint
+
+    data = {"source": ex.batches.source.describe(), "seed": job.cfg.seed}
+    save_checkpoint(
+        job.save_dir,
+        next_step=step,
+        grid=grid,
+        model=model,
+        executor=ex,
+        spec=job.spec,
+        plan=plan,
+        cfg=job.cfg,
+        data=data,
+        keep=job.keep,
+    )
+
+
+def _resume(grid: ParallelGrid, model: StageModel, job: Job, plan) -> dict:
+    from ratrain.checkpoint.io import load_checkpoint
+
+    return load_checkpoint(job.resume_from, grid=grid, model=model, spec=job.spec, plan=plan)
 
 
 def _barrier(grid: ParallelGrid) -> None:
