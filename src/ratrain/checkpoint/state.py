@@ -95,7 +95,8 @@ class StageIO:
 
     @torch.no_grad()
     def apply(self, loaded: dict[str, torch.Tensor]) -> None:
-        """Copy loaded full tensors into the stage's masters, moments and views."""
+        """Copy loaded full tensors into the stage's masters, moments and views. Without
+        `optim/` keys (weights only) the moments are left as they are."""
         m = self.model
         for st in m.units.values():
             names = param_names(st)
@@ -104,8 +105,9 @@ class StageIO:
                 continue
             for name, p, seg in zip(names, st.params, st.segments, strict=True):
                 seg.master.copy_(loaded[f"model/{name}"])
-                seg.exp_avg.copy_(loaded[f"optim/exp_avg/{name}"])
-                seg.exp_avg_sq.copy_(loaded[f"optim/exp_avg_sq/{name}"])
+                if f"optim/exp_avg/{name}" in loaded:  # absent: weights only (HF import)
+                    seg.exp_avg.copy_(loaded[f"optim/exp_avg/{name}"])
+                    seg.exp_avg_sq.copy_(loaded[f"optim/exp_avg_sq/{name}"])
                 if not m.view_is_master:
                     m._regrow(st)
                     p.data.copy_(seg.master)
@@ -114,12 +116,13 @@ class StageIO:
         m = self.model
         n = st.padded // m.plan.dp
         lo = m.replica * n
-        flat = {kind: torch.zeros(st.padded, dtype=torch.float32) for kind in _KINDS}
-        for kind in _KINDS:
+        kinds = [k for k in _KINDS if f"{k}/{names[0]}" in loaded]
+        flat = {kind: torch.zeros(st.padded, dtype=torch.float32) for kind in kinds}
+        for kind in kinds:
             for name, p, off in zip(names, st.params, st.offsets, strict=True):
                 flat[kind][off : off + p.numel()] = loaded[f"{kind}/{name}"].reshape(-1)
         st.master_shard.copy_(flat["model"][lo : lo + n])
-        for seg in st.segments:
+        for seg in st.segments if "optim/exp_avg" in flat else ():
             a, b = seg.grad_slice
             seg.exp_avg.copy_(flat["optim/exp_avg"][lo + a : lo + b].view(seg.shape))
             seg.exp_avg_sq.copy_(flat["optim/exp_avg_sq"][lo + a : lo + b].view(seg.shape))

@@ -18,6 +18,7 @@ COMMANDS = {
     "plan": "search the fastest configuration that fits the memory cap",
     "verify": "compare losses of the reference trainer, Baseline-1F1B and RATrain",
     "bench": "benchmarks (bench paper: the paper's evaluation by simulation)",
+    "export": "write a checkpoint's weights as a Hugging Face model (config.json + safetensors)",
 }
 
 

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from ratrain.cli.common import add_model_arg, add_plan_args, plan_from_args
+from ratrain.cli.common import add_model_arg, add_plan_args, plan_from_args, positive_int
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
 from ratrain.models.counts import total_params
@@ -87,11 +87,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--metrics", help="write per-step metrics as JSON lines to this file")
     o.add_argument("--tensorboard", metavar="DIR", help="also log to TensorBoard (if installed)")
     o.add_argument("--quiet", action="store_true", help="no progress bar")
+    c = p.add_argument_group("checkpoints (see docs/checkpoints.md)")
+    c.add_argument(
+        "--save",
+        metavar="DIR",
+        help="write checkpoints to DIR/step-NNNNNNNN (at the end, and every --save-every steps)",
+    )
+    c.add_argument("--save-every", type=positive_int, metavar="N", help="checkpoint every N steps")
+    c.add_argument(
+        "--keep", type=positive_int, metavar="K", help="keep only the newest K checkpoints"
+    )
+    c.add_argument(
+        "--resume",
+        metavar="DIR|auto",
+        help="continue from a checkpoint (a step-* directory, or a --save directory's newest); "
+        "auto: the newest complete one under --save, or a fresh start if there is none. Under "
+        "torchrun a restarted job resumes from --save by itself",
+    )
+    c.add_argument(
+        "--init-from",
+        metavar="HF_DIR",
+        help="start from Hugging Face weights (config.json + safetensors); the model comes "
+        "from HF_DIR",
+    )
 
 
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
-    if args.steps <= 0:
-        raise RatrainError(f"--steps must be a positive integer, got {args.steps}")
+    if args.steps < 0 or (args.steps == 0 and not getattr(args, "save", None)):
+        raise RatrainError(
+            f"--steps must be a positive integer (0 only with --save: write the starting "
+            f"state as a checkpoint), got {args.steps}"
+        )
     if not args.lr > 0:
         raise RatrainError(f"--lr must be positive, got {args.lr}")
     warmup = args.warmup if args.warmup is not None else args.steps // 15
@@ -105,7 +131,7 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
             f"--min-lr {min_lr:g} must be between 0 and --lr {args.lr:g} (the cosine decays to it)"
         )
     return TrainConfig(
-        steps=args.steps,
+        steps=max(args.steps, 1),  # --steps 0: the schedule of a 1-step run, never stepped
         lr=args.lr,
         min_lr=min_lr,
         warmup_steps=warmup,
@@ -120,6 +146,19 @@ def run(args: argparse.Namespace) -> int:
     prepare_output_file(args.metrics, "--metrics")
     prepare_output_dir(args.tensorboard, "--tensorboard")
     train_config_from_args(args)  # flag errors before anything is built
+    _check_checkpoint_flags(args)
+    if args.init_from:
+        from ratrain.models.hf_config import from_hf_config
+
+        if args.model is not None:
+            raise RatrainError("--init-from takes the model from its config.json; drop --model")
+        if args.resume:
+            raise RatrainError(
+                "--init-from and --resume exclude each other (a checkpoint "
+                "already holds the weights)"
+            )
+        from_hf_config(args.init_from)  # a config error is reported as such, first
+        args.model = _config_path(args.init_from)
     spec, plan = plan_from_args(args, default_model="tiny")
     world = plan.pp * plan.dp
     if args.nproc is not None and args.nproc <= 0:
@@ -130,11 +169,25 @@ def run(args: argparse.Namespace) -> int:
         raise RatrainError(
             f"--nproc {args.nproc} does not match pp x dp = {world}; drop --nproc or fix it"
         )
-    if world > 1 or args.nproc is not None:
+    if world > 1 or args.nproc is not None or args.save or args.resume or args.init_from:
+        # Checkpoints and HF weights live in the distributed runtime (also on one process).
         from ratrain.runtime.distributed_train import run_distributed
 
         return run_distributed(args, spec, plan, train_config_from_args(args))
     return run_reference(args, spec, plan)
+
+
+def _config_path(d: str) -> str:
+    return os.path.join(d, "config.json") if os.path.isdir(d) else d
+
+
+def _check_checkpoint_flags(args: argparse.Namespace) -> None:
+    from ratrain.cli.outputs import prepare_output_dir
+
+    for flag in ("save_every", "keep"):
+        if getattr(args, flag) is not None and not args.save:
+            raise RatrainError(f"--{flag.replace('_', '-')} needs --save DIR")
+    prepare_output_dir(args.save, "--save")
 
 
 def run_reference(args: argparse.Namespace, spec: ModelSpec, plan: Plan) -> int:

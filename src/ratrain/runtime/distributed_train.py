@@ -97,6 +97,11 @@ class Job:
     """Keep only the newest `keep` checkpoints (None: all)."""
     resume_from: str | None = None
     """A complete checkpoint directory to continue from (resolved by the caller)."""
+    init_from: str | None = None
+    """A Hugging Face directory (config.json + safetensors) to take the weights from."""
+    run_steps: int | None = None
+    """Steps to run now (None: up to `cfg.steps`); 0 with `save_dir` saves the starting
+    state (e.g. HF weights as a checkpoint) and stops."""
 
 
 @dataclass
@@ -195,6 +200,10 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
         model = StageModel(spec, plan, cfg, grid.stage, grid.replica, grid.device, job.backend)
         mem.track(model.state_tensors())
         resumed = _resume(grid, model, job, plan) if job.resume_from else None
+        if job.init_from and resumed is None:
+            from ratrain.models.hf_load import load_stage_from_hf
+
+            load_stage_from_hf(model, job.init_from)
         _barrier(grid)
         rec = Recorder(grid.stage, grid.replica, time.perf_counter(), set(job.trace_steps))
         ex = StageExecutor(grid, comm, model, schedule, batches, spec, plan, cfg, rec)
@@ -210,7 +219,10 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
         )
         try:
             t_last = time.perf_counter()
-            for k in range(start, cfg.steps):
+            end = cfg.steps if job.run_steps is None else min(cfg.steps, start + job.run_steps)
+            if job.save_dir and end == start:
+                _save(grid, model, ex, job, plan, start)
+            for k in range(start, end):
                 res = ex.step(k)
                 # The step time is the period between step ends: it includes waiting for the
                 # other stages, which the walk of one step alone may not.
@@ -412,6 +424,7 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         dtype=getattr(args, "data_dtype", None),
     )
     cap = getattr(args, "memory_cap", None)
+    resume_from = _resume_dir(args, spec, plan)
     job = Job(
         spec,
         plan,
@@ -428,6 +441,12 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         progress=not getattr(args, "quiet", False),
         memory_cap_bytes=int(cap * 2**30) if cap else None,
         memory_cap_label="--memory-cap",
+        save_dir=getattr(args, "save", None),
+        save_every=getattr(args, "save_every", None),
+        keep=getattr(args, "keep", None),
+        resume_from=str(resume_from) if resume_from else None,
+        init_from=getattr(args, "init_from", None),
+        run_steps=0 if getattr(args, "steps", None) == 0 else None,
     )
     launched = rendezvous_from_env() is not None
     src = source()
@@ -438,14 +457,51 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
             f"dp={plan.dp} ({world} ranks), micro-batch {plan.micro_batch}, {plan.microbatches} "
             f"microbatches per pipeline, {plan.compute_dtype}, schedule {plan.schedule}"
         )
+        if resume_from:
+            print(f"  resuming from {resume_from}")
+        elif job.init_from:
+            print(f"  weights from {job.init_from}")
         sys.stdout.flush()
     results = run_job(job)
     for r in results:
         run = r.runs[plan.schedule]
         if run.losses:
             elapsed = sum(run.step_times_s)  # training only, not the ranks' start-up
-            print(_summary(run, src, elapsed, cfg.steps * plan.tokens_per_step))
+            print(_summary(run, src, elapsed, len(run.losses) * plan.tokens_per_step))
+    if job.save_dir and (not launched or grid_rank0()):
+        from ratrain.checkpoint import complete_checkpoints
+
+        done = complete_checkpoints(job.save_dir)
+        if done:
+            print(f"checkpoint {done[-1]}")
     return 0
+
+
+def grid_rank0() -> bool:
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
+
+
+def _resume_dir(args, spec: ModelSpec, plan: Plan):
+    """The checkpoint `--resume` names (None: a fresh start). A job restarted by torchrun
+    (TORCHELASTIC_RESTART_COUNT > 0) with --save resumes from it as with `--resume auto`."""
+    from ratrain.checkpoint import complete_checkpoints, read_meta, resolve_resume
+    from ratrain.checkpoint.io import check_compatible
+
+    save, resume = getattr(args, "save", None), getattr(args, "resume", None)
+    if resume is None and save and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        resume = "auto"
+    if resume is None:
+        if save and complete_checkpoints(save):
+            newest = complete_checkpoints(save)[-1].name
+            raise RatrainError(
+                f"--save {save} already holds checkpoints (newest {newest}); pass --resume auto "
+                "to continue from it, or another --save directory"
+            )
+        return None
+    ckpt = resolve_resume(resume, save)
+    if ckpt is not None:
+        check_compatible(read_meta(ckpt), ckpt, spec, plan)  # before any rank starts
+    return ckpt
 
 
 def _summary(run: RunResult, source: TokenSource, elapsed_s: float, tokens: int) -> str:

@@ -1,0 +1,164 @@
+"""Hugging Face safetensors in and out.
+
+Import (`load_stage_from_hf`): a directory as `save_pretrained` writes it (config.json and
+`model.safetensors`, or shards listed in `model.safetensors.index.json`). Each rank opens
+the files lazily (`safetensors.safe_open`) and reads only the tensors of its own stage, so
+no rank ever holds more than its stage.
+
+Export (`write_hf`): config.json (`ratrain.models.hf_config.to_hf_config`) and safetensors,
+split into shards with an index past `max_shard_bytes`, as `save_pretrained` does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from ratrain.errors import RatrainError
+from ratrain.models.hf_config import from_hf_config, to_hf_config
+from ratrain.models.hf_weights import hf_model_type, ratrain_to_hf_state_dict
+from ratrain.models.spec import ModelSpec
+
+__all__ = ["load_stage_from_hf", "hf_tensor_files", "write_hf", "read_hf_tensors"]
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+_UNIT = re.compile(r"^units\.(\d+)\.(.+)$")
+
+
+def hf_tensor_files(d: str | Path) -> dict[str, Path]:
+    """HF tensor name -> the safetensors file holding it."""
+    d = Path(d)
+    if (d / INDEX).is_file():
+        try:
+            weight_map = json.loads((d / INDEX).read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise RatrainError(f"{d / INDEX}: not a safetensors index ({e})") from None
+        files = {k: d / v for k, v in weight_map.items()}
+        missing = sorted({str(f) for f in files.values() if not f.is_file()})
+        if missing:
+            raise RatrainError(f"{d}: shard {missing[0]} listed in {INDEX} is missing")
+        return files
+    if (d / SINGLE).is_file():
+        with _open(d / SINGLE) as f:
+            return {k: d / SINGLE for k in f.keys()}
+    raise RatrainError(f"{d}: no {SINGLE} or {INDEX}; pass a save_pretrained directory")
+
+
+def _open(path: Path):
+    from safetensors import safe_open
+
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:  # safetensors raises its own error types for a damaged header
+        raise RatrainError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def _source_of(name: str, spec: ModelSpec, mt: str) -> tuple[str, slice | None]:
+    """The HF tensor (and row slice, for Baichuan's fused W_pack) of a ratrain weight."""
+    m = _UNIT.match(name)
+    assert m, name
+    unit, rest = int(m.group(1)), m.group(2)
+    L = spec.n_layers
+    if unit == 0:
+        return "model.embed_tokens.weight", None
+    if unit == L + 1:
+        return ("model.norm.weight" if rest == "norm.weight" else "lm_head.weight"), None
+    base = f"model.layers.{unit - 1}."
+    if mt == "baichuan" and rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                     "self_attn.v_proj.weight"):  # fmt: skip
+        h, kv = spec.hidden, spec.kv_dim
+        rows = {"q": slice(0, h), "k": slice(h, h + kv), "v": slice(h + kv, h + 2 * kv)}
+        return base + "self_attn.W_pack.weight", rows[rest.split(".")[1][0]]
+    return base + rest, None
+
+
+def read_hf_tensors(d: str | Path, spec: ModelSpec, names: list[str]) -> dict[str, torch.Tensor]:
+    """fp32 tensors for the given ratrain weight names, read lazily from HF safetensors."""
+    d = Path(d)
+    mt = json.loads((d / "config.json").read_text()).get("model_type") or hf_model_type(spec)
+    files = hf_tensor_files(d)
+    wanted: dict[Path, list[tuple[str, str, slice | None]]] = {}
+    for name in names:
+        key, rows = _source_of(name, spec, mt)
+        if key == "lm_head.weight" and key not in files and spec.tied_embeddings:
+            key = "model.embed_tokens.weight"  # tied checkpoints may omit the head
+        if key not in files:
+            raise RatrainError(f"{d}: no tensor {key!r} (needed for {name}) in the safetensors")
+        wanted.setdefault(files[key], []).append((name, key, rows))
+    out: dict[str, torch.Tensor] = {}
+    for path, items in wanted.items():
+        with _open(path) as f:
+            for name, key, rows in items:
+                t = f.get_slice(key)[rows] if rows is not None else f.get_tensor(key)
+                out[name] = t.to(torch.float32)
+    return out
+
+
+def load_stage_from_hf(model, hf_dir: str | Path) -> None:
+    """Set a `StageModel`'s masters (and views) from HF weights, its own stage's only."""
+    from ratrain.checkpoint.state import StageIO, param_names
+
+    spec = from_hf_config(hf_dir)
+    if spec != model.spec:
+        raise RatrainError(f"--init-from {hf_dir}: its config.json is not the model being trained")
+    names = [n for st in model.units.values() for n in param_names(st)]
+    tensors = read_hf_tensors(hf_dir, spec, names)
+    shapes = {n: tuple(p.shape) for st in model.units.values()
+              for n, p in zip(param_names(st), st.params, strict=True)}  # fmt: skip
+    for n, t in tensors.items():
+        if tuple(t.shape) != shapes[n]:
+            raise RatrainError(
+                f"--init-from {hf_dir}: {n} has shape {tuple(t.shape)}, the config says "
+                f"{shapes[n]}; the weights do not match config.json"
+            )
+    StageIO(model).apply({f"model/{n}": t for n, t in tensors.items()})
+
+
+def write_hf(
+    sd: dict[str, torch.Tensor],
+    spec: ModelSpec,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    max_shard_bytes: int = 5 * 2**30,
+) -> list[Path]:
+    """Write a `LlamaModel` state dict as a Hugging Face directory; the files written."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    cfg = to_hf_config(spec)
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    hf = ratrain_to_hf_state_dict(sd, spec)
+    if spec.tied_embeddings:
+        hf.pop("lm_head.weight", None)  # transformers ties it; safetensors refuses aliases
+    hf = {k: v.detach().to(dtype).contiguous() for k, v in hf.items()}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for k, v in hf.items():
+        n = v.numel() * v.element_size()
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v
+        size += n
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    written = [out / "config.json"]
+    meta = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(out / SINGLE), metadata=meta)
+        return [*written, out / SINGLE]
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name), metadata=meta)
+        weight_map.update({k: name for k in shard})
+        written.append(out / name)
+    total = sum(v.numel() * v.element_size() for v in hf.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    return [*written, out / INDEX]
