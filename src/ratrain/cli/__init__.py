@@ -18,6 +18,8 @@ COMMANDS = {
     "plan": "search the fastest configuration that fits the memory cap",
     "verify": "compare losses of the reference trainer, Baseline-1F1B and RATrain",
     "bench": "benchmarks (bench paper: the paper's evaluation by simulation)",
+    "calibrate": "measure this machine (kernels, communication, runtime costs): a platform file",
+    "validate": "run a grid of plans for real and set each beside its prediction",
 }
 
 
