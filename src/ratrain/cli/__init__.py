@@ -19,6 +19,8 @@ COMMANDS = {
     "verify": "compare losses of the reference trainer, Baseline-1F1B and RATrain",
     "bench": "benchmarks (bench paper: the paper's evaluation by simulation)",
     "export": "write a checkpoint's weights as a Hugging Face model (config.json + safetensors)",
+    "calibrate": "measure this machine (kernels, communication, runtime costs): a platform file",
+    "validate": "run a grid of plans for real and set each beside its prediction",
 }
 
 

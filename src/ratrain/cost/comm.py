@@ -24,6 +24,11 @@ Rank layouts (`RANK_LAYOUTS`); consecutive ranks fill a node:
   pipeline-parallel): a stage's DP peers share a node whenever it can hold them, and
   pipeline neighbours sit ``dp`` ranks apart.
 
+A platform that measured its intra-node collectives (`Platform.collectives`, written by
+`ratrain calibrate`) is costed by those fits instead: a measured α plus S over the
+measured algorithm bandwidth, which is the collective's wall time (its bus time, the
+formula above, leaves out the library's per-call and synchronisation costs).
+
 Pure Python.
 """
 
@@ -32,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ratrain.cost.measured import measured_collective_s
 from ratrain.platforms import Link, Platform
 
 __all__ = [
@@ -163,6 +169,9 @@ def collective_time_s(
         return 0.0, "none"
     algorithm = platform.collective_algorithm
     if group.nodes == 1:
+        t = measured_collective_s(kind, nbytes, group.n, platform)
+        if t is not None:
+            return t, "measured:intra"
         return _flat(kind, nbytes, group.n, platform.intra_node, algorithm), f"{algorithm}:intra"
     if group.local == 1 or algorithm != "hierarchical":
         # A flat ring or tree that crosses nodes runs at the pace of its inter-node hops.
@@ -176,6 +185,10 @@ def scalar_allreduce_s(group: Group, platform: Platform) -> tuple[float, str]:
     which NCCL picks for small messages."""
     if group.n <= 1:
         return 0.0, "none"
+    if group.nodes == 1:
+        t = measured_collective_s("all_reduce", 8, group.n, platform)
+        if t is not None:
+            return t, "measured:intra"
     link = platform.intra_node if group.nodes == 1 else platform.inter_node
     return 2 * math.ceil(math.log2(group.n)) * link.latency_s, "tree"
 

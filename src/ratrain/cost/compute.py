@@ -5,7 +5,14 @@ from `gemm_time_s` or `attention_time_s` (plus memory-bound passes such as the e
 gather, timed by `memory_pass_time_s`). Both return ``(time_s, bound)``:
 
 - ``"flat"``: FLOPs / (peak[dtype] x efficiency), the platform's flat efficiency;
-- ``"compute"`` / ``"dma"``: from a tile-level model of the on-chip tiers, when one applies.
+- ``"compute"`` / ``"dma"``: from a tile-level model of the on-chip tiers, when one applies;
+- ``"measured"``: FLOPs / (peak[dtype] x the platform's measured efficiency curve at the
+  kernel's FLOPs), when `ratrain calibrate` measured that kernel kind and dtype
+  (`ratrain.cost.measured`).
+
+The model's memory-bound kernels (norms, RoPE, the SwiGLU product, residual adds, the
+cross-entropy) are kernels of kind ``"elementwise"``; they cost what the platform measured
+for them, and nothing on a platform that did not measure them.
 
 A tile-level model plugs in as the module `ratrain.cost.tiling` exposing
 ``applies(platform) -> bool`` and ``gemm_time_s`` / ``attention_time_s`` with the
@@ -24,6 +31,7 @@ import importlib
 from dataclasses import dataclass
 
 from ratrain.config import DTYPE_BYTES
+from ratrain.cost import measured
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import Platform
@@ -44,11 +52,12 @@ __all__ = [
 class Kernel:
     """One kernel of a compute action: a GEMM (m, n, k), an attention, or a memory pass."""
 
-    kind: str  # "gemm" | "attention" | "memory"
+    kind: str  # "gemm" | "attention" | "memory" | "elementwise"
     name: str
     args: tuple
     """gemm: (m, n, k); attention: (batch, heads, kv_heads, seq, head_dim, causal, backward);
-    memory: (bytes,)."""
+    memory: (bytes,); elementwise: (op, elements, backward), op in
+    `ratrain.cost.measured.MEMORY_BOUND_OPS`."""
 
     @property
     def flops(self) -> int:
@@ -81,8 +90,24 @@ def flat_time_s(flops: float, dtype: str, platform: Platform) -> float:
     return flops / (platform.peak_flops[dtype] * platform.efficiency)
 
 
-def gemm_time_s(m: int, n: int, k: int, dtype: str, platform: Platform) -> tuple[float, str]:
-    """Time of C(m, n) = A(m, k) @ B(k, n) in `dtype`, and what bounds it."""
+def _curve_time_s(kind: str, flops: float, dtype: str, platform: Platform) -> float | None:
+    points = platform.efficiency_curves.get(f"{kind}.{dtype}")
+    if points is None:
+        return None
+    return flops / (platform.peak_flops[dtype] * measured.curve_efficiency(points, flops))
+
+
+def gemm_time_s(
+    m: int, n: int, k: int, dtype: str, platform: Platform, *, backward: bool = False
+) -> tuple[float, str]:
+    """Time of C(m, n) = A(m, k) @ B(k, n) in `dtype`, and what bounds it. `backward`: one
+    of a linear layer's gradient GEMMs (their layouts run at their own measured speed)."""
+    flops = 2 * m * n * k
+    t = _curve_time_s("gemm_bwd", flops, dtype, platform) if backward else None
+    if t is None:
+        t = _curve_time_s("gemm", flops, dtype, platform)
+    if t is not None:
+        return t, "measured"
     tm = _tiled(platform)
     if tm is not None:
         return tm.gemm_time_s(m, n, k, dtype, platform)
@@ -113,12 +138,16 @@ def attention_time_s(
     backward: bool,
 ) -> tuple[float, str]:
     """Time of the attention core (scores, softmax, values) forward or backward."""
+    flops = attention_flops(batch, heads, seq, head_dim, causal=causal, backward=backward)
+    kind = "attention_bwd" if backward else "attention_fwd"
+    t = _curve_time_s(kind, flops, dtype, platform)
+    if t is not None:
+        return t, "measured"
     tm = _tiled(platform)
     if tm is not None:
         return tm.attention_time_s(
             batch, heads, kv_heads, seq, head_dim, dtype, platform, causal=causal, backward=backward
         )
-    flops = attention_flops(batch, heads, seq, head_dim, causal=causal, backward=backward)
     return flat_time_s(flops, dtype, platform), "flat"
 
 
@@ -138,6 +167,23 @@ def _attention(spec: ModelSpec, micro_batch: int, seq: int, backward: bool) -> K
     return Kernel("attention", "attention.bwd" if backward else "attention", args)
 
 
+def _elementwise(spec: ModelSpec, tokens: int, where: str, backward: bool) -> list[Kernel]:
+    """The model's memory-bound kernels (`ratrain.models.llama`) of a block or the head."""
+    if where == "head":
+        ops = [("rmsnorm", tokens * spec.hidden), ("cross_entropy", tokens * spec.vocab)]
+    else:
+        ops = [
+            ("rmsnorm", 2 * tokens * spec.hidden),  # input and post-attention norms
+            ("rope", tokens * (spec.hidden + spec.kv_dim)) if spec.position == "rope" else None,
+            ("swiglu", tokens * spec.ffn),
+            ("add", 2 * tokens * spec.hidden),  # the two residual adds
+        ]
+    return [
+        Kernel("elementwise", f"{op}.{'bwd' if backward else 'fwd'}", (op, n, backward))
+        for op, n in filter(None, ops)
+    ]
+
+
 def unit_kernels(
     spec: ModelSpec, unit: int, micro_batch: int, seq: int, kind: str, *, dtype: str = "bf16"
 ) -> list[Kernel]:
@@ -155,16 +201,22 @@ def unit_kernels(
     if unit == counts.head_unit(spec):
         gemm = ("lm_head", tokens, spec.vocab, spec.hidden)
         if kind == "F":
-            return [Kernel("gemm", gemm[0], gemm[1:])]
-        return _gemm_bwd(*gemm) if kind == "B" else []
+            return [Kernel("gemm", gemm[0], gemm[1:]), *_elementwise(spec, tokens, "head", False)]
+        if kind == "B":
+            return _gemm_bwd(*gemm) + _elementwise(spec, tokens, "head", True)
+        return []
     gemms = counts.block_gemms(spec, tokens)
     if kind == "F" or kind == "RC:full":
         return [Kernel("gemm", g[0], g[1:]) for g in gemms] + [
-            _attention(spec, micro_batch, seq, False)
+            _attention(spec, micro_batch, seq, False),
+            *_elementwise(spec, tokens, "block", False),
         ]
     if kind == "B":
         out = [k for g in gemms for k in _gemm_bwd(*g)]
-        return out + [_attention(spec, micro_batch, seq, True)]
+        return out + [
+            _attention(spec, micro_batch, seq, True),
+            *_elementwise(spec, tokens, "block", True),
+        ]
     if kind == "RC:selective":
         return [_attention(spec, micro_batch, seq, False)]
     if kind == "RC:none":
@@ -177,12 +229,18 @@ def kernels_time_s(kernels: list[Kernel], dtype: str, platform: Platform) -> tup
     total, by_bound = 0.0, {}
     for k in kernels:
         if k.kind == "gemm":
-            t, bound = gemm_time_s(*k.args, dtype, platform)
+            bwd = k.name.endswith((".dx", ".dw"))
+            t, bound = gemm_time_s(*k.args, dtype, platform, backward=bwd)
         elif k.kind == "attention":
             b, h, kv, s, d, causal, backward = k.args
             t, bound = attention_time_s(
                 b, h, kv, s, d, dtype, platform, causal=causal, backward=backward
             )
+        elif k.kind == "elementwise":
+            op, n, backward = k.args
+            t, bound = measured.memory_bound_time_s(op, n, dtype, backward, platform), "memory"
+            if t is None:
+                continue  # not measured on this platform: not charged
         else:
             t, bound = memory_pass_time_s(k.args[0], platform)
         total += t

@@ -20,6 +20,11 @@ platform's memory tiers:
 - OFFLOAD / RELOAD: what (unit, mb) keeps under its recompute policy, over the host link.
 - NORM / OVF: a scalar all-reduce over every rank.
 
+On a platform that measured them (`ratrain calibrate`): every action also pays the
+runtime's fixed cost per action of its op (`Platform.overhead_s`), and the kernels of
+compute actions, UPDATE and casts run at the speed the node's shared cores leave each
+rank (`ratrain.cost.measured.compute_speed`).
+
 Bytes come from `ratrain.schedule.action_bytes`, the sizes the memory ledger also uses.
 
 The rank layout (`ratrain.cost.comm.RANK_LAYOUTS`) decides which links a DP group and a
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from ratrain.config import Plan
 from ratrain.cost import comm
 from ratrain.cost.compute import Kernel, kernels_time_s, memory_pass_time_s, unit_kernels
+from ratrain.cost.measured import compute_speed
 from ratrain.errors import RatrainError
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
@@ -108,6 +114,9 @@ class CostModel:
             if not v >= 0:
                 raise RatrainError(f"cost scale for {c!r} must be >= 0, got {v!r}")
         self.scale = {c: float(scale.get(c, 1.0)) for c in COST_CATEGORIES}
+        ranks_on_node = min(plan.pp * plan.dp, platform.units_per_node)
+        self.speed = compute_speed(platform, ranks_on_node)
+        """Kernel speed of one rank against one thread on a core of its own."""
         self._cache: dict[tuple, ActionCost] = {}
 
     # -- sizes ------------------------------------------------------------------------------
@@ -156,10 +165,21 @@ class CostModel:
 
     def _cost(self, a: Action) -> ActionCost:
         c = self._raw_cost(a)
+        over_s = self.platform.overhead_s(a.op.value) if a.op is not Op.VIEW_DROP else 0.0
         if a.op in (Op.F, Op.B):
-            return c  # scaled per unit: blocks and edge units apart
+            # Kernels scaled per unit (blocks and edge units apart); overhead per action.
+            if over_s and any(self.scale[k] for k in ("compute", "edge")):
+                c = ActionCost(
+                    c.time_s + over_s, c.category, c.bound, c.algorithm, c.nbytes, c.flops
+                )
+            return c
         return ActionCost(
-            c.time_s * self.scale[c.category], c.category, c.bound, c.algorithm, c.nbytes, c.flops
+            (c.time_s + over_s) * self.scale[c.category],
+            c.category,
+            c.bound,
+            c.algorithm,
+            c.nbytes,
+            c.flops,
         )
 
     def _raw_cost(self, a: Action) -> ActionCost:
@@ -196,11 +216,13 @@ class CostModel:
         if a.op is Op.RECOMPUTE:
             ks = self.kernels(a)
             t, bound = kernels_time_s(ks, self.plan.compute_dtype, self.platform)
+            t /= self.speed
             return ActionCost(t, "recompute", bound, flops=sum(k.flops for k in ks))
         total, flops, bound, best = 0.0, 0, None, -1.0
         for u in a.units:
             ks = self.kernels(Action(a.op, a.stage, (u,), a.mb))
             t, b = kernels_time_s(ks, self.plan.compute_dtype, self.platform)
+            t /= self.speed
             total += t * self.scale["compute" if counts.is_block(self.spec, u) else "edge"]
             flops += sum(k.flops for k in ks)
             if t > best:
@@ -211,7 +233,7 @@ class CostModel:
     def _update(self, a: Action) -> ActionCost:
         nbytes = self.nbytes(a)
         t, bound = memory_pass_time_s(nbytes, self.platform)
-        return ActionCost(t, "update", bound, nbytes=nbytes)
+        return ActionCost(t / self.speed, "update", bound, nbytes=nbytes)
 
     def _dp(self, a: Action) -> comm.Group:
         p = self.plan
@@ -228,12 +250,13 @@ class CostModel:
         if self.view_all_gather():
             shard = -(-n // self.plan.dp)  # cast this replica's shard, then gather the views
             cast_s, _ = memory_pass_time_s(shard * (4 + nbytes // max(n, 1)), self.platform)
+            cast_s /= self.speed
             t, algo = comm.collective_time_s("all_gather", nbytes, self._dp(a), self.platform)
             return ActionCost(
                 cast_s + t, "collective", algorithm=f"all_gather:{algo}", nbytes=nbytes
             )
         t, bound = memory_pass_time_s(n * 4 + nbytes, self.platform)
-        return ActionCost(t, "copy", bound, algorithm="cast", nbytes=nbytes)
+        return ActionCost(t / self.speed, "copy", bound, algorithm="cast", nbytes=nbytes)
 
     def _send(self, a: Action) -> ActionCost:
         peer = a.stage + 1 if a.op is Op.SEND_F else a.stage - 1

@@ -23,6 +23,19 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       intra_node: {bandwidth_bytes_per_s: {...}, latency_s: {...}, efficiency: {...}}
       inter_node: {bandwidth_bytes_per_s: {...}, latency_s: {...}, efficiency: {...}}
       algorithm: ring | tree | hierarchical
+      collectives:    # optional, measured wall-time fits per collective and group size
+        all_reduce: {value: [[n, alpha_s, bytes_per_s], ...], note: "measured: ..."}
+    # Optional sections, written by `ratrain calibrate` (absent: not charged):
+    compute:
+      efficiency_curves:      # achieved / peak_flops[dtype] against a kernel's FLOPs
+        gemm.fp32: {value: [[flops, efficiency], ...], note: ...}   # also gemm_bwd.*,
+                                                                     # attention_fwd/bwd.*
+      memory_bound_bytes_per_s:   # the model's memory-bound kernels, per op and dtype
+        rmsnorm.fwd.fp32: {value, note}
+      cores_per_node: {value, note}       # cores the node's ranks share
+      thread_efficiency: {value, note}    # speed-up of each extra thread of one rank
+    runtime:
+      action_overhead_s: {F: {value, note}, B: ..., default: ...}   # fixed cost per action
 
 The loader (`ratrain.platforms.load`) turns this into the frozen dataclasses below.
 """
@@ -76,9 +89,27 @@ class Platform:
     inter_node: Link
     units_per_node: int
     collective_algorithm: str = "ring"
+    efficiency_curves: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    """Kernel kind and dtype ("gemm.fp32", "gemm_bwd.bf16", "attention_fwd.fp32", ...) ->
+    (FLOPs, achieved / peak) points, FLOPs ascending; interpolated in log FLOPs."""
+    memory_bound_bytes_per_s: dict[str, float] = field(default_factory=dict)
+    """The model's memory-bound kernels ("rmsnorm.fwd.bf16", ...): nominal bytes per second
+    (bytes as `ratrain.cost.memory_bound` counts them). Empty: those kernels are free."""
+    cores_per_node: int | None = None
+    """Cores shared by the compute of a node's ranks; None: each unit has its own."""
+    thread_efficiency: float = 1.0
+    """Speed-up each extra thread brings to one rank's kernels (1.0: linear)."""
+    action_overhead_s: dict[str, float] = field(default_factory=dict)
+    """Fixed cost of one IR action by op value ("F", "B", "SEND_F", ...; "default")."""
+    collectives: dict[str, tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
+    """Measured intra-node collectives: kind -> (group size, α seconds, bytes/s) points."""
     notes: dict[str, str] = field(default_factory=dict)
     """Provenance of each value: dotted key -> 'sourced: ...' or 'assumed: ...'."""
     description: str = ""
+
+    def overhead_s(self, op: str) -> float:
+        """The fixed cost of one action of `op` (an IR op value)."""
+        return self.action_overhead_s.get(op, self.action_overhead_s.get("default", 0.0))
 
     @property
     def main_memory(self) -> Tier:

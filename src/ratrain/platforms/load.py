@@ -2,7 +2,8 @@
 
 Every number in a platform file is a mapping ``{value: ..., note: ...}`` whose note says
 where the value comes from: ``sourced: <where>``, ``derived: <how>`` (arithmetic on
-sourced or assumed figures) or ``assumed: <why>``. A value without such a note is an error:
+sourced or assumed figures), ``assumed: <why>`` or ``measured: <what, how, when, on what>``
+(written by `ratrain calibrate`). A value without such a note is an error:
 a cost model is only as good as what it can say about its constants.
 
 Sizes are bytes, bandwidths bytes/s, times seconds. Link bandwidths are what *one* compute
@@ -26,7 +27,7 @@ __all__ = ["PLATFORM_PRESETS", "COLLECTIVE_ALGORITHMS", "load"]
 _DIR = Path(__file__).parent
 PLATFORM_PRESETS = ("mt3000", "a100-80g", "h100-80g", "cpu-local")
 COLLECTIVE_ALGORITHMS = ("ring", "tree", "hierarchical")
-_NOTE_PREFIXES = ("sourced", "derived", "assumed")
+_NOTE_PREFIXES = ("sourced", "derived", "assumed", "measured")
 _TOP = {
     "name",
     "description",
@@ -36,6 +37,7 @@ _TOP = {
     "tiers",
     "host",
     "network",
+    "runtime",
 }
 _LINK = ("bandwidth_bytes_per_s", "latency_s", "efficiency")
 _TIER = ("capacity_bytes", "bandwidth_bytes_per_s", "latency_s", "copies")
@@ -72,7 +74,8 @@ class _Reader:
         note = entry.get("note")
         if not isinstance(note, str) or not note.strip().lower().startswith(_NOTE_PREFIXES):
             raise self.fail(
-                f"{dotted} has no provenance note; add note: 'sourced: <where>' or 'assumed: <why>'"
+                f"{dotted} has no provenance note; add note: 'sourced: <where>', "
+                "'assumed: <why>' or 'measured: <what, how, when, on what>'"
             )
         extra = set(entry) - {"value", "note"}
         if extra:
@@ -81,10 +84,18 @@ class _Reader:
         return entry["value"]
 
     def number(
-        self, d: dict, key: str, path: str, *, integer: bool = False, upper: float | None = None
+        self,
+        d: dict,
+        key: str,
+        path: str,
+        *,
+        integer: bool = False,
+        upper: float | None = None,
+        zero: bool = False,
     ):
-        v = self.raw(d, key, path)
-        dotted = path + key
+        return self.check_number(self.raw(d, key, path), path + key, integer, upper, zero)
+
+    def check_number(self, v, dotted: str, integer=False, upper=None, zero=False):
         if isinstance(v, str):  # YAML 1.1 reads 20.0e9 (no exponent sign) as a string
             try:
                 v = float(v)
@@ -92,8 +103,8 @@ class _Reader:
                 raise self.fail(f"{dotted} must be a number, got {v!r}") from None
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise self.fail(f"{dotted} must be a number, got {v!r}")
-        if not v > 0:
-            raise self.fail(f"{dotted} must be positive, got {v!r}")
+        if not (v >= 0 if zero else v > 0):
+            raise self.fail(f"{dotted} must be {'>= 0' if zero else 'positive'}, got {v!r}")
         if upper is not None and v > upper:
             raise self.fail(f"{dotted} must be at most {upper}, got {v!r}")
         if integer:
@@ -127,6 +138,55 @@ class _Reader:
             latency_s=self.number(t, "latency_s", p),
             copies=self.number(t, "copies", p, integer=True) if "copies" in t else 1,
         )
+
+    def table(self, d: dict, key: str, path: str, width: int) -> tuple[tuple[float, ...], ...]:
+        """A list of `width`-number rows, sorted by their first column."""
+        rows, dotted = self.raw(d, key, path), path + key
+        if not isinstance(rows, list) or not rows:
+            raise self.fail(f"{dotted} must be a non-empty list of [{width} numbers] rows")
+        out = []
+        for i, row in enumerate(rows):
+            if not isinstance(row, list) or len(row) != width:
+                raise self.fail(f"{dotted}[{i}] must be a list of {width} numbers")
+            out.append(tuple(self.check_number(v, f"{dotted}[{i}]") for v in row))
+        return tuple(sorted(out))
+
+    def entries(self, d: dict, key: str, path: str, **kw) -> dict[str, float]:
+        """An optional mapping of names to `{value, note}` numbers."""
+        if key not in d:
+            return {}
+        sec = self.section(d, key, path)
+        return {str(k): self.number(sec, k, f"{path}{key}.", **kw) for k in sec}
+
+
+def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
+    """The optional measured sections (see `ratrain.platforms`): absent ones keep defaults."""
+    out: dict = {}
+    curves = (
+        r.section(compute, "efficiency_curves", "compute.")
+        if "efficiency_curves" in compute
+        else {}
+    )
+    out["efficiency_curves"] = {
+        str(k): r.table(curves, k, "compute.efficiency_curves.", 2) for k in curves
+    }
+    out["memory_bound_bytes_per_s"] = r.entries(compute, "memory_bound_bytes_per_s", "compute.")
+    if "cores_per_node" in compute:
+        out["cores_per_node"] = r.number(compute, "cores_per_node", "compute.", integer=True)
+    if "thread_efficiency" in compute:
+        out["thread_efficiency"] = r.number(compute, "thread_efficiency", "compute.", upper=1.0)
+    rt = r.section(data, "runtime", "") if "runtime" in data else {}
+    unknown = set(rt) - {"action_overhead_s"}
+    if unknown:
+        raise r.fail(f"runtime: unknown field(s) {sorted(unknown)}; known: action_overhead_s")
+    out["action_overhead_s"] = r.entries(rt, "action_overhead_s", "runtime.", zero=True)
+    coll = r.section(net, "collectives", "network.") if "collectives" in net else {}
+    tables = {}
+    for kind in coll:
+        rows = r.table(coll, kind, "network.collectives.", 3)
+        tables[str(kind)] = tuple((int(n), a, b) for n, a, b in rows)
+    out["collectives"] = tables
+    return out
 
 
 def _parse(data, source: str) -> Platform:
@@ -174,6 +234,7 @@ def _parse(data, source: str) -> Platform:
         inter_node=r.link(net, "inter_node", "network."),
         units_per_node=r.number(net, "units_per_node", "network.", integer=True),
         collective_algorithm=algorithm,
+        **_optional(r, data, compute, net),
         notes=r.notes,
         description=str(data.get("description", "")).strip(),
     )

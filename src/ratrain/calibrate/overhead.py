@@ -1,0 +1,60 @@
+"""The runtime's fixed cost per action, measured on a model too small to compute anything.
+
+Runs a real training job (`ratrain.runtime.distributed_train.run_job`, the code
+`ratrain train` runs) of a tiny model — hidden 32, 2 blocks, 16 tokens per microbatch —
+on one rank with transient views (so the walk fetches views), traces a few steps after
+warm-up, and takes the median measured duration of each compute-like op on the walk
+(F, B, UPD, VF). At that size the kernels take microseconds, so what is measured is the
+executor's and the modules' Python and dispatch cost per action: the cost that dominates
+when units are small. RECOMPUTE re-runs a forward: it is given F's figure.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+
+from ratrain.config import Plan, TrainConfig
+from ratrain.data import make_source
+from ratrain.models.spec import ModelSpec
+from ratrain.runtime.distributed_train import Job, run_job
+
+__all__ = ["TINY_SPEC", "measure_action_overhead"]
+
+TINY_SPEC = ModelSpec(
+    name="calib-tiny", n_layers=2, hidden=32, n_heads=2, n_kv_heads=2, ffn=64, vocab=64
+)
+
+
+def measure_action_overhead(quick: bool, device: str | None = None) -> dict[str, float]:
+    """Median seconds per action of each compute op on the walk: {"F", "B", "UPD", "VF"}."""
+    steps = 6 if quick else 12
+    seq = 16
+    plan = Plan(
+        micro_batch=1,
+        global_batch=8,
+        seq=seq,
+        compute_dtype="fp32",
+        view_policy="transient",
+        schedule="ratrain",
+    )
+    cfg = TrainConfig(steps=steps, warmup_steps=1)
+    job = Job(
+        TINY_SPEC,
+        plan,
+        cfg,
+        functools.partial(make_source, "synthetic", TINY_SPEC, seq),
+        device=device,
+        trace_steps=tuple(range(2, steps)),
+        progress=False,
+        deadline_s=300,
+    )
+    run = run_job(job)[0].runs[plan.schedule]
+    by_op: dict[str, list[float]] = {}
+    for r in run.trace:
+        if r.get("issue_s") is None:  # measured on the walk
+            by_op.setdefault(r["op"], []).append(r["end_s"] - r["start_s"])
+    out = {op: statistics.median(ts) for op, ts in by_op.items() if ts}
+    if "F" in out:
+        out.setdefault("RC", out["F"])
+    return out

@@ -1,0 +1,176 @@
+"""Turn raw measurements into a platform file (`ratrain.platforms` schema), every value
+with its provenance note: `measured: <what, how, when, on what>` where measured,
+`derived:` where computed from measurements, `assumed:` where one machine cannot measure
+it (the network between nodes)."""
+
+from __future__ import annotations
+
+from ratrain.calibrate.comm import fit_alpha_beta
+from ratrain.config import DTYPE_BYTES
+
+__all__ = ["build_platform"]
+
+_ASYNC_P2P = ("SEND_F", "SEND_B", "RECV_F", "RECV_B")
+_ASYNC_COLL = ("SYNC", "NORM", "OVF")
+
+
+def _v(value, note: str) -> dict:
+    return {"value": value, "note": note}
+
+
+def _rate_rows(gemm: list, attention: list) -> dict[str, list[tuple[float, float]]]:
+    """(FLOPs of one kernel, achieved FLOP/s) per curve kind."""
+    rows = {
+        "gemm": [(f, f / t_f) for f, t_f, _ in gemm],
+        # A linear's backward is two GEMMs (dX, dW) of the forward's FLOPs each.
+        "gemm_bwd": [(f, 2 * f / t_b) for f, _, t_b in gemm],
+        "attention_fwd": [(f, f / t_f) for f, t_f, _ in attention],
+        "attention_bwd": [(2 * f, 2 * f / t_b) for f, _, t_b in attention],
+    }
+    return {k: v for k, v in rows.items() if v}
+
+
+def build_platform(name: str, raw: dict, ctx: dict) -> dict:
+    """The platform file's data. `raw`: {"kernels", "comm", "overhead"} measurements;
+    `ctx`: {"when", "machine", "device", "nproc", "cores", "memory_bytes", "quick"}."""
+    on = f"{ctx['when']}, on {ctx['machine']}"
+    k = raw["kernels"]
+    cores = ctx["cores"]
+    te = k.get("thread_efficiency", 1.0)
+    cpu = ctx["device"] == "cpu"
+    speedup = 1 + (cores - 1) * te if cpu else 1.0
+    peaks, curves = {}, {}
+    timer = "wall clock" if cpu else "CUDA events"
+    for dt in ("fp32", "bf16", "fp16"):
+        rows = _rate_rows(k["gemm"].get(dt, []), k["attention"].get(dt, []))
+        if not rows:
+            continue
+        best = max(r for pts in rows.values() for _, r in pts)
+        peak = best * speedup
+        peaks[dt] = _v(
+            float(f"{peak:.4g}"),
+            f"derived: the fastest measured {dt} kernel ({best:.3g} FLOP/s on one thread) "
+            f"x (1 + (cores - 1) x thread_efficiency) = x{speedup:.3g}: no rank's kernels beat it",
+        )
+        for kind, pts in rows.items():
+            curves[f"{kind}.{dt}"] = _v(
+                [[float(f), float(f"{r / peak:.4g}")] for f, r in sorted(pts)],
+                f"measured: {kind} {dt} via the torch backend ({'forward' if kind in ('gemm', 'attention_fwd') else 'autograd backward'}), "
+                f"one thread, median {timer}, [FLOPs, achieved / peak], {on}",
+            )
+    missing = [dt for dt in ("fp32", "bf16", "fp16") if dt not in peaks]
+    for dt in missing:  # a dtype not measured falls back on fp32's figure
+        peaks[dt] = _v(peaks["fp32"]["value"], f"assumed: {dt} not measured; fp32's peak")
+    mem_bw = {}
+    for dt, ops in k["memory"].items():
+        for op, (elements, t_f, t_b) in ops.items():
+            nbytes = elements * DTYPE_BYTES[dt]
+            for d, t in (("fwd", t_f), ("bwd", t_b)):
+                mem_bw[f"{op}.{d}.{dt}"] = _v(
+                    float(f"{nbytes / t:.4g}"),
+                    f"measured: the model's {op} {d} ({elements} elements, nominal bytes = "
+                    f"elements x {DTYPE_BYTES[dt]}) / median {timer}, one thread, {on}",
+                )
+    opt_bw = k["optimizer_bytes_per_s"]
+    c = raw["comm"]
+    alpha, beta = fit_alpha_beta(c["p2p"]) if c.get("p2p") else (50e-6, 1e9)
+    p2p_note = (
+        f"measured: ping-pong of send_activation/recv_grad, {len(c.get('p2p', []))} sizes, "
+        f"least-squares α + S/β, all pipelines at once, {ctx['nproc']} ranks, {on}"
+    )
+    coll = {}
+    for kind, groups in c.get("collectives", {}).items():
+        rows = []
+        for n, pts in groups:
+            a, b = fit_alpha_beta(pts)
+            rows.append([n, float(f"{a:.4g}"), float(f"{b:.4g}")])
+        coll[kind] = _v(
+            rows,
+            f"measured: runtime Comm.dp_{kind} wall time (slowest rank, median), every DP group "
+            f"at once, least-squares [n, α s, bytes/s], {ctx['nproc']} ranks, {on}",
+        )
+    over = {}
+    for op, t in raw["overhead"].items():
+        over[op] = _v(
+            float(f"{t:.4g}"),
+            f"measured: median {op} duration on the runtime's walk, tiny model (hidden 32), "
+            f"one rank, {on}",
+        )
+    issue = c.get("issue_s", {})
+    for ops, key, what in (
+        (_ASYNC_P2P, "p2p", "an isend/irecv"),
+        (_ASYNC_COLL, "collective", "an async all-reduce"),
+    ):
+        if key in issue:
+            for op in ops:
+                over[op] = _v(
+                    float(f"{issue[key]:.4g}"), f"measured: median time to issue {what}, {on}"
+                )
+    usable = int(ctx["memory_bytes"] // max(ctx["nproc"], 1))
+    quick = " (--quick)" if ctx["quick"] else ""
+    data = {
+        "name": name,
+        "description": f"Measured by ratrain calibrate{quick} on {ctx['machine']}, {ctx['when']}",
+        "usable_memory_bytes": _v(usable, f"measured: total memory / {ctx['nproc']} ranks, {on}"),
+        "workspace_bytes": _v(
+            int(min(0.25e9, usable // 8)), "assumed: allocator and Python overheads"
+        ),
+        "compute": {
+            "peak_flops": peaks,
+            "efficiency": _v(
+                float(f"{1 / speedup:.4g}"),
+                "derived: one thread's best over the peak (kernels without a curve)",
+            ),
+            "efficiency_curves": curves,
+            "memory_bound_bytes_per_s": mem_bw,
+            "thread_efficiency": _v(
+                float(f"{max(te, 0.05):.4g}"),
+                f"measured: speed-up per extra thread of an fp32 512x2048x1024 GEMM, {on}",
+            ),
+        },
+        "tiers": [
+            {
+                "name": "dram" if cpu else "hbm",
+                "capacity_bytes": _v(usable, "derived: usable_memory_bytes"),
+                "bandwidth_bytes_per_s": _v(
+                    float(f"{opt_bw:.4g}"),
+                    f"measured: the runtime's adamw_step_ over 4M fp32 parameters, 28 bytes "
+                    f"moved per parameter / median {timer}, one thread, {on}",
+                ),
+                "latency_s": _v(1e-6, "assumed: 1 us per memory-bound pass"),
+                "copies": _v(1, "assumed: one memory space per rank"),
+            }
+        ],
+        "host": {
+            "bandwidth_bytes_per_s": _v(
+                float(f"{opt_bw:.4g}"), "derived: the tier's measured bandwidth (CPU: one memory)"
+            )
+            if cpu
+            else _v(25e9, "assumed: PCIe 4 x16 pinned copies"),
+            "latency_s": _v(5e-6, "assumed: 5 us per copy"),
+        },
+        "network": {
+            "units_per_node": _v(
+                max(ctx["nproc"], cores) if cpu else ctx["nproc"],
+                "assumed: the ranks this machine runs (all of a plan's ranks on one node)",
+            ),
+            "intra_node": {
+                "bandwidth_bytes_per_s": _v(float(f"{beta:.4g}"), p2p_note),
+                "latency_s": _v(float(f"{max(alpha, 1e-7):.4g}"), p2p_note),
+                "efficiency": _v(1.0, "derived: the bandwidth above is an achieved figure"),
+            },
+            "inter_node": {
+                "bandwidth_bytes_per_s": _v(0.1e9, "assumed: not measured (one machine); 1 Gb/s"),
+                "latency_s": _v(100e-6, "assumed: not measured (one machine)"),
+                "efficiency": _v(0.9, "assumed: TCP reaches about 90% of nominal"),
+            },
+            "algorithm": _v("ring", "assumed: gloo's and NCCL's ring for large messages"),
+            "collectives": coll,
+        },
+        "runtime": {"action_overhead_s": over},
+    }
+    if cpu:
+        data["compute"]["cores_per_node"] = _v(
+            cores, f"measured: CPUs this process may run on (sched_getaffinity), {on}"
+        )
+    return data

@@ -1,0 +1,158 @@
+"""Run a grid of plans through the real runtime and set each beside its prediction.
+
+For each plan of the grid:
+
+- predicted: `ratrain.sim.simulate` on the platform (the step time `ratrain simulate`
+  prints) and the memory ledger's peak per stage;
+- measured: the same job through `run_job` (the code `ratrain train` runs): the step
+  time is the median over the steps after warm-up of the period between step ends, the
+  slowest rank's; a second, shorter run with `measure_memory` gives each rank's peak
+  tensor bytes (`LiveBytes` slows the step, so it is not timed).
+
+Then the statistics (`ratrain.calibrate.stats`) and, per model, whether the plan the
+simulator ranks fastest among the grid's plans of that job is the measured fastest or
+within 5% of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from ratrain.calibrate import stats
+from ratrain.calibrate.grid import GridPlan
+from ratrain.config import TrainConfig
+from ratrain.data import make_source
+from ratrain.platforms import Platform
+from ratrain.runtime.distributed_train import Job, run_job
+from ratrain.sim import simulate
+
+__all__ = ["PlanResult", "run_plan", "summarize", "validate", "result_dict"]
+
+BEST_WITHIN = 0.05
+
+
+@dataclass
+class PlanResult:
+    name: str
+    model: str
+    plan: dict
+    predicted_step_s: float
+    measured_step_s: float
+    ledger_peak_bytes: list[int]
+    """Per stage."""
+    measured_peak_bytes: list[list[int]]
+    """Per stage, per replica."""
+    step_times_s: list[float] = field(default_factory=list)
+    measured_trace: list[dict] = field(default_factory=list)
+    grid: GridPlan | None = field(default=None, repr=False)
+    """The grid entry (model and plan) this result is of."""
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
+
+    def memory_errors(self) -> list[float]:
+        """(ledger - measured) / measured for every rank."""
+        return [
+            (self.ledger_peak_bytes[s] - m) / m
+            for s, reps in enumerate(self.measured_peak_bytes)
+            for m in reps
+            if m
+        ]
+
+
+def _job(g: GridPlan, steps: int, **kw) -> Job:
+    return Job(
+        g.spec,
+        g.plan,
+        TrainConfig(steps=steps, warmup_steps=1),
+        functools.partial(make_source, "synthetic", g.spec, g.plan.seq),
+        progress=False,
+        deadline_s=1800,
+        **kw,
+    )
+
+
+def run_plan(g: GridPlan, platform: Platform, *, steps: int = 3, warmup: int = 1) -> PlanResult:
+    sim = simulate(g.spec, g.plan, platform, memory_timeline=False)
+    kind = g.plan.schedule
+    trace_step = warmup + steps - 1
+    ranks = run_job(_job(g, warmup + steps, trace_steps=(trace_step,)))
+    per_rank = [statistics.median(r.runs[kind].step_times_s[warmup:]) for r in ranks]
+    trace = [rec for r in ranks for rec in r.runs[kind].trace]
+    mem_ranks = run_job(_job(g, 2, measure_memory=True))
+    peaks = [[0] * g.plan.dp for _ in range(g.plan.pp)]
+    for r in mem_ranks:
+        peaks[r.stage][r.replica] = int(r.runs[kind].peak_bytes or 0)
+    slowest = max(range(len(ranks)), key=per_rank.__getitem__)
+    return PlanResult(
+        g.name,
+        g.model,
+        g.plan.to_dict(),
+        sim.step_time_s,
+        per_rank[slowest],
+        list(sim.peak_memory_bytes),
+        peaks,
+        list(ranks[slowest].runs[kind].step_times_s),
+        trace,
+        g,
+    )
+
+
+def summarize(results: list[PlanResult]) -> dict:
+    pred = [r.predicted_step_s for r in results]
+    meas = [r.measured_step_s for r in results]
+    out: dict = {
+        "plans": len(results),
+        "mape": stats.mape(pred, meas),
+        "max_error": stats.max_error(pred, meas),
+        "kendall_tau": stats.kendall_tau(pred, meas) if len(results) > 1 else None,
+    }
+    mem = [e for r in results for e in r.memory_errors()]
+    out["memory_min_error"] = min(mem) if mem else None
+    out["memory_max_error"] = max(mem) if mem else None
+    out["memory_within"] = bool(mem) and min(mem) >= 0 and max(mem) <= 0.10
+    picks = {}
+    for model in dict.fromkeys(r.model for r in results):
+        group = [r for r in results if r.model == model]
+        i, slower = stats.best_within(
+            [r.predicted_step_s for r in group], [r.measured_step_s for r in group]
+        )
+        fastest = min(group, key=lambda r: r.measured_step_s)
+        picks[model] = {
+            "pick": group[i].name,
+            "measured_fastest": fastest.name,
+            "slower_than_fastest": slower,
+            "within_5pct": slower <= BEST_WITHIN,
+        }
+    out["planner_pick"] = picks
+    worst = max(results, key=lambda r: abs(r.error))
+    out["worst_plan"] = worst.name
+    return out
+
+
+def validate(
+    grid: list[GridPlan], platform: Platform, *, steps: int = 3, warmup: int = 1, progress=None
+) -> tuple[list[PlanResult], dict]:
+    """Run every plan of `grid`; (per-plan results, summary)."""
+    results = []
+    t0 = time.perf_counter()
+    for i, g in enumerate(grid):
+        if progress:
+            progress(i, len(grid), g.name, time.perf_counter() - t0)
+        results.append(run_plan(g, platform, steps=steps, warmup=warmup))
+    if progress:
+        progress(len(grid), len(grid), "done", time.perf_counter() - t0)
+    return results, summarize(results)
+
+
+def result_dict(r: PlanResult) -> dict:
+    d = asdict(r)
+    d.pop("measured_trace")
+    d.pop("grid")
+    d["error"] = r.error
+    d["memory_errors"] = r.memory_errors()
+    return d

@@ -1,0 +1,49 @@
+"""`ratrain calibrate`: measure this machine and write a platform file."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", required=True, help="platform YAML file to write")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument(
+        "--nproc", type=int, default=None, help="local ranks for communication (default: 4)"
+    )
+    p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions (< 3 min)")
+    p.add_argument("--budget-s", type=float, default=None, help="seconds per kernel measurement")
+    p.add_argument(
+        "--dtypes", default="fp32,bf16,fp16", help="compute dtypes to measure (fp32 required)"
+    )
+    p.add_argument("--name", default=None, help="platform name (default: the file's stem)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args) -> int:
+    from ratrain.calibrate import calibrate, write_platform
+    from ratrain.errors import RatrainError
+    from ratrain.platforms import load
+
+    if args.budget_s is not None and not args.budget_s > 0:
+        raise RatrainError(f"--budget-s must be positive, got {args.budget_s}")
+    out = Path(args.output)
+    if out.suffix not in (".yaml", ".yml"):
+        raise RatrainError(f"-o {args.output}: a platform file ends in .yaml or .yml")
+    data = calibrate(
+        args.device,
+        args.nproc if args.nproc is not None else 4,
+        quick=args.quick,
+        budget_s=args.budget_s,
+        dtypes=tuple(d.strip() for d in args.dtypes.split(",") if d.strip()),
+        name=args.name or out.stem,
+        progress=not args.no_progress,
+    )
+    path = write_platform(data, out)
+    plat = load(path)  # what we wrote must load
+    measured = sum(n.startswith("measured") for n in plat.notes.values())
+    print(f"wrote {path}: {measured} of {len(plat.notes)} values measured")
+    return 0

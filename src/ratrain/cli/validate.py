@@ -1,0 +1,113 @@
+"""`ratrain validate`: run a grid of plans for real and set each beside its prediction."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ratrain.cli.common import positive_int
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--platform", required=True, help="platform file (e.g. from ratrain calibrate)")
+    p.add_argument("--grid", default="default", help="default, or a grid YAML/JSON file")
+    p.add_argument("--steps", type=positive_int, default=3, help="timed steps per plan")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument(
+        "--max-ranks", type=positive_int, default=4, help="skip default-grid plans with more ranks"
+    )
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        default=None,
+        help="predicted-vs-measured scatter; the worst plan's measured and simulated "
+        "timelines go beside it (OUT-worst.png, OUT-worst-sim.json, OUT-worst-measured.json)",
+    )
+
+
+def _table(results, summary) -> str:
+    lines = [
+        f"{'plan':<22} {'pred s':>8} {'meas s':>8} {'err':>7}  ledger / measured peak MiB (per rank)"
+    ]
+    for r in results:
+        mem = " ".join(
+            f"{r.ledger_peak_bytes[s] / 2**20:.1f}/{m / 2**20:.1f}"
+            for s, reps in enumerate(r.measured_peak_bytes)
+            for m in reps
+        )
+        lines.append(
+            f"{r.name:<22} {r.predicted_step_s:8.3f} {r.measured_step_s:8.3f} {r.error:+7.1%}  {mem}"
+        )
+    tau = summary["kendall_tau"]
+    lines.append(
+        f"step time: MAPE {summary['mape']:.1%}, max {summary['max_error']:.1%}, "
+        f"Kendall tau {tau:.2f}"
+        if tau is not None
+        else f"step time: MAPE {summary['mape']:.1%}"
+    )
+    if summary["memory_min_error"] is not None:
+        lines.append(
+            f"ledger vs measured peak: {summary['memory_min_error']:+.1%} .. "
+            f"{summary['memory_max_error']:+.1%} (target -0%/+10%: "
+            f"{'met' if summary['memory_within'] else 'NOT met'})"
+        )
+    for model, p in summary["planner_pick"].items():
+        lines.append(
+            f"{model}: predicted fastest {p['pick']}, measured fastest {p['measured_fastest']} "
+            f"(+{p['slower_than_fastest']:.1%}; within 5%: {'yes' if p['within_5pct'] else 'no'})"
+        )
+    return "\n".join(lines)
+
+
+def _progress(i: int, n: int, name: str, elapsed_s: float) -> None:
+    sys.stderr.write(f"\rvalidate [{i}/{n}] {elapsed_s:6.0f}s {name:<24}")
+    if i == n:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def run(args) -> int:
+    from ratrain.calibrate.grid import default_grid, load_grid
+    from ratrain.calibrate.validate import result_dict, validate
+    from ratrain.errors import RatrainError
+    from ratrain.platforms import load
+
+    if args.warmup < 0:
+        raise RatrainError(f"--warmup must be >= 0, got {args.warmup}")
+    platform = load(args.platform)
+    grid = default_grid(args.max_ranks) if args.grid == "default" else load_grid(args.grid)
+    if not grid:
+        raise RatrainError("the grid has no plans")
+    results, summary = validate(
+        grid, platform, steps=args.steps, warmup=args.warmup, progress=_progress
+    )
+    if args.plot:
+        _plots(args.plot, results, summary, platform)
+    if args.json:
+        doc = {"platform": platform.name, "summary": summary}
+        doc["results"] = [result_dict(r) for r in results]
+        print(json.dumps(doc, indent=1))
+    else:
+        print(_table(results, summary))
+    return 0
+
+
+def _plots(out: str, results, summary, platform) -> None:
+    from ratrain.calibrate.plot import scatter, traces_side_by_side
+    from ratrain.runtime.trace import write_measured_trace
+    from ratrain.sim import simulate
+    from ratrain.sim.trace import write_trace
+
+    scatter(results, out)
+    worst = next(r for r in results if r.name == summary["worst_plan"])
+    sim = simulate(worst.grid.spec, worst.grid.plan, platform)
+    stem = Path(out).with_suffix("")
+    traces_side_by_side(sim, worst.measured_trace, worst.name, f"{stem}-worst.png")
+    write_trace(sim, f"{stem}-worst-sim.json")
+    if worst.measured_trace:
+        write_measured_trace(worst.measured_trace, f"{stem}-worst-measured.json")

@@ -1,0 +1,96 @@
+"""Measured platform terms: efficiency curves, memory-bound kernels, shared cores.
+
+A platform file written by `ratrain calibrate` carries, beside the flat peak x efficiency
+model, what the machine was measured to do (see `ratrain.platforms`):
+
+- efficiency curves per kernel kind and dtype: achieved / peak FLOP/s against the kernel's
+  FLOPs, interpolated linearly in log FLOPs and held flat beyond the measured range;
+- the bandwidth of each of the model's memory-bound kernels (norms, RoPE, the SwiGLU
+  product, residual adds, the cross-entropy) per direction and dtype, in *nominal* bytes:
+  the elements the op reads once at the compute dtype (`NOMINAL_BYTES`); the measured
+  bandwidth is those bytes over the op's measured time, so the count of passes an
+  implementation makes is in the measurement, not in a constant here;
+- the cores a node's ranks share: ranks on one node divide its cores, so 4 ranks on 2
+  cores run their kernels at half the speed of one rank per core.
+
+Pure Python.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from ratrain.platforms import Platform
+
+__all__ = [
+    "MEMORY_BOUND_OPS",
+    "curve_efficiency",
+    "memory_bound_key",
+    "memory_bound_time_s",
+    "compute_speed",
+    "threads_per_rank",
+    "measured_collective_s",
+]
+
+MEMORY_BOUND_OPS = ("rmsnorm", "rope", "swiglu", "add", "cross_entropy")
+"""The model's memory-bound kernels the cost model charges when the platform measured them."""
+
+
+def curve_efficiency(points: tuple[tuple[float, float], ...], flops: float) -> float:
+    """Efficiency at `flops` on a (FLOPs, efficiency) curve: linear in log FLOPs between
+    points, flat beyond the ends."""
+    xs = [p[0] for p in points]
+    if flops <= xs[0]:
+        return points[0][1]
+    if flops >= xs[-1]:
+        return points[-1][1]
+    i = bisect.bisect_right(xs, flops)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    w = (math.log(flops) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return y0 + w * (y1 - y0)
+
+
+def memory_bound_key(op: str, backward: bool, dtype: str) -> str:
+    return f"{op}.{'bwd' if backward else 'fwd'}.{dtype}"
+
+
+def memory_bound_time_s(
+    op: str, elements: int, dtype: str, backward: bool, platform: Platform
+) -> float | None:
+    """Time of one memory-bound op over `elements` at the compute dtype, or None when the
+    platform did not measure it (then it is not charged)."""
+    from ratrain.config import DTYPE_BYTES
+
+    bw = platform.memory_bound_bytes_per_s.get(memory_bound_key(op, backward, dtype))
+    if bw is None:
+        return None
+    return elements * DTYPE_BYTES[dtype] / bw
+
+
+def threads_per_rank(cores: int, world: int) -> int:
+    """The launcher's policy (`ratrain.runtime.launch`): the cores divided by the ranks."""
+    return max(1, cores // max(world, 1))
+
+
+def compute_speed(platform: Platform, ranks_on_node: int) -> float:
+    """Kernel speed of one rank relative to one thread on a core of its own (the speed the
+    curves were measured at). Without `cores_per_node` every unit has its own: 1."""
+    cores = platform.cores_per_node
+    if cores is None:
+        return 1.0
+    share = cores / max(ranks_on_node, 1)  # cores each rank gets
+    if share < 1.0:
+        return share  # time-sliced: the ranks take turns on the cores
+    threads = min(threads_per_rank(cores, ranks_on_node), int(share))
+    return 1.0 + (threads - 1) * platform.thread_efficiency
+
+
+def measured_collective_s(kind: str, nbytes: float, n: int, platform: Platform) -> float | None:
+    """Wall time of an intra-node collective from its measured α–β fit at group size `n`
+    (the nearest measured size), or None when this kind was not measured."""
+    rows = platform.collectives.get(kind)
+    if not rows:
+        return None
+    _, alpha_s, bytes_per_s = min(rows, key=lambda r: (abs(r[0] - n), r[0]))
+    return alpha_s + nbytes / bytes_per_s
