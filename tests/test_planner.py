@@ -39,13 +39,15 @@ def _grid(spec, seq, pps=(1, 2, 4), ms=(1, 2, 3, 6)):
         pps,
         (1, 4),
         ms,
-        ("baseline", "gpu-style", "ratrain"),
+        ("baseline", "gpu-style", "ratrain", "fsdp-pp"),
         ("none", "selective", "first:1", "full"),
         (False, True),
         ("persistent", "transient"),
         (False, True),
     ):
-        if sched != "ratrain" and (view == "transient" or off):
+        if sched in ("baseline", "gpu-style") and (view == "transient" or off):
+            continue
+        if sched == "fsdp-pp" and (off or not shard):
             continue
         yield Plan(
             pp=pp,
@@ -111,7 +113,9 @@ def test_shortened_memory_replay_equals_the_full_one(name):
             dp=2,
             global_batch=2 * m,
             seq=128,
-            view_policy="transient",
+            schedule=sched,
+            shard_optimizer=sched == "fsdp-pp",
+            view_policy=view,
             view_lookahead=la,
             recompute=rec,
             offload_activations=off,
@@ -120,6 +124,8 @@ def test_shortened_memory_replay_equals_the_full_one(name):
         for pp, la, rec, off, m in itertools.product(
             (3, 4), (2, 3), ("none", "full"), (False, True), (13, 20)
         )
+        for sched, view in (("ratrain", "transient"), ("fsdp-pp", "persistent"))
+        if not (sched == "fsdp-pp" and off)
     ]
     for plan in plans:
         full = replay(build_schedule(spec, plan), spec, plan, keep_trace=False)
@@ -166,15 +172,19 @@ def test_pruning_never_drops_the_exhaustive_best(clusters, global_batch):
 
 def test_baseline_families_keep_to_their_knobs():
     req = Request(TINY, _small_cap(4_000_000), 4, 8, 128)
-    for fam, schedule in (("gpu-style", "gpu-style"), ("zero1-pp", "baseline")):
+    for fam, schedule in (
+        ("gpu-style", "gpu-style"),
+        ("zero1-pp", "baseline"),
+        ("fsdp-pp", "fsdp-pp"),
+    ):
         res = search(req.with_(families=(fam,)), top=3)
         assert res.ranked
         for c in res.ranked:
             p = c.plan
             assert c.family == fam and p.schedule == schedule
-            assert len(set(p.recompute)) == 1 and p.view_policy == "persistent"
-            assert not p.offload_activations
-            if fam == "zero1-pp" and p.dp > 1:
+            assert len(set(p.recompute)) == 1 and not p.offload_activations
+            assert p.view_policy == "persistent" or fam == "fsdp-pp"
+            if fam == "zero1-pp" and p.dp > 1 or fam == "fsdp-pp":
                 assert p.shard_optimizer
 
 

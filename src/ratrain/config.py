@@ -25,7 +25,7 @@ __all__ = [
     "save_plan",
 ]
 
-SCHEDULES = ("baseline", "gpu-style", "ratrain")
+SCHEDULES = ("baseline", "gpu-style", "ratrain", "fsdp-pp")
 RECOMPUTE_POLICIES = ("none", "selective", "full")  # plus "first:K" (full on the first K blocks)
 DTYPES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -77,7 +77,8 @@ class Plan:
     seq: int = 128
     """Tokens per sequence."""
     schedule: str = "ratrain"
-    """baseline | gpu-style | ratrain."""
+    """baseline | gpu-style | ratrain | fsdp-pp (needs shard_optimizer; see
+    `ratrain.schedule.fsdp`)."""
     layer_split: tuple[int, ...] | None = None
     """Transformer blocks per stage (first and last may be smaller); None: even split."""
     recompute: tuple[str, ...] | str = "none"
@@ -116,6 +117,10 @@ class Plan:
         if self.schedule not in SCHEDULES:
             raise RatrainError(
                 f"plan: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
+        if self.schedule == "fsdp-pp" and not self.shard_optimizer:
+            raise RatrainError(
+                "plan: schedule fsdp-pp shards the parameters over dp; set shard_optimizer"
             )
         for f in ("compute_dtype", "grad_dtype"):
             if getattr(self, f) not in DTYPES:

@@ -60,13 +60,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--family",
         action="append",
-        choices=("ratrain", "gpu-style", "zero1-pp", "baseline"),
-        help="search only these systems (repeatable; default all four)",
+        choices=("ratrain", "gpu-style", "zero1-pp", "fsdp-pp", "baseline"),
+        help="search only these systems (repeatable; default all)",
     )
     p.add_argument(
         "--baselines",
         action="store_true",
-        help="also find the best gpu-style and zero1-pp plans and print the speedup over each",
+        help="also find the best gpu-style, zero1-pp and fsdp-pp plans and print the speedup "
+        "over each",
     )
     p.add_argument("--top", type=positive_int, default=3, help="plans to rank (default 3)")
     p.add_argument(

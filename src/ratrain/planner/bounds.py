@@ -205,13 +205,21 @@ def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
     else:
         after = upd[0]
     # Transient views are not held between steps: the first forward waits for its fetch.
-    transient = plan.schedule == "ratrain" and plan.view_policy == "transient"
+    transient = _transient_views(plan)
     start = (
         cm.time_s(Action(Op.VIEW_FETCH, 0, (0,)))
         if transient and view_bytes_per_param(plan)
         else 0.0
     )
     return Overheads(upd, send_f, send_b, sync + after, start)
+
+
+def _transient_views(plan: Plan) -> bool:
+    """Whether views live only from a VIEW_FETCH to a VIEW_DROP within the step: ratrain's
+    transient views, and fsdp-pp's under either resharding policy."""
+    return plan.schedule == "fsdp-pp" or (
+        plan.schedule == "ratrain" and plan.view_policy == "transient"
+    )
 
 
 def step_time_lower_bound_s(
@@ -297,7 +305,7 @@ class MemoryBound:
         }
         self.params = {k: counts.unit_params(spec, u) for k, u in kinds.items()}
         self.gbp, vbp = grad_bytes_per_param(plan), view_bytes_per_param(plan)
-        self.transient = plan.schedule == "ratrain" and plan.view_policy == "transient" and vbp > 0
+        self.transient = _transient_views(plan) and vbp > 0
         self.vbp = vbp
         self.state_per_param = (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM) / shards(plan)
         self._memo: dict[tuple, int] = {}

@@ -31,9 +31,12 @@ def usable_bytes(req: Request) -> int:
 
 def memory_microbatches(plan: Plan) -> int:
     """Microbatches of the shortened step whose per-stage peak equals the full step's: one
-    steady pair past the longest warmup (pp - 1 forwards), and, with transient views, room
-    for a fetch placed `view_lookahead` uses back to reach into the previous pass."""
-    extra = 2 + plan.view_lookahead if plan.view_policy == "transient" else 1
+    steady pair past the longest warmup (pp - 1 forwards), and, with views that live within
+    the step (transient, fsdp-pp), room for a fetch placed `view_lookahead` uses back to
+    reach into the previous pass."""
+    # fsdp-pp's views live within the step under either policy (dropped after the last use)
+    within_step = plan.view_policy == "transient" or plan.schedule == "fsdp-pp"
+    extra = 2 + plan.view_lookahead if within_step else 1
     return min(plan.microbatches, plan.pp + extra)
 
 

@@ -101,6 +101,19 @@ FAMILIES: dict[str, Family] = {
             split_modes=_SPLITS,
         ),
         Family(
+            "fsdp-pp",
+            "fsdp-pp",
+            "torchtitan-like FSDP2 + 1F1B: per-layer sharded parameters all-gathered on use, "
+            "reduce-scattered gradients, end-of-step optimizer",
+            per_stage_recompute=False,
+            shard=(True,),  # sharded parameters are the family
+            # persistent: reshard_after_forward=False (gathered once per step);
+            # transient: reshard_after_forward=True (gathered per use); see schedule/fsdp.py
+            views=(("persistent", 1), ("transient", 1)),
+            offload=(False,),
+            split_modes=_SPLITS,
+        ),
+        Family(
             "baseline",
             "baseline",
             "Baseline-1F1B: sync after the flush, one optimizer step per stage",
@@ -112,7 +125,7 @@ FAMILIES: dict[str, Family] = {
         ),
     ]
 }
-BASELINE_FAMILIES = ("gpu-style", "zero1-pp")
+BASELINE_FAMILIES = ("gpu-style", "zero1-pp", "fsdp-pp")
 ALL_FAMILIES = tuple(FAMILIES)
 
 
@@ -392,6 +405,10 @@ def knob_combos(req: Request, family: Family, st: Structure) -> list[Knobs]:
         return []
     cdt = req.compute_dtype
     shard = [pins["shard_optimizer"]] if "shard_optimizer" in pins else list(family.shard)
+    if family.schedule == "fsdp-pp":
+        shard = [sh for sh in shard if sh]  # its parameters are sharded by definition
+        if not shard:
+            return []
     if dp == 1 and "shard_optimizer" not in pins:
         shard = [s for s in shard if not s] or [shard[0]]  # sharding over 1 replica changes nothing
     views = list(family.views)

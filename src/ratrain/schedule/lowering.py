@@ -1,4 +1,5 @@
-"""The three lowerings of a plain 1F1B step: baseline, gpu-style and ratrain.
+"""The three lowerings of a plain 1F1B step: baseline, gpu-style and ratrain (and, in
+`ratrain.schedule.fsdp`, the fsdp-pp baseline built from these passes).
 
 Pure Python (no torch). Each starts from `build_1f1b` and adds the actions of the
 training-state lifecycle, with their dependencies, per stage:
@@ -77,6 +78,10 @@ _SCALAR_BYTES = 4  # fp32 partial norm / overflow flag per stage
 def build_schedule(spec: ModelSpec, plan: Plan) -> Schedule:
     """One training step of `plan`, lowered as ``plan.schedule`` says."""
     plan.check_for(spec)
+    if plan.schedule == "fsdp-pp":
+        from ratrain.schedule.fsdp import lower_fsdp_pp  # it builds on this module's passes
+
+        return lower_fsdp_pp(spec, plan)
     lower = {"baseline": lower_baseline, "gpu-style": lower_gpu_style, "ratrain": lower_ratrain}
     return lower[plan.schedule](spec, plan)
 
