@@ -43,6 +43,7 @@ from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, re
 from ratrain.runtime.launch import spawn
 from ratrain.runtime.memory import PeakMemory
 from ratrain.runtime.metrics import JsonlWriter, Progress, TensorBoardWriter
+from ratrain.runtime.profile import StepProfile
 from ratrain.runtime.stage import StageModel, check_tied
 from ratrain.runtime.trace import Recorder, write_measured_trace
 from ratrain.schedule import build_schedule, check_schedule
@@ -89,6 +90,10 @@ class Job:
     memory_cap_bytes: int | None = None
     """Declared usable memory per rank: a plan whose ledger peak exceeds it is refused."""
     memory_cap_label: str = "the declared cap"
+    profile_step: int | None = None
+    """Profile this step on every rank (`ratrain.runtime.profile`): `RunResult.profile`."""
+    compile_units: bool = False
+    """Run each block unit through `torch.compile` (`ratrain.runtime.compiled`)."""
 
 
 @dataclass
@@ -102,6 +107,10 @@ class RunResult:
     """This rank's peak tensor bytes over the run (None when not measured)."""
     step_times_s: list[float] = field(default_factory=list)
     trace: list[dict] = field(default_factory=list)
+    profile: dict[str, float] | None = None
+    """This rank's time per bucket in `Job.profile_step` (`ratrain.runtime.profile`)."""
+    compile_s: float = 0.0
+    """Time this rank spent compiling units (in the steps that compiled them)."""
 
 
 @dataclass
@@ -197,7 +206,12 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
         try:
             t_last = time.perf_counter()
             for k in range(cfg.steps):
-                res = ex.step(k)
+                if k == job.profile_step:
+                    with StepProfile() as prof:
+                        res = ex.step(k)
+                    result.profile = prof.finish(ex.wait_s)
+                else:
+                    res = ex.step(k)
                 # The step time is the period between step ends: it includes waiting for the
                 # other stages, which the walk of one step alone may not.
                 now = time.perf_counter()
