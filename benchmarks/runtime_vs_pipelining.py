@@ -32,6 +32,7 @@ import statistics
 import time
 
 import torch
+from peers import dp_mean_grads
 from torch import nn
 
 from ratrain.config import Plan, TrainConfig
@@ -90,26 +91,13 @@ def _torch_1f1b(rdzv, spec, plan: Plan, cfg: TrainConfig, source, measure: bool)
                     sched.step(target=y, losses=[])
                 else:
                     sched.step()
-                _dp_mean_grads(grid, list(module.parameters()))
+                dp_mean_grads(grid, list(module.parameters()))
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 times.append(time.perf_counter() - t0)
         return {"rank": grid.rank, "stage": grid.stage, "times": times, "peak": mem.peak_bytes()}
     finally:
         grid.destroy()
-
-
-def _dp_mean_grads(grid: ParallelGrid, params: list[nn.Parameter]) -> None:
-    """The end-of-step DP sync, GPU style: one flat all-reduce of the whole stage."""
-    if grid.dp == 1:
-        return
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    torch.distributed.all_reduce(flat, group=grid.dp_group)
-    flat /= grid.dp
-    off = 0
-    for p in params:
-        p.grad.copy_(flat[off : off + p.numel()].view_as(p.grad))
-        off += p.numel()
 
 
 def run_torch(spec, plan, cfg, source, measure: bool) -> list[dict]:

@@ -43,6 +43,7 @@ from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, re
 from ratrain.runtime.launch import spawn
 from ratrain.runtime.memory import PeakMemory
 from ratrain.runtime.metrics import JsonlWriter, Progress, TensorBoardWriter
+from ratrain.runtime.profile import StepProfile
 from ratrain.runtime.stage import StageModel, check_tied
 from ratrain.runtime.trace import Recorder, write_measured_trace
 from ratrain.schedule import build_schedule, check_schedule
@@ -102,6 +103,10 @@ class Job:
     run_steps: int | None = None
     """Steps to run now (None: up to `cfg.steps`); 0 with `save_dir` saves the starting
     state (e.g. HF weights as a checkpoint) and stops."""
+    profile_step: int | None = None
+    """Profile this step on every rank (`ratrain.runtime.profile`): `RunResult.profile`."""
+    compile_units: bool = False
+    """Run each block unit through `torch.compile` (`ratrain.runtime.compiled`)."""
 
 
 @dataclass
@@ -115,6 +120,10 @@ class RunResult:
     """This rank's peak tensor bytes over the run (None when not measured)."""
     step_times_s: list[float] = field(default_factory=list)
     trace: list[dict] = field(default_factory=list)
+    profile: dict[str, float] | None = None
+    """This rank's time per bucket in `Job.profile_step` (`ratrain.runtime.profile`)."""
+    compile_s: float = 0.0
+    """Time this rank spent compiling units (in the steps that compiled them)."""
 
 
 @dataclass
@@ -223,7 +232,12 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
             if job.save_dir and end == start:
                 _save(grid, model, ex, job, plan, start)
             for k in range(start, end):
-                res = ex.step(k)
+                if k == job.profile_step:
+                    with StepProfile() as prof:
+                        res = ex.step(k)
+                    result.profile = prof.finish(ex.wait_s)
+                else:
+                    res = ex.step(k)
                 # The step time is the period between step ends: it includes waiting for the
                 # other stages, which the walk of one step alone may not.
                 now = time.perf_counter()

@@ -142,6 +142,8 @@ class StageExecutor:
             plan.compute_dtype, cfg.loss_scale_init, cfg.loss_scale_window
         )
         self.updates = 0
+        self.wait_s = 0.0
+        """Time the last step's walk spent blocked on in-flight asynchronous actions."""
         self.owner_stage = {u: s for s, us in enumerate(schedule.meta["stage_units"]) for u in us}
         self.checks = set(schedule.meta.get("global_checks", ()))
         self.recompute = {u: plan.recompute_of(spec, grid.stage, u) for u in self.units}
@@ -178,6 +180,7 @@ class StageExecutor:
     def step(self, k: int) -> StepResult:
         self.rec.begin_step(k)
         self.s = s = _StepState(k, lr_at(k, self.cfg), self.scaler.scale)
+        self.wait_s = 0.0
         t_start = time.perf_counter()
         for a in self.acts:
             self._wait_deps(a)
@@ -202,7 +205,9 @@ class StageExecutor:
 
     def _finish(self, a: Action) -> None:
         pend = self.s.pending.pop(a)
+        t0 = time.perf_counter()
         pend.finish()
+        self.wait_s += time.perf_counter() - t0
         self.rec.completed(a, self.rec.now())
 
     def _wait_deps(self, a: Action) -> None:

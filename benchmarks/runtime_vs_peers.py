@@ -1,0 +1,256 @@
+"""ratrain vs torch.distributed.pipelining vs DeepSpeed's PipelineEngine, interleaved.
+
+    python benchmarks/runtime_vs_peers.py [--quick] [--json out.json] [--layouts 2x1,2x2]
+        [--repeats 3] [--steps 6] [--warmup 2] [--systems ratrain,torch-1f1b,deepspeed]
+        [--compile | --no-compile] [--platform FILE] [--model bench-512]
+
+The job (issue 12): a LLaMA with 8 layers, hidden 512, 8 heads, ffn 1376, vocab 8192;
+seq 256; fp32; micro-batch 2; 8 microbatches per pipeline; one thread per rank; no
+gradient clipping (the peers' schedules have no global-norm step). Layouts are pp x dp.
+
+Per layout, the systems run one after the other, A B C A B C ..., `--repeats` times, each
+on fresh local gloo ranks (`ratrain.runtime.launch.spawn`). Reported per system:
+
+- tokens/s: global-batch tokens / the median step period on the last stage's first
+  replica, over the steps after `--warmup` (warm-up and compilation excluded); the median
+  over repeats, and the range;
+- ratios against the better peer, per repeat (interleaved pairs) and of the medians;
+- MFU: model FLOPs (`ratrain.models.counts.model_flops_per_token`: 6 x parameters +
+  attention) per second against the machine's measured fp32 matmul peak for the same
+  ranks and threads: every rank runs a 1024^3 matmul loop at once and the rates are summed
+  (or, with `--platform`, its fp32 peak per compute unit x the ranks, capped by the cores);
+- peak RSS per rank (ru_maxrss), the largest rank's compared;
+- ratrain's compile time (`--compile`), reported apart and not in tokens/s;
+- a per-rank profile of one ratrain step (`ratrain.runtime.profile`): GEMM, attention,
+  elementwise, loss, copies, communication issue and wait, autograd engine, compiled
+  graphs, and the rest (executor Python). The profiled step is an extra step, not timed.
+
+Figures from a shared machine measure contention too: compare the interleaved ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import statistics
+
+from peers import deepspeed_available, deepspeed_rank, matmul_probe_rank, torch_1f1b_rank
+
+from ratrain.config import Plan, TrainConfig
+from ratrain.data import make_source
+from ratrain.models.counts import model_flops_per_token
+from ratrain.models.presets import get_preset
+from ratrain.models.spec import ModelSpec
+from ratrain.runtime.distributed_train import Job, run_job
+from ratrain.runtime.launch import spawn
+from ratrain.runtime.profile import BUCKETS
+
+BENCH_SPEC = ModelSpec("bench-512", 8, 512, 8, 8, 1376, 8192, max_seq=256)
+"""The issue's job model (LLaMA-style, MHA)."""
+
+_DEADLINE_S = 3600.0
+
+
+def _spec(name: str) -> ModelSpec:
+    return BENCH_SPEC if name == BENCH_SPEC.name else get_preset(name)
+
+
+def _median_tail(times: list[float], warmup: int) -> float:
+    return statistics.median(times[warmup:] if len(times) > warmup else times)
+
+
+def run_ratrain(spec, plan, cfg, source, compile_units: bool, profile: bool) -> dict:
+    steps = cfg.steps + (1 if profile else 0)  # the profiled step is extra, not timed
+    job = Job(
+        spec,
+        plan,
+        dataclasses.replace(cfg, steps=steps),
+        source,
+        device="cpu",
+        progress=False,
+        profile_step=cfg.steps if profile else None,
+        compile_units=compile_units,
+        deadline_s=_DEADLINE_S,
+    )
+    out = {"rss": {}, "profile": {}, "times": None, "compile_s": {}}
+    for r in run_job(job):
+        run = r.runs[plan.schedule]
+        if run.records:
+            out["times"] = run.step_times_s[: cfg.steps]
+            out["rss"] = dict(enumerate(run.records[-1]["max_rss_bytes_per_rank"]))
+        if run.profile is not None:
+            out["profile"][r.rank] = run.profile
+        out["compile_s"][r.rank] = run.compile_s
+    return out
+
+
+def run_peer(fn, spec, plan, cfg, source) -> dict:
+    res = spawn(fn, plan.pp * plan.dp, spec, plan, cfg, source, deadline_s=_DEADLINE_S)
+    last = min((r for r in res if r["stage"] == plan.pp - 1), key=lambda r: r["rank"])
+    return {"times": last["times"], "rss": {r["rank"]: r["rss"] for r in res}}
+
+
+def probe_peak_flops(world: int, platform: str | None, seconds: float) -> tuple[float, str]:
+    if platform:
+        from ratrain.platforms import load
+
+        p = load(platform)
+        units = min(world, os.cpu_count() or world)
+        return p.peak_flops["fp32"] * units, f"{platform}: fp32 peak x {units} units"
+    rates = spawn(matmul_probe_rank, world, 1024, seconds)
+    return sum(rates), f"measured: 1024^3 fp32 matmul on {world} ranks at once, summed"
+
+
+def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
+    plan = Plan(
+        pp=pp,
+        dp=dp,
+        micro_batch=a.micro_batch,
+        global_batch=a.micro_batch * a.microbatches * dp,
+        seq=a.seq,
+        compute_dtype="fp32",
+        clip_grad=None,
+        model=spec.name,
+    )
+    cfg = TrainConfig(steps=a.steps, warmup_steps=1)
+    source = functools.partial(make_source, "synthetic", spec, plan.seq, cfg.seed)
+    peak, peak_src = probe_peak_flops(pp * dp, a.platform, a.probe_seconds)
+    systems = [s for s in a.systems.split(",") if s]
+    if "deepspeed" in systems and not deepspeed_available():
+        print("  deepspeed is not importable: skipped (pip install deepspeed torch==<yours>)")
+        systems.remove("deepspeed")
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
+    for rep in range(a.repeats):
+        for s in systems:
+            if s == "ratrain":
+                r = run_ratrain(spec, plan, cfg, source, a.compile, profile=rep == 0 and a.profile)
+            else:
+                fn = torch_1f1b_rank if s == "torch-1f1b" else deepspeed_rank
+                r = run_peer(fn, spec, plan, cfg, source)
+            r["tokens_per_s"] = plan.tokens_per_step / _median_tail(r["times"], a.warmup)
+            runs[s].append(r)
+            print(f"  repeat {rep}: {s:<11} {r['tokens_per_s']:>9,.0f} tokens/s", flush=True)
+    flops_tok = model_flops_per_token(spec, plan.seq)
+    rows = {}
+    for s, rs in runs.items():
+        tps = [r["tokens_per_s"] for r in rs]
+        med = statistics.median(tps)
+        rss = [max(r["rss"].values()) for r in rs]
+        rows[s] = {
+            "tokens_per_s": med,
+            "tokens_per_s_runs": tps,
+            "mfu": med * flops_tok / peak,
+            "peak_rss_bytes_per_rank": [rs[-1]["rss"][k] for k in sorted(rs[-1]["rss"])],
+            "peak_rss_bytes_max": max(rss),
+        }
+        if s == "ratrain":
+            rows[s]["compile_s"] = max(rs[0]["compile_s"].values() or [0.0])
+            rows[s]["profile_s"] = {str(k): v for k, v in sorted(rs[0]["profile"].items())}
+    peers = [s for s in rows if s != "ratrain"]
+    ratios = {}
+    if "ratrain" in rows and peers:
+        best_speed = max(peers, key=lambda s: rows[s]["tokens_per_s"])
+        best_rss = min(peers, key=lambda s: rows[s]["peak_rss_bytes_max"])
+        per_rep = [
+            runs["ratrain"][i]["tokens_per_s"] / max(runs[p][i]["tokens_per_s"] for p in peers)
+            for i in range(a.repeats)
+        ]
+        ratios = {
+            "better_peer_speed": best_speed,
+            "speed_vs_better_peer": rows["ratrain"]["tokens_per_s"]
+            / rows[best_speed]["tokens_per_s"],
+            "speed_vs_better_peer_per_repeat": per_rep,
+            "better_peer_rss": best_rss,
+            "rss_vs_better_peer": rows["ratrain"]["peak_rss_bytes_max"]
+            / rows[best_rss]["peak_rss_bytes_max"],
+        }
+    return {
+        "plan": plan.to_dict(),
+        "peak_flops": peak,
+        "peak_source": peak_src,
+        "model_flops_per_token": flops_tok,
+        "rows": rows,
+        "ratios": ratios,
+    }
+
+
+def print_layout(name: str, res: dict, warmup: int) -> None:
+    print(
+        f"\n{name}: peak {res['peak_flops'] / 1e9:,.0f} GFLOP/s ({res['peak_source']}); "
+        f"{res['model_flops_per_token'] / 1e6:.0f} MFLOP/token; median of steps {warmup}.."
+    )
+    print(f"{'system':<11} {'tokens/s':>9} {'range':>15} {'MFU':>6}  peak RSS MiB per rank")
+    for s, r in res["rows"].items():
+        lo, hi = min(r["tokens_per_s_runs"]), max(r["tokens_per_s_runs"])
+        rss = " ".join(f"{b / 2**20:,.0f}" for b in r["peak_rss_bytes_per_rank"])
+        extra = f"  (compile {r['compile_s']:.1f} s)" if r.get("compile_s") else ""
+        print(
+            f"{s:<11} {r['tokens_per_s']:>9,.0f} {lo:>7,.0f}-{hi:<7,.0f} "
+            f"{100 * r['mfu']:>5.1f}%  {rss}{extra}"
+        )
+    q = res["ratios"]
+    if q:
+        reps = " ".join(f"{x:.2f}" for x in q["speed_vs_better_peer_per_repeat"])
+        print(
+            f"ratrain / {q['better_peer_speed']} tokens/s: {q['speed_vs_better_peer']:.3f} "
+            f"(per repeat: {reps}); ratrain / {q['better_peer_rss']} peak RSS: "
+            f"{q['rss_vs_better_peer']:.3f}"
+        )
+    prof = res["rows"].get("ratrain", {}).get("profile_s")
+    if prof:
+        print("ratrain, one step per rank (s, share of the step):")
+        ranks = sorted(prof, key=int)
+        print(f"  {'bucket':<12}" + "".join(f" {'rank ' + k:>14}" for k in ranks))
+        for b in BUCKETS:
+            cells = []
+            for k in ranks:
+                tot = sum(prof[k].values()) or 1.0
+                cells.append(f"{prof[k][b]:>7.2f} {100 * prof[k][b] / tot:>5.1f}%")
+            print(f"  {b:<12}" + "".join(f" {c:>14}" for c in cells))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=BENCH_SPEC.name)
+    ap.add_argument("--layouts", default="2x1,2x2", help="pp x dp, comma separated")
+    ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument("--microbatches", type=int, default=8, help="per pipeline")
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="per rank")
+    ap.add_argument("--systems", default="ratrain,torch-1f1b,deepspeed")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
+    ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--platform", help="take the matmul peak from this platform file")
+    ap.add_argument("--probe-seconds", type=float, default=3.0)
+    ap.add_argument("--quick", action="store_true", help="1 repeat, 4 steps (2 timed)")
+    ap.add_argument("--json", help="also write the figures here")
+    a = ap.parse_args()
+    if a.quick:
+        a.repeats, a.steps, a.warmup, a.probe_seconds = 1, 4, 2, 1.5
+    os.environ["OMP_NUM_THREADS"] = str(a.threads)  # the spawned ranks read it
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    spec = _spec(a.model)
+    out = {}
+    for lay in a.layouts.split(","):
+        pp, dp = (int(x) for x in lay.split("x"))
+        name = f"pp={pp}" + (f" x dp={dp}" if dp > 1 else "")
+        print(
+            f"{name}: {spec.name}, micro-batch {a.micro_batch}, {a.microbatches} microbatches, "
+            f"seq {a.seq}, fp32, {a.threads} thread(s) per rank",
+            flush=True,
+        )
+        out[name] = bench_layout(a, spec, pp, dp)
+        print_layout(name, out[name], a.warmup)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
