@@ -23,6 +23,7 @@ from ratrain.checkpoint.state import StageIO
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
+from ratrain.runtime.faults import fault_hook
 
 __all__ = ["save_checkpoint", "load_checkpoint", "check_compatible", "FORMAT"]
 
@@ -46,6 +47,7 @@ def save_checkpoint(
     cfg: TrainConfig,
     data: dict,
     keep: int | None = None,
+    fault: str | None = None,
 ) -> Path:
     """Collective: every rank of the job calls it after step `next_step - 1`."""
     t0 = time.perf_counter()
@@ -59,6 +61,7 @@ def save_checkpoint(
     state = StageIO(model, grid.dp_group).tensors()
     state[f"rng/rank{grid.rank}"] = torch.get_rng_state()
     dcp.save(state, checkpoint_id=str(tmp))
+    fault_hook(fault, grid.rank, next_step, "save")
     _barrier(grid.world_size)  # every rank's files are on disk before the rename
     if grid.rank == 0:
         meta = {

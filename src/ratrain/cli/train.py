@@ -70,6 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "small GEMMs gain nothing from more and lose much when cores are shared; else torch's)",
     )
     g.add_argument("--nproc", type=int, help="processes to launch; must equal pp x dp")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        help="rendezvous/collective timeout in s: a stuck or lost rank fails the job after it "
+        "(default 300)",
+    )
     d = p.add_argument_group("data")
     d.add_argument(
         "--data",

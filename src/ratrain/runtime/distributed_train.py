@@ -21,10 +21,12 @@ writes the JSONL, TensorBoard and the progress bar.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,8 +41,16 @@ from ratrain.memory import replay
 from ratrain.models.spec import ModelSpec
 from ratrain.runtime.comm import Comm, Handle
 from ratrain.runtime.executor import StageExecutor, StepResult
+from ratrain.runtime.faults import (
+    JobFailed,
+    StepMarker,
+    current_step,
+    failure_message,
+    fault_hook,
+    read_steps,
+)
 from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, rendezvous_from_env
-from ratrain.runtime.launch import spawn
+from ratrain.runtime.launch import RankFailure, spawn
 from ratrain.runtime.memory import PeakMemory
 from ratrain.runtime.metrics import JsonlWriter, Progress, TensorBoardWriter
 from ratrain.runtime.profile import StepProfile
@@ -100,6 +110,10 @@ class Job:
     """A complete checkpoint directory to continue from (resolved by the caller)."""
     init_from: str | None = None
     """A Hugging Face directory (config.json + safetensors) to take the weights from."""
+    fault: str | None = None
+    """The RATRAIN_FAULT test hook (`ratrain.runtime.faults`)."""
+    status_dir: str | None = None
+    """Each rank writes the step it is on here (`ratrain.runtime.faults.StepMarker`)."""
     run_steps: int | None = None
     """Steps to run now (None: up to `cfg.steps`); 0 with `save_dir` saves the starting
     state (e.g. HF weights as a checkpoint) and stops."""
@@ -231,7 +245,10 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
             end = cfg.steps if job.run_steps is None else min(cfg.steps, start + job.run_steps)
             if job.save_dir and end == start:
                 _save(grid, model, ex, job, plan, start)
+            marker = StepMarker(job.status_dir, grid.rank)
             for k in range(start, end):
+                marker.mark(k)
+                fault_hook(job.fault, grid.rank, k, "step")
                 if k == job.profile_step:
                     with StepProfile() as prof:
                         res = ex.step(k)
@@ -280,6 +297,7 @@ def _save(grid: ParallelGrid, model: StageModel, ex: StageExecutor, job: Job, pl
         cfg=job.cfg,
         data=data,
         keep=job.keep,
+        fault=job.fault,
     )
 
 
@@ -461,8 +479,12 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         resume_from=str(resume_from) if resume_from else None,
         init_from=getattr(args, "init_from", None),
         run_steps=0 if getattr(args, "steps", None) == 0 else None,
+        fault=os.environ.get("RATRAIN_FAULT"),
     )
     launched = rendezvous_from_env() is not None
+    status = None if launched else tempfile.TemporaryDirectory(prefix="ratrain-status-")
+    if status is not None:
+        job = dataclasses.replace(job, status_dir=status.name)
     src = source()
     if not launched or int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0:
         print(
@@ -476,7 +498,26 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         elif job.init_from:
             print(f"  weights from {job.init_from}")
         sys.stdout.flush()
-    results = run_job(job)
+    try:
+        results = run_job(job)
+    except RatrainError:
+        raise
+    except RankFailure as e:
+        steps = read_steps(job.status_dir) if job.status_dir else {}
+        step = steps.get(e.rank) if e.rank is not None else None
+        if step is None and steps:
+            step = max(steps.values())
+        raise JobFailed(failure_message(e.rank, e.cause, step, job.save_dir)) from None
+    except Exception as e:  # launched by torchrun/Slurm: this rank saw the failure
+        if not launched:
+            raise
+        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        cause = f"stopped ({type(e).__name__}: {first}; a peer rank may have died)"
+        raise JobFailed(failure_message(rank, cause, current_step(), job.save_dir)) from None
+    finally:
+        if status is not None:
+            status.cleanup()
     for r in results:
         run = r.runs[plan.schedule]
         if run.losses:

@@ -219,13 +219,28 @@ def _cpp_logs_silenced():
 def _init_default_group(backend: str, rdzv: Rendezvous, timeout_s: float) -> None:
     try:
         with _cpp_logs_silenced():
-            dist.init_process_group(
-                backend,
-                init_method=rdzv.init_method,
-                rank=rdzv.rank,
-                world_size=rdzv.world_size,
-                timeout=datetime.timedelta(seconds=timeout_s),
-            )
+            timeout = datetime.timedelta(seconds=timeout_s)
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+            if attempt is None:
+                dist.init_process_group(
+                    backend,
+                    init_method=rdzv.init_method,
+                    rank=rdzv.rank,
+                    world_size=rdzv.world_size,
+                    timeout=timeout,
+                )
+            else:
+                # torchrun keeps one store across restarts: without a per-attempt prefix a
+                # restarted rank can read a dead rank's address from the previous attempt.
+                url = f"{rdzv.init_method}?rank={rdzv.rank}&world_size={rdzv.world_size}"
+                store, _, _ = next(dist.rendezvous(url, timeout=timeout))
+                dist.init_process_group(
+                    backend,
+                    store=dist.PrefixStore(f"ratrain/attempt{attempt}", store),
+                    rank=rdzv.rank,
+                    world_size=rdzv.world_size,
+                    timeout=timeout,
+                )
     except (dist.DistError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
         raise RatrainError(

@@ -15,6 +15,7 @@ parent; any other failure as a `RuntimeError` carrying the failing rank's traceb
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import pickle
@@ -33,7 +34,16 @@ from torch.multiprocessing.spawn import ProcessException
 from ratrain.errors import RatrainError
 from ratrain.runtime.grid import Rendezvous
 
-__all__ = ["free_port", "spawn", "DEFAULT_DEADLINE_S"]
+__all__ = ["free_port", "spawn", "DEFAULT_DEADLINE_S", "RankFailure"]
+
+
+class RankFailure(RuntimeError):
+    """A rank crashed or died. `rank` is the root cause as far as it can be told (a rank
+    killed by a signal we did not send, else the earliest crash); `cause` is one line."""
+
+    def __init__(self, rank: int | None, cause: str, detail: str):
+        super().__init__(detail)
+        self.rank, self.cause = rank, cause
 
 DEFAULT_DEADLINE_S = 3600.0
 # Imported once by the fork server, not by every rank. symbolic_shapes (and sympy, ~2 s) is
@@ -110,35 +120,56 @@ def spawn(
             join=False,
             start_method=_start_method(),
         )
-        failure = _join(ctx, deadline_s)
+        failure, stopped = _join(ctx, deadline_s)
         results = _read_results(Path(out_dir), nprocs)
     if failure is not None or any(r is None or "ok" not in r for r in results):
-        _raise_failure(results, failure)
+        _raise_failure(results, failure, _signalled(ctx, stopped))
     return [r["ok"] for r in results]
 
 
-def _join(ctx: mp.ProcessContext, deadline_s: float) -> str | None:
-    """Wait for every rank; a failure description, or None when all exited cleanly."""
+def _join(ctx: mp.ProcessContext, deadline_s: float) -> tuple[str | None, set[int]]:
+    """Wait for every rank: (a failure description or None, the ranks we stopped)."""
     end = time.monotonic() + deadline_s
+    # torch logs each peer it stops ("Terminating process ... via SIGTERM"); the failure is
+    # reported once, in one line, by the caller.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:
         while not ctx.join(timeout=0.2):
             if time.monotonic() > end:
-                _terminate(ctx)
-                return f"ranks did not finish within {deadline_s:g} s and were stopped"
+                stopped = _terminate(ctx)
+                return f"ranks did not finish within {deadline_s:g} s and were stopped", stopped
     except ProcessException as e:  # one rank failed; join already stopped the others
-        _terminate(ctx)
-        return str(e).strip().splitlines()[0]
-    return None
+        # (torch's join SIGTERMs the others; those it stopped and those we stop are ours)
+        stopped = _terminate(ctx) | {
+            i for i, p in enumerate(ctx.processes) if i != e.error_index and p.exitcode == -15
+        }
+        return str(e).strip().splitlines()[0], stopped
+    return None, set()
 
 
-def _terminate(ctx: mp.ProcessContext) -> None:
-    for p in ctx.processes:
-        if p.is_alive():
-            p.terminate()
+def _terminate(ctx: mp.ProcessContext) -> set[int]:
+    stopped = {i for i, p in enumerate(ctx.processes) if p.is_alive()}
+    for i in stopped:
+        ctx.processes[i].terminate()
     for p in ctx.processes:
         p.join(timeout=10)
         if p.is_alive():
             p.kill()
+    return stopped
+
+
+def _signalled(ctx: mp.ProcessContext, stopped: set[int]) -> dict[int, str]:
+    """Ranks killed by a signal the launcher did not send (SIGKILL, the OOM killer)."""
+    import signal
+
+    out = {}
+    for i, p in enumerate(ctx.processes):
+        if i not in stopped and p.exitcode is not None and p.exitcode < 0:
+            try:
+                out[i] = signal.Signals(-p.exitcode).name
+            except ValueError:
+                out[i] = f"signal {-p.exitcode}"
+    return out
 
 
 def _read_results(out_dir: Path, nprocs: int) -> list[dict | None]:
@@ -149,9 +180,14 @@ def _read_results(out_dir: Path, nprocs: int) -> list[dict | None]:
     return results
 
 
-def _raise_failure(results: list[dict | None], failure: str | None) -> None:
-    # A user mistake is reported as such (every rank usually finds the same one); otherwise
-    # the earliest crash, since later ones are often its consequence (a peer went away).
+def _raise_failure(
+    results: list[dict | None], failure: str | None, signalled: dict[int, str] | None = None
+) -> None:
+    # A rank killed by a signal is the root cause (its peers' errors are consequences); then
+    # a user mistake (every rank usually finds the same one); then the earliest crash.
+    if signalled:
+        rank = min(signalled)
+        raise RankFailure(rank, f"was killed ({signalled[rank]})", failure or "")
     user = [(r["t"], r["user_error"]) for r in results if r and "user_error" in r]
     if user:
         raise RatrainError(min(user)[1])
@@ -159,5 +195,6 @@ def _raise_failure(results: list[dict | None], failure: str | None) -> None:
     if crashes:
         _, rank, tb = crashes[0]
         tail = "\n".join(tb.strip().splitlines()[-12:])
-        raise RuntimeError(f"rank {rank} failed:\n{tail}")
-    raise RuntimeError(failure or "a rank exited without a result")
+        last = tb.strip().splitlines()[-1] if tb.strip() else "an error"
+        raise RankFailure(rank, f"failed ({last[:300]})", f"rank {rank} failed:\n{tail}")
+    raise RankFailure(None, failure or "exited without a result", failure or "")
