@@ -38,6 +38,7 @@ from ratrain.errors import RatrainError
 from ratrain.memory import replay
 from ratrain.models.spec import ModelSpec
 from ratrain.runtime.comm import Comm, Handle
+from ratrain.runtime.compiled import compile_stage
 from ratrain.runtime.executor import StageExecutor, StepResult
 from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, rendezvous_from_env
 from ratrain.runtime.launch import spawn
@@ -195,6 +196,15 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
     with PeakMemory(grid.device, job.measure_memory) as mem:
         model = StageModel(spec, plan, cfg, grid.stage, grid.replica, grid.device, job.backend)
         mem.track(model.state_tensors())
+        if job.compile_units:
+            result.compile_s = compile_stage(
+                model.modules(),
+                {u: plan.recompute_of(spec, grid.stage, u) for u in model.unit_ids},
+                job.backend,
+                (plan.micro_batch, plan.seq, spec.hidden),  # (B, T, H)
+                model.dtype,
+                grid.device,
+            )
         _barrier(grid)
         rec = Recorder(grid.stage, grid.replica, time.perf_counter(), set(job.trace_steps))
         ex = StageExecutor(grid, comm, model, schedule, batches, spec, plan, cfg, rec)
