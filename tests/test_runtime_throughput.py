@@ -20,7 +20,7 @@ pytestmark = pytest.mark.dist
 
 SPEC = get_preset("tiny")
 PLAN = Plan(pp=2, dp=2, micro_batch=1, global_batch=6, seq=16, compute_dtype="fp32", model="tiny")
-CFG = TrainConfig(steps=12, warmup_steps=2)
+CFG = TrainConfig(steps=8, warmup_steps=2)
 
 
 def _source(plan: Plan, cfg: TrainConfig):

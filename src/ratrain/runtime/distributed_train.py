@@ -394,6 +394,7 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         source,
         device=getattr(args, "device", None),
         backend=getattr(args, "backend", "torch"),
+        compile_units=bool(getattr(args, "compile", False)),
         timeout_s=getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S,
         metrics_path=getattr(args, "metrics", None),
         tensorboard_dir=getattr(args, "tensorboard", None),
@@ -420,6 +421,8 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         if run.losses:
             elapsed = sum(run.step_times_s)  # training only, not the ranks' start-up
             print(_summary(run, src, elapsed, cfg.steps * plan.tokens_per_step))
+            if run.compile_s:
+                print(f"compiled the block units in {run.compile_s:.1f} s (not in tokens/s)")
     return 0
 
 
