@@ -10,7 +10,8 @@ seq 256; fp32; micro-batch 2; 8 microbatches per pipeline; one thread per rank; 
 gradient clipping (the peers' schedules have no global-norm step). Layouts are pp x dp.
 
 Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as given),
-`ratrain-eager` (no compile, plain loss: the runtime before these two), `torch-1f1b`,
+`ratrain-eager` (no compile, plain loss: the runtime before these two),
+`ratrain-compiled` (`ratrain` with compile forced on, to measure compile), `torch-1f1b`,
 `deepspeed` (skipped when not importable); see `peers.py`.
 
 Per layout, the systems run one after the other, A B C A B C ..., `--repeats` times, each
@@ -165,6 +166,8 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             if s == "ratrain":
                 prof = rep == 0 and a.profile
                 r = run_ratrain(spec, fast, cfg, source, a.compile, profile=prof)
+            elif s == "ratrain-compiled":  # ratrain with --compile whatever the flag says
+                r = run_ratrain(spec, fast, cfg, source, True, profile=rep == 0 and a.profile)
             elif s == "ratrain-eager":  # the runtime without compile or the chunked loss
                 r = run_ratrain(spec, plan, cfg, source, False, profile=rep == 0 and a.profile)
             else:
@@ -207,11 +210,12 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             "rss_vs_better_peer": rows["ratrain"]["peak_rss_bytes_max"]
             / rows[best_rss]["peak_rss_bytes_max"],
         }
-    if "ratrain" in rows and "ratrain-eager" in rows:
-        ratios["ratrain_vs_eager_per_repeat"] = [
-            x["tokens_per_s"] / y["tokens_per_s"]
-            for x, y in zip(runs["ratrain"], runs["ratrain-eager"], strict=True)
-        ]
+    if "ratrain" in rows:  # interleaved pairs: ratrain / system, repeat by repeat
+        ratios["ratrain_over_system_per_repeat"] = {
+            s: [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs["ratrain"], rs)]
+            for s, rs in runs.items()
+            if s != "ratrain"
+        }
     return {
         "plan": plan.to_dict(),
         "peak_flops": peak,
@@ -244,10 +248,9 @@ def print_layout(name: str, res: dict, warmup: int) -> None:
             f"(per repeat: {reps}); ratrain / {q['better_peer_rss']} peak RSS: "
             f"{q['rss_vs_better_peer']:.3f}"
         )
-    if q.get("ratrain_vs_eager_per_repeat"):
-        reps = " ".join(f"{x:.3f}" for x in q["ratrain_vs_eager_per_repeat"])
-        print(f"ratrain / ratrain-eager tokens/s per repeat: {reps}")
-    for name in ("ratrain-eager", "ratrain"):
+    for other, xs in q.get("ratrain_over_system_per_repeat", {}).items():
+        print(f"ratrain / {other} tokens/s per repeat: " + " ".join(f"{x:.3f}" for x in xs))
+    for name in ("ratrain-eager", "ratrain", "ratrain-compiled"):
         print_profile(name, res["rows"].get(name, {}).get("profile_s"))
 
 
