@@ -212,7 +212,10 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         }
     if "ratrain" in rows:  # interleaved pairs: ratrain / system, repeat by repeat
         ratios["ratrain_over_system_per_repeat"] = {
-            s: [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs["ratrain"], rs)]
+            s: [
+                x["tokens_per_s"] / y["tokens_per_s"]
+                for x, y in zip(runs["ratrain"], rs, strict=True)
+            ]
             for s, rs in runs.items()
             if s != "ratrain"
         }
