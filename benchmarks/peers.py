@@ -111,6 +111,23 @@ def _ds_layers(spec):
     return layers + [LayerSpec(Head, spec, "torch", seed=0)]
 
 
+def _fixed_split_module(base):
+    """A PipelineModule whose stage boundaries are given (`parts`: first unit of each stage,
+    then the unit count), so every system runs the same units on each stage."""
+
+    class FixedSplit(base):
+        def __init__(self, *args, parts: list[int], **kw):
+            self._fixed_parts = parts
+            super().__init__(*args, **kw)
+
+        def _partition_layers(self, method="uniform"):
+            self.parts = list(self._fixed_parts)
+            st = self._topo.get_coord(self.global_rank).pipe
+            self._set_bounds(start=self.parts[st], stop=self.parts[st + 1])
+
+    return FixedSplit
+
+
 def deepspeed_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source) -> dict:
     os.environ.update(
         DS_ACCELERATOR="cpu",
@@ -126,10 +143,12 @@ def deepspeed_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source) -> dict:
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     try:
         assert cfg.seed == 0, "the layer specs build seed-0 units"
-        # "uniform" splits the 2 + L layers evenly: the same units per stage as ratrain's
-        # even split for the benchmark's model (checked below).
-        model = PipelineModule(
-            _ds_layers(spec), num_stages=plan.pp, loss_fn=cross_entropy, partition_method="uniform"
+        # The same units per stage as ratrain's plan (checked below).
+        model = _fixed_split_module(PipelineModule)(
+            _ds_layers(spec),
+            num_stages=plan.pp,
+            loss_fn=cross_entropy,
+            parts=[min(plan.stage_units(spec, st)) for st in range(plan.pp)] + [spec.n_layers + 2],
         )
         stage = model.stage_id
         mine = list(range(model._local_start, model._local_stop))

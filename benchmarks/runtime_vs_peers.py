@@ -2,11 +2,17 @@
 
     python benchmarks/runtime_vs_peers.py [--quick] [--json out.json] [--layouts 2x1,2x2]
         [--repeats 3] [--steps 6] [--warmup 2] [--systems ratrain,torch-1f1b,deepspeed]
-        [--compile | --no-compile] [--platform FILE] [--model bench-512]
+        [--compile | --no-compile] [--loss-chunk-tokens 256] [--platform FILE]
+        [--model bench-512]
 
 The job (issue 12): a LLaMA with 8 layers, hidden 512, 8 heads, ffn 1376, vocab 8192;
 seq 256; fp32; micro-batch 2; 8 microbatches per pipeline; one thread per rank; no
 gradient clipping (the peers' schedules have no global-norm step). Layouts are pp x dp.
+
+Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as given),
+`ratrain-eager` (no compile, plain loss: the runtime before these two),
+`ratrain-compiled` (`ratrain` with compile forced on, to measure compile), `torch-1f1b`,
+`deepspeed` (skipped when not importable); see `peers.py`.
 
 Per layout, the systems run one after the other, A B C A B C ..., `--repeats` times, each
 on fresh local gloo ranks (`ratrain.runtime.launch.spawn`). Reported per system:
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import statistics
@@ -41,7 +48,7 @@ from peers import deepspeed_available, deepspeed_rank, matmul_probe_rank, torch_
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
-from ratrain.models.counts import model_flops_per_token
+from ratrain.models.counts import model_flops_per_token, unit_fwd_flops
 from ratrain.models.presets import get_preset
 from ratrain.models.spec import ModelSpec
 from ratrain.runtime.distributed_train import Job, run_job
@@ -58,11 +65,38 @@ def _spec(name: str) -> ModelSpec:
     return BENCH_SPEC if name == BENCH_SPEC.name else get_preset(name)
 
 
+def _split(arg: str, spec: ModelSpec, pp: int, seq: int) -> tuple[int, ...] | None:
+    """--layer-split: "even" (the plan's default), "balanced" (blocks placed so the
+    stages' forward FLOPs, embedding and head included, are as equal as they can be), or
+    blocks per stage. Every system runs the same split."""
+    if arg == "even":
+        return None
+    if arg != "balanced":
+        return tuple(int(x) for x in arg.split(","))
+    best = None
+    for cut in itertools.combinations(range(spec.n_layers + 1), pp - 1):
+        bounds = (0, *cut, spec.n_layers)
+        split = tuple(bounds[i + 1] - bounds[i] for i in range(pp))
+        if any(n < 1 for n in split[1:-1]):
+            continue
+        loads = []
+        for st in range(pp):
+            units = range(bounds[st] + 1, bounds[st + 1] + 1)
+            f = sum(unit_fwd_flops(spec, u, 1, seq) for u in units)
+            f += unit_fwd_flops(spec, 0, 1, seq) if st == 0 else 0
+            f += unit_fwd_flops(spec, spec.n_layers + 1, 1, seq) if st == pp - 1 else 0
+            loads.append(f)
+        if best is None or max(loads) < best[0]:
+            best = (max(loads), split)
+    return best[1]
+
+
 def _median_tail(times: list[float], warmup: int) -> float:
     return statistics.median(times[warmup:] if len(times) > warmup else times)
 
 
 def run_ratrain(spec, plan, cfg, source, compile_units: bool, profile: bool) -> dict:
+    """ratrain's runtime; the profiled step is an extra step after the timed ones."""
     steps = cfg.steps + (1 if profile else 0)  # the profiled step is extra, not timed
     job = Job(
         spec,
@@ -80,7 +114,9 @@ def run_ratrain(spec, plan, cfg, source, compile_units: bool, profile: bool) -> 
         run = r.runs[plan.schedule]
         if run.records:
             out["times"] = run.step_times_s[: cfg.steps]
-            out["rss"] = dict(enumerate(run.records[-1]["max_rss_bytes_per_rank"]))
+            # at the last timed step: the profiler's own buffers are not the runtime's
+            rec = run.records[cfg.steps - 1]
+            out["rss"] = dict(enumerate(rec["max_rss_bytes_per_rank"]))
         if run.profile is not None:
             out["profile"][r.rank] = run.profile
         out["compile_s"][r.rank] = run.compile_s
@@ -114,6 +150,7 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         compute_dtype="fp32",
         clip_grad=None,
         model=spec.name,
+        layer_split=_split(a.layer_split, spec, pp, a.seq),
     )
     cfg = TrainConfig(steps=a.steps, warmup_steps=1)
     source = functools.partial(make_source, "synthetic", spec, plan.seq, cfg.seed)
@@ -123,10 +160,16 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         print("  deepspeed is not importable: skipped (pip install deepspeed torch==<yours>)")
         systems.remove("deepspeed")
     runs: dict[str, list[dict]] = {s: [] for s in systems}
+    fast = plan.replace(loss_chunk_tokens=a.loss_chunk_tokens or None)
     for rep in range(a.repeats):
         for s in systems:
             if s == "ratrain":
-                r = run_ratrain(spec, plan, cfg, source, a.compile, profile=rep == 0 and a.profile)
+                prof = rep == 0 and a.profile
+                r = run_ratrain(spec, fast, cfg, source, a.compile, profile=prof)
+            elif s == "ratrain-compiled":  # ratrain with --compile whatever the flag says
+                r = run_ratrain(spec, fast, cfg, source, True, profile=rep == 0 and a.profile)
+            elif s == "ratrain-eager":  # the runtime without compile or the chunked loss
+                r = run_ratrain(spec, plan, cfg, source, False, profile=rep == 0 and a.profile)
             else:
                 fn = torch_1f1b_rank if s == "torch-1f1b" else deepspeed_rank
                 r = run_peer(fn, spec, plan, cfg, source)
@@ -146,10 +189,10 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             "peak_rss_bytes_per_rank": [rs[-1]["rss"][k] for k in sorted(rs[-1]["rss"])],
             "peak_rss_bytes_max": max(rss),
         }
-        if s == "ratrain":
+        if s.startswith("ratrain"):
             rows[s]["compile_s"] = max(rs[0]["compile_s"].values() or [0.0])
             rows[s]["profile_s"] = {str(k): v for k, v in sorted(rs[0]["profile"].items())}
-    peers = [s for s in rows if s != "ratrain"]
+    peers = [s for s in rows if not s.startswith("ratrain")]
     ratios = {}
     if "ratrain" in rows and peers:
         best_speed = max(peers, key=lambda s: rows[s]["tokens_per_s"])
@@ -166,6 +209,15 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             "better_peer_rss": best_rss,
             "rss_vs_better_peer": rows["ratrain"]["peak_rss_bytes_max"]
             / rows[best_rss]["peak_rss_bytes_max"],
+        }
+    if "ratrain" in rows:  # interleaved pairs: ratrain / system, repeat by repeat
+        ratios["ratrain_over_system_per_repeat"] = {
+            s: [
+                x["tokens_per_s"] / y["tokens_per_s"]
+                for x, y in zip(runs["ratrain"], rs, strict=True)
+            ]
+            for s, rs in runs.items()
+            if s != "ratrain"
         }
     return {
         "plan": plan.to_dict(),
@@ -192,16 +244,22 @@ def print_layout(name: str, res: dict, warmup: int) -> None:
             f"{100 * r['mfu']:>5.1f}%  {rss}{extra}"
         )
     q = res["ratios"]
-    if q:
+    if "speed_vs_better_peer" in q:
         reps = " ".join(f"{x:.2f}" for x in q["speed_vs_better_peer_per_repeat"])
         print(
             f"ratrain / {q['better_peer_speed']} tokens/s: {q['speed_vs_better_peer']:.3f} "
             f"(per repeat: {reps}); ratrain / {q['better_peer_rss']} peak RSS: "
             f"{q['rss_vs_better_peer']:.3f}"
         )
-    prof = res["rows"].get("ratrain", {}).get("profile_s")
+    for other, xs in q.get("ratrain_over_system_per_repeat", {}).items():
+        print(f"ratrain / {other} tokens/s per repeat: " + " ".join(f"{x:.3f}" for x in xs))
+    for name in ("ratrain-eager", "ratrain", "ratrain-compiled"):
+        print_profile(name, res["rows"].get(name, {}).get("profile_s"))
+
+
+def print_profile(name: str, prof: dict | None) -> None:
     if prof:
-        print("ratrain, one step per rank (s, share of the step):")
+        print(f"{name}, one step per rank (s, share of the step):")
         ranks = sorted(prof, key=int)
         print(f"  {'bucket':<12}" + "".join(f" {'rank ' + k:>14}" for k in ranks))
         for b in BUCKETS:
@@ -219,12 +277,20 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--microbatches", type=int, default=8, help="per pipeline")
     ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument(
+        "--layer-split",
+        default="even",
+        help="even | balanced (by FLOPs) | blocks per stage, e.g. 5,3; the same for every system",
+    )
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="per rank")
     ap.add_argument("--systems", default="ratrain,torch-1f1b,deepspeed")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
+    ap.add_argument(
+        "--loss-chunk-tokens", type=int, default=256, help="ratrain's chunked loss; 0: plain"
+    )
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--platform", help="take the matmul peak from this platform file")
     ap.add_argument("--probe-seconds", type=float, default=3.0)

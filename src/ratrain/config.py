@@ -101,12 +101,24 @@ class Plan:
     """Global gradient-norm clip; None disables it (and the global norm reduction)."""
     model: str | None = None
     """Name of the model the plan is for (checked by the runtime)."""
+    loss_chunk_tokens: int | None = None
+    """Head loss: fused chunked cross-entropy over this many tokens at a time (the logits
+    of a whole microbatch never exist at once); None: the plain loss on full logits."""
 
     def __post_init__(self) -> None:
         for f in ("pp", "dp", "micro_batch", "global_batch", "seq", "bucket_bytes"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise RatrainError(f"plan: {f} must be a positive integer, got {v!r}")
+        if self.loss_chunk_tokens is not None and (
+            not isinstance(self.loss_chunk_tokens, int)
+            or isinstance(self.loss_chunk_tokens, bool)
+            or self.loss_chunk_tokens <= 0
+        ):
+            raise RatrainError(
+                f"plan: loss_chunk_tokens must be a positive integer or None, "
+                f"got {self.loss_chunk_tokens!r}"
+            )
         if not isinstance(self.view_lookahead, int) or self.view_lookahead < 0:
             raise RatrainError(f"plan: view_lookahead must be >= 0, got {self.view_lookahead!r}")
         if self.global_batch % (self.micro_batch * self.dp):

@@ -105,6 +105,12 @@ def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -
         help="offload activation checkpoints to the host tier",
     )
     p.add_argument("--clip-grad", type=float, help="global grad-norm clip; 0 disables it")
+    p.add_argument(
+        "--loss-chunk-tokens",
+        type=positive_int,
+        help="fused chunked cross-entropy on the head, this many tokens at a time "
+        "(default: the plain loss)",
+    )
     p.set_defaults(_plan_defaults=d)
 
 
@@ -123,6 +129,7 @@ _FIELDS = (
     "compute_dtype",
     "grad_dtype",
     "offload_activations",
+    "loss_chunk_tokens",
 )
 
 

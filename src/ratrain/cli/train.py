@@ -64,6 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--backend", default="torch", help="kernel backend (default torch)")
     g.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="run each transformer block through torch.compile (distributed runtime; "
+        "compile time is reported apart; default off, see docs/runtime.md)",
+    )
+    g.add_argument(
         "--threads",
         type=int,
         help="CPU threads per process (default: 1 for models under 50M parameters, whose "

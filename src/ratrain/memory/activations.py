@@ -50,7 +50,9 @@ before the backward; ``full`` keeps only the block input, c·s·b·h.
 
 Embedding unit: keeps the token ids (int64, 8 B per token; the weight gradient is a
 scatter by id). Head unit: final RMSNorm input and output (c·h each per token), the fp32
-log-probabilities the loss keeps (4·s·b·V, Korthikanti §4.3) and the int64 targets.
+log-probabilities the loss keeps (4·s·b·V, Korthikanti §4.3) and the int64 targets;
+with `plan.loss_chunk_tokens` (fused chunked loss) the norm input, dL/dh and the fp32
+dL/dw instead (`_chunked_head_bytes`).
 Recompute policies apply to blocks only.
 """
 
@@ -171,9 +173,18 @@ def activation_bytes(spec: ModelSpec, plan: Plan, unit: int, policy: str, *, fla
     if unit == 0:
         return tokens * _ID_BYTES
     if unit == head_unit(spec):
+        if plan.loss_chunk_tokens:
+            return _chunked_head_bytes(spec, tokens, c)
         return tokens * (2 * c * spec.hidden + 4 * spec.vocab + _ID_BYTES)
     assert is_block(spec, unit), unit
     return tensors_bytes(llama_block_tensors(spec, plan.seq, c, flash=flash), tokens, policy)
+
+
+def _chunked_head_bytes(spec: ModelSpec, tokens: int, c: int) -> int:
+    """The head under the chunked loss (`ratrain.models.chunked_loss`): the final norm's
+    input and the loss's dL/dh (c·h per token each), and its dL/dw (fp32, V·H): no
+    per-token V-wide tensor outlives the forward."""
+    return tokens * 2 * c * spec.hidden + 4 * spec.vocab * spec.hidden
 
 
 def recompute_bytes(spec: ModelSpec, plan: Plan, unit: int, policy: str, *, flash: bool) -> int:
@@ -197,6 +208,11 @@ def forward_workspace_bytes(
     the head holds its compute-dtype logits and their fp32 copy before the log-softmax.
     """
     tokens, c = _tokens(plan), DTYPE_BYTES[plan.compute_dtype]
+    if unit == head_unit(spec) and plan.loss_chunk_tokens:
+        # one chunk's fp32 logits (the softmax is built in place) and an fp32 copy of a
+        # 16-bit head weight
+        chunk = min(plan.loss_chunk_tokens, tokens)
+        return chunk * spec.vocab * 4 + (spec.vocab * spec.hidden * 4 if c != 4 else 0)
     if unit == head_unit(spec):
         return tokens * spec.vocab * (c + 4)
     if unit == 0:
@@ -213,6 +229,9 @@ def backward_workspace_bytes(spec: ModelSpec, plan: Plan, unit: int, *, flash: b
     gradient of the logits and its compute-dtype cast; the embedding the incoming gradient.
     """
     tokens, c, h = _tokens(plan), DTYPE_BYTES[plan.compute_dtype], spec.hidden
+    if unit == head_unit(spec) and plan.loss_chunk_tokens:
+        # dL/dh scaled by the incoming gradient (a copy), and dL/dw cast to a 16-bit weight
+        return tokens * c * h + (spec.vocab * h * c if c != 4 else 0)
     if unit == head_unit(spec):
         return tokens * spec.vocab * (4 + c)
     if unit == 0:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ratrain.kernels import Backend, get_backend
+from ratrain.models.chunked_loss import chunked_cross_entropy
 from ratrain.models.rope import rope_inv_freq
 from ratrain.models.spec import ModelSpec
 
@@ -263,6 +264,18 @@ class Head(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.backend.linear(self.norm(x), self.head_weight())  # (B, T, V)
+
+    def loss(
+        self, x: torch.Tensor, targets: torch.Tensor, chunk_tokens: int | None = None
+    ) -> torch.Tensor:
+        """Mean next-token loss of hidden states x (B, T, H) against targets (B, T).
+
+        With `chunk_tokens`, the fused chunked loss (`ratrain.models.chunked_loss`): the
+        logits of the whole microbatch never exist at once. Backends other than "torch"
+        (the tiled one schedules its own GEMMs and memory) always take the plain path."""
+        if chunk_tokens is None or self.backend.name != "torch":
+            return cross_entropy(self(x), targets)
+        return chunked_cross_entropy(self.norm(x), self.head_weight(), targets, chunk_tokens)
 
 
 def build_unit(

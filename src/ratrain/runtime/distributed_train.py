@@ -40,6 +40,7 @@ from ratrain.errors import RatrainError
 from ratrain.memory import replay
 from ratrain.models.spec import ModelSpec
 from ratrain.runtime.comm import Comm, Handle
+from ratrain.runtime.compiled import compile_stage
 from ratrain.runtime.executor import StageExecutor, StepResult
 from ratrain.runtime.faults import (
     JobFailed,
@@ -227,6 +228,15 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
             from ratrain.models.hf_load import load_stage_from_hf
 
             load_stage_from_hf(model, job.init_from)
+        if job.compile_units:
+            result.compile_s = compile_stage(
+                model.modules(),
+                {u: plan.recompute_of(spec, grid.stage, u) for u in model.unit_ids},
+                job.backend,
+                (plan.micro_batch, plan.seq, spec.hidden),  # (B, T, H)
+                model.dtype,
+                grid.device,
+            )
         _barrier(grid)
         rec = Recorder(grid.stage, grid.replica, time.perf_counter(), set(job.trace_steps))
         ex = StageExecutor(grid, comm, model, schedule, batches, spec, plan, cfg, rec)
@@ -464,6 +474,7 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         source,
         device=getattr(args, "device", None),
         backend=getattr(args, "backend", "torch"),
+        compile_units=bool(getattr(args, "compile", False)),
         timeout_s=getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S,
         metrics_path=getattr(args, "metrics", None),
         tensorboard_dir=getattr(args, "tensorboard", None),
@@ -523,6 +534,8 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         if run.losses:
             elapsed = sum(run.step_times_s)  # training only, not the ranks' start-up
             print(_summary(run, src, elapsed, len(run.losses) * plan.tokens_per_step))
+            if run.compile_s:
+                print(f"compiled the block units in {run.compile_s:.1f} s (not in tokens/s)")
     if job.save_dir and (not launched or grid_rank0()):
         from ratrain.checkpoint import complete_checkpoints
 

@@ -50,7 +50,6 @@ import torch
 from ratrain.config import Plan, TrainConfig
 from ratrain.data.base import Batches
 from ratrain.errors import RatrainError
-from ratrain.models.llama import cross_entropy
 from ratrain.models.spec import ModelSpec
 from ratrain.runtime.comm import Comm, Handle, join
 from ratrain.runtime.grid import ParallelGrid
@@ -247,7 +246,7 @@ class StageExecutor:
             return
         with self._saving(u, mb):
             if u == self.head:
-                loss = cross_entropy(module(x), self._tokens(mb)[1])
+                loss = module.loss(x, self._tokens(mb)[1], self.plan.loss_chunk_tokens)
                 s.losses[mb] = loss.detach()
                 # As the reference trainer: the gradient of the global-batch mean, times S.
                 y = loss * (s.scale / self.n_micro)

@@ -98,6 +98,8 @@ class StepProfile:
 
     def __init__(self):
         self.buckets_s: dict[str, float] = {}
+        self.ops_s: dict[str, float] = {}
+        """Self time per operator name on the step's thread (what the buckets sum)."""
         self.wall_s = 0.0
         self._prof = profile(activities=[ProfilerActivity.CPU])
         self._thread = threading.get_ident()
@@ -123,6 +125,7 @@ class StepProfile:
             if e.thread != main or e.name.startswith("ProfilerStep"):
                 continue
             acc[bucket_of(e.name)] += e.self_cpu_time_total * 1e-6  # us -> s
+            self.ops_s[e.name] = self.ops_s.get(e.name, 0.0) + e.self_cpu_time_total * 1e-6
         measured = sum(acc.values())
         acc["python"] = max(0.0, self.wall_s - measured)
         self.buckets_s = acc

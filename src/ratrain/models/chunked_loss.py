@@ -1,0 +1,89 @@
+"""Fused, chunked cross-entropy for the head unit: the fp32 logits of a whole microbatch
+never exist at once.
+
+`chunked_cross_entropy(h, w, targets, chunk_tokens)` is the mean next-token loss of
+`h @ w.T` (h: the head's normalised hidden states, (N, H); w: the head weight, (V, H)),
+computed `chunk_tokens` rows at a time, as Liger Kernel's fused linear cross-entropy does
+(Hsu et al. 2024, "Liger Kernel: Efficient Triton Kernels for LLM Training", §3.3): for
+each chunk, the fp32 logits (chunk, V), their log-sum-exp and the loss terms; then, in the
+same pass, the logits' gradient (softmax - one-hot) / n_valid *in place* and its two
+products, the chunk's rows of dL/dh and its term of dL/dw. Forward keeps dL/dh (N, H, in
+h's dtype) and dL/dw (V, H, fp32) for backward, which only scales them by the incoming
+gradient; nothing of size N x V outlives a chunk.
+
+Exactness: the same arithmetic as `cross_entropy(h @ w.T, targets)` up to the order of
+the sums (the loss is summed chunk by chunk, dL/dw accumulated over chunks), so fp32
+values agree to rounding (tests: within 1e-5 relative); not bit for bit.
+
+Memory, per microbatch (what `ratrain.memory.activations` counts): kept from F to B,
+dL/dh (c·H per token) and dL/dw (4·V·H bytes); transient, two fp32 (chunk, V) tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["chunked_cross_entropy", "DEFAULT_LOSS_CHUNK_TOKENS"]
+
+DEFAULT_LOSS_CHUNK_TOKENS = 256
+"""assumed: large enough that each chunk's GEMMs run at full rate on a CPU core, small
+enough that a chunk's fp32 logits (256 x V) are a fraction of a microbatch's."""
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, w, targets, chunk_tokens: int, ignore_index: int):
+        n = h.shape[0]
+        valid = targets != ignore_index
+        n_valid = int(valid.sum())
+        wf = w.float()  # (V, H); the same tensor when w is fp32
+        grad_h = torch.empty_like(h)  # (N, H)
+        grad_w = torch.zeros_like(wf)  # (V, H) fp32
+        loss = torch.zeros((), dtype=torch.float32, device=h.device)
+        inv = 1.0 / max(n_valid, 1)
+        with torch.profiler.record_function("ratrain::loss"):
+            for i in range(0, n, chunk_tokens):
+                hc = h[i : i + chunk_tokens].float()  # (c, H)
+                tc = targets[i : i + chunk_tokens]
+                vc = valid[i : i + chunk_tokens]
+                tgt = torch.where(vc, tc, 0).unsqueeze(1)  # (c, 1)
+                logits = hc @ wf.t()  # (c, V) fp32
+                lse = torch.logsumexp(logits, dim=-1)  # (c,)
+                picked = logits.gather(1, tgt).squeeze(1)
+                loss += torch.where(vc, lse - picked, 0.0).sum()
+                # dL/dlogits = (softmax - onehot) / n_valid on valid rows, built in place
+                probs = logits.sub_(lse.unsqueeze(1)).exp_()
+                probs.scatter_add_(1, tgt, torch.full_like(picked, -1.0).unsqueeze(1))
+                probs.mul_((vc.to(probs.dtype) * inv).unsqueeze(1))
+                grad_h[i : i + chunk_tokens] = (probs @ wf).to(h.dtype)
+                grad_w.addmm_(probs.t(), hc)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.w_dtype = w.dtype
+        return loss * inv
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        if not torch.equal(grad_out, torch.ones_like(grad_out)):
+            grad_h = grad_h * grad_out.to(grad_h.dtype)
+            grad_w = grad_w.mul_(grad_out)  # saved only for this backward: reuse it
+        return grad_h, grad_w.to(ctx.w_dtype), None, None, None
+
+
+def chunked_cross_entropy(
+    h: torch.Tensor,
+    w: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS,
+    *,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """Mean loss of logits `h @ w.T` (fp32) against `targets`, chunk by chunk.
+
+    h: (..., H) hidden states, w: (V, H), targets: (...) already shifted."""
+    if chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+    H = h.shape[-1]
+    return _ChunkedCrossEntropy.apply(
+        h.reshape(-1, H), w, targets.reshape(-1), chunk_tokens, ignore_index
+    )
