@@ -167,7 +167,14 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
             "algorithm": _v("ring", "assumed: gloo's and NCCL's ring for large messages"),
             "collectives": coll,
         },
-        "runtime": {"action_overhead_s": over},
+        "runtime": {
+            "action_overhead_s": over,
+            "eager_kernels": _v(
+                True,
+                "derived: the torch model measured here (ratrain.models.llama) runs RMSNorm "
+                "eagerly in fp32",
+            ),
+        },
     }
     if cpu:
         data["compute"]["cores_per_node"] = _v(

@@ -176,10 +176,17 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
     if "thread_efficiency" in compute:
         out["thread_efficiency"] = r.number(compute, "thread_efficiency", "compute.", upper=1.0)
     rt = r.section(data, "runtime", "") if "runtime" in data else {}
-    unknown = set(rt) - {"action_overhead_s"}
+    unknown = set(rt) - {"action_overhead_s", "eager_kernels"}
     if unknown:
-        raise r.fail(f"runtime: unknown field(s) {sorted(unknown)}; known: action_overhead_s")
+        raise r.fail(
+            f"runtime: unknown field(s) {sorted(unknown)}; known: action_overhead_s, eager_kernels"
+        )
     out["action_overhead_s"] = r.entries(rt, "action_overhead_s", "runtime.", zero=True)
+    if "eager_kernels" in rt:
+        eager = r.raw(rt, "eager_kernels", "runtime.")
+        if not isinstance(eager, bool):
+            raise r.fail(f"runtime.eager_kernels must be true or false, got {eager!r}")
+        out["eager_kernels"] = eager
     coll = r.section(net, "collectives", "network.") if "collectives" in net else {}
     tables = {}
     for kind in coll:
