@@ -139,8 +139,11 @@ class _Reader:
             copies=self.number(t, "copies", p, integer=True) if "copies" in t else 1,
         )
 
-    def table(self, d: dict, key: str, path: str, width: int) -> tuple[tuple[float, ...], ...]:
-        """A list of `width`-number rows, sorted by their first column."""
+    def table(
+        self, d: dict, key: str, path: str, width: int, zero_cols: tuple[int, ...] = ()
+    ) -> tuple[tuple[float, ...], ...]:
+        """A list of `width`-number rows, sorted by their first column; numbers positive,
+        except in `zero_cols` (>= 0)."""
         rows, dotted = self.raw(d, key, path), path + key
         if not isinstance(rows, list) or not rows:
             raise self.fail(f"{dotted} must be a non-empty list of [{width} numbers] rows")
@@ -148,7 +151,12 @@ class _Reader:
         for i, row in enumerate(rows):
             if not isinstance(row, list) or len(row) != width:
                 raise self.fail(f"{dotted}[{i}] must be a list of {width} numbers")
-            out.append(tuple(self.check_number(v, f"{dotted}[{i}]") for v in row))
+            out.append(
+                tuple(
+                    self.check_number(v, f"{dotted}[{i}]", zero=j in zero_cols)
+                    for j, v in enumerate(row)
+                )
+            )
         return tuple(sorted(out))
 
     def entries(self, d: dict, key: str, path: str, **kw) -> dict[str, float]:
@@ -190,7 +198,7 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
     coll = r.section(net, "collectives", "network.") if "collectives" in net else {}
     tables = {}
     for kind in coll:
-        rows = r.table(coll, kind, "network.collectives.", 3)
+        rows = r.table(coll, kind, "network.collectives.", 3, zero_cols=(1,))  # α may be 0
         tables[str(kind)] = tuple((int(n), a, b) for n, a, b in rows)
     out["collectives"] = tables
     return out
