@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ratrain.calibrate.comm import fit_alpha_beta
 from ratrain.config import DTYPE_BYTES
+from ratrain.platforms.host import host_fingerprint
 
 __all__ = ["build_platform"]
 
@@ -175,6 +176,11 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
                 "eagerly in fp32",
             ),
         },
+    }
+    here = host_fingerprint()
+    data["measured_on"] = {
+        "cpu": _v(here["cpu"], f"measured: /proc/cpuinfo model name, {on}"),
+        "cores": _v(here["cores"], f"measured: sched_getaffinity, {on}"),
     }
     if cpu:
         data["compute"]["cores_per_node"] = _v(

@@ -36,7 +36,8 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       thread_efficiency: {value, note}    # speed-up of each extra thread of one rank
     runtime:
       action_overhead_s: {F: {value, note}, B: ..., default: ...}   # fixed cost per action
-      eager_kernels: {value: true, note}    # the ledger counts eager fp32 norms' tensors
+      eager_kernels: {value: true, note}  # the ledger counts what eager kernels keep
+    measured_on: {cpu: {value, note}, cores: {value, note}}   # warns on another host
 
 The loader (`ratrain.platforms.load`) turns this into the frozen dataclasses below.
 """
@@ -106,6 +107,9 @@ class Platform:
     action_overhead_s: dict[str, float] = field(default_factory=dict)
     """Fixed cost of one IR action by op value ("F", "B", "SEND_F", ...; "default")."""
     collectives: dict[str, tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
+    measured_on: dict | None = None
+    """{"cpu", "cores"} of the machine a calibrated file measured; loading it elsewhere warns
+    (`ratrain.platforms.host`)."""
     """Measured intra-node collectives: kind -> (group size, α seconds, bytes/s) points."""
     notes: dict[str, str] = field(default_factory=dict)
     """Provenance of each value: dotted key -> 'sourced: ...' or 'assumed: ...'."""

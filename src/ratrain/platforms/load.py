@@ -21,6 +21,7 @@ import yaml
 
 from ratrain.errors import RatrainError
 from ratrain.platforms import Link, Platform, Tier
+from ratrain.platforms.host import check_host
 
 __all__ = ["PLATFORM_PRESETS", "COLLECTIVE_ALGORITHMS", "load"]
 
@@ -38,6 +39,7 @@ _TOP = {
     "host",
     "network",
     "runtime",
+    "measured_on",
 }
 _LINK = ("bandwidth_bytes_per_s", "latency_s", "efficiency")
 _TIER = ("capacity_bytes", "bandwidth_bytes_per_s", "latency_s", "copies")
@@ -201,6 +203,13 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
         rows = r.table(coll, kind, "network.collectives.", 3, zero_cols=(1,))  # α may be 0
         tables[str(kind)] = tuple((int(n), a, b) for n, a, b in rows)
     out["collectives"] = tables
+    if "measured_on" in data:
+        sec = r.section(data, "measured_on", "")
+        cpu = r.raw(sec, "cpu", "measured_on.")
+        out["measured_on"] = {
+            "cpu": str(cpu),
+            "cores": r.number(sec, "cores", "measured_on.", integer=True),
+        }
     return out
 
 
@@ -270,16 +279,21 @@ def _preset(name: str) -> Platform:
     return _read(_DIR / f"{name}.yaml")
 
 
+def _checked(p: Platform) -> Platform:
+    check_host(p.name, p.measured_on)
+    return p
+
+
 def load(name_or_path: str | Path | Platform) -> Platform:
     """A preset name (see `PLATFORM_PRESETS`), a path to a platform YAML file, or a `Platform`."""
     if isinstance(name_or_path, Platform):
         return name_or_path
     text = str(name_or_path)
     if text in PLATFORM_PRESETS:
-        return _preset(text)
+        return _checked(_preset(text))
     p = Path(text)
     if p.is_file():
-        return _read(p)
+        return _checked(_read(p))
     if p.suffix in (".yaml", ".yml", ".json") or "/" in text:
         raise RatrainError(f"platform file {text!r} not found")
     raise RatrainError(
