@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ratrain.calibrate.comm import fit_alpha_beta
 from ratrain.config import DTYPE_BYTES
+from ratrain.platforms.host import host_fingerprint
 
 __all__ = ["build_platform"]
 
@@ -167,7 +168,19 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
             "algorithm": _v("ring", "assumed: gloo's and NCCL's ring for large messages"),
             "collectives": coll,
         },
-        "runtime": {"action_overhead_s": over},
+        "runtime": {
+            "action_overhead_s": over,
+            "eager_kernels": _v(
+                True,
+                "derived: the torch model measured here (ratrain.models.llama) runs RMSNorm "
+                "eagerly in fp32",
+            ),
+        },
+    }
+    here = host_fingerprint()
+    data["measured_on"] = {
+        "cpu": _v(here["cpu"], f"measured: /proc/cpuinfo model name, {on}"),
+        "cores": _v(here["cores"], f"measured: sched_getaffinity, {on}"),
     }
     if cpu:
         data["compute"]["cores_per_node"] = _v(

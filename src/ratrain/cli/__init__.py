@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from ratrain.errors import RatrainError
 
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv:
         argv = ["train"]  # the built-in default job
+    # Warnings (e.g. a platform measured on another host) as one line each.
+    warnings.formatwarning = lambda msg, cat, *a, **k: f"ratrain: warning: {msg}\n"
     parser, module = _build_parser(argv)
     args = parser.parse_args(argv)
     if module is None:

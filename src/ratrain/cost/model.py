@@ -168,7 +168,8 @@ class CostModel:
         over_s = self.platform.overhead_s(a.op.value) if a.op is not Op.VIEW_DROP else 0.0
         if a.op in (Op.F, Op.B):
             # Kernels scaled per unit (blocks and edge units apart); overhead per action.
-            if over_s and any(self.scale[k] for k in ("compute", "edge")):
+            if over_s:
+                over_s *= self.scale[c.category]
                 c = ActionCost(
                     c.time_s + over_s, c.category, c.bound, c.algorithm, c.nbytes, c.flops
                 )

@@ -44,6 +44,18 @@ Choices and what is left out, so the numbers mean what they say:
 - Flash (fused) attention keeps no s² tensor: it stores the output (already counted as
   the o_proj input) plus the log-sum-exp, 4·b·a·s bytes fp32, and recomputes the scores.
 
+Eager kernels (``eager_kernels=True``, what the runtime's torch model runs; a platform
+says which with `Platform.eager_kernels`): `ratrain.models.llama.RMSNorm` computes in fp32 as
+``weight * (x.float() * rsqrt(mean(x²) + eps)).to(dtype)``, so autograd keeps, per norm,
+the normalised tensor before the weight product (c·h) and, when the compute dtype is not
+fp32, the fp32 copy of the input (4·h) in place of the compute-dtype input (which nothing
+else keeps, except the block input the executor holds). RoPE rotates in fp32 too, but its
+products save only the fp32 cos/sin tables the forward builds (2·s·head_dim·4 bytes per
+block and microbatch), so it keeps nothing per token beyond Q and K.
+And the attention kernel keeps its own output (B, heads, T, head_dim) for its backward,
+apart from the contiguous (B, T, H) copy the output projection keeps (a core tensor:
+under selective recompute the checkpointed core keeps nothing).
+
 Recompute policies (Korthikanti §4.2, §5): ``none`` keeps the whole table; ``selective``
 drops the attention core's tensors marked [core] (≈ 34·s·b·h in the GPT case), recomputed
 before the backward; ``full`` keeps only the block input, c·s·b·h.
@@ -123,8 +135,16 @@ def gpt_block_tensors(hidden: int, heads: int, seq: int, *, flash: bool = False)
     ]
 
 
+def _eager_norm(name: str, h: int, c: int) -> list[ActTensor]:
+    """What an eager fp32 RMSNorm keeps beyond the table's input and output (see above)."""
+    out = [ActTensor(f"{name}_normalized", h, c)]
+    if c != 4:
+        out.append(ActTensor(f"{name}_in_fp32", h, 4))
+    return out
+
+
 def llama_block_tensors(
-    spec: ModelSpec, seq: int, elem_bytes: int, *, flash: bool
+    spec: ModelSpec, seq: int, elem_bytes: int, *, flash: bool, eager_kernels: bool = False
 ) -> list[ActTensor]:
     """The LLaMA block (RMSNorm, GQA with RoPE or ALiBi, SwiGLU, no dropout); see the table."""
     h, kv, f, a, c = spec.hidden, spec.kv_dim, spec.ffn, spec.n_heads, elem_bytes
@@ -133,6 +153,26 @@ def llama_block_tensors(
         if flash
         else ActTensor("softmax_out", a * seq, c, core=True)
     )
+    if eager_kernels:
+        mlp_in = [ActTensor("mlp_norm_in", h, c)] if c == 4 else []
+        return [
+            ActTensor("attn_norm_in", h, c, block_input=True),
+            *_eager_norm("attn_norm", h, c),
+            ActTensor("attn_norm_out", h, c),
+            ActTensor("q_rope", h, c),
+            ActTensor("k_rope", kv, c),
+            ActTensor("v", kv, c),
+            core,
+            ActTensor("sdpa_out", h, c, core=True),
+            ActTensor("attn_out", h, c),
+            *mlp_in,
+            *_eager_norm("mlp_norm", h, c),
+            ActTensor("mlp_norm_out", h, c),
+            ActTensor("gate_out", f, c),
+            ActTensor("up_out", f, c),
+            ActTensor("silu_gate", f, c),
+            ActTensor("swiglu_out", f, c),
+        ]
     return [
         ActTensor("attn_norm_in", h, c, block_input=True),
         ActTensor("attn_norm_out", h, c),
@@ -167,17 +207,31 @@ def _tokens(plan: Plan) -> int:
     return plan.micro_batch * plan.seq
 
 
-def activation_bytes(spec: ModelSpec, plan: Plan, unit: int, policy: str, *, flash: bool) -> int:
+def activation_bytes(
+    spec: ModelSpec, plan: Plan, unit: int, policy: str, *, flash: bool, eager_kernels: bool = False
+) -> int:
     """Bytes one microbatch keeps for one unit between F and B under a recompute policy."""
     tokens, c = _tokens(plan), DTYPE_BYTES[plan.compute_dtype]
     if unit == 0:
         return tokens * _ID_BYTES
     if unit == head_unit(spec):
+        norm = (
+            sum(
+                t.per_token * t.elem_bytes
+                for t in _eager_norm("final_norm", spec.hidden, c)
+            )
+            if eager_kernels
+            else 0
+        )
         if plan.loss_chunk_tokens:
-            return _chunked_head_bytes(spec, tokens, c)
-        return tokens * (2 * c * spec.hidden + 4 * spec.vocab + _ID_BYTES)
+            return _chunked_head_bytes(spec, tokens, c) + tokens * norm
+        return tokens * (2 * c * spec.hidden + norm + 4 * spec.vocab + _ID_BYTES)
     assert is_block(spec, unit), unit
-    return tensors_bytes(llama_block_tensors(spec, plan.seq, c, flash=flash), tokens, policy)
+    tensors = llama_block_tensors(spec, plan.seq, c, flash=flash, eager_kernels=eager_kernels)
+    out = tensors_bytes(tensors, tokens, policy)
+    if eager_kernels and spec.position == "rope" and policy != "full":
+        out += _rope_tables_bytes(spec, plan.seq)
+    return out
 
 
 def _chunked_head_bytes(spec: ModelSpec, tokens: int, c: int) -> int:
@@ -187,10 +241,18 @@ def _chunked_head_bytes(spec: ModelSpec, tokens: int, c: int) -> int:
     return tokens * 2 * c * spec.hidden + 4 * spec.vocab * spec.hidden
 
 
-def recompute_bytes(spec: ModelSpec, plan: Plan, unit: int, policy: str, *, flash: bool) -> int:
+def _rope_tables_bytes(spec: ModelSpec, seq: int) -> int:
+    """The fp32 cos and sin tables (seq x head_dim each) a block's forward builds and its
+    RoPE products keep: per microbatch, not per token."""
+    return 2 * seq * spec.head_dim * 4
+
+
+def recompute_bytes(
+    spec: ModelSpec, plan: Plan, unit: int, policy: str, *, flash: bool, eager_kernels: bool = False
+) -> int:
     """Bytes a RECOMPUTE brings back (alive from RECOMPUTE to B): what the policy dropped."""
-    full = activation_bytes(spec, plan, unit, "none", flash=flash)
-    return full - activation_bytes(spec, plan, unit, policy, flash=flash)
+    full = activation_bytes(spec, plan, unit, "none", flash=flash, eager_kernels=eager_kernels)
+    return full - activation_bytes(spec, plan, unit, policy, flash=flash, eager_kernels=eager_kernels)
 
 
 def boundary_bytes(spec: ModelSpec, plan: Plan) -> int:
@@ -199,7 +261,7 @@ def boundary_bytes(spec: ModelSpec, plan: Plan) -> int:
 
 
 def forward_workspace_bytes(
-    spec: ModelSpec, plan: Plan, unit: int, policy: str, *, flash: bool
+    spec: ModelSpec, plan: Plan, unit: int, policy: str, *, flash: bool, eager_kernels: bool = False
 ) -> int:
     """Transient bytes while F(unit) runs, beyond what it keeps.
 
@@ -217,24 +279,36 @@ def forward_workspace_bytes(
         return tokens * spec.vocab * (c + 4)
     if unit == 0:
         return 0
-    return recompute_bytes(spec, plan, unit, policy, flash=flash)
+    return recompute_bytes(spec, plan, unit, policy, flash=flash, eager_kernels=eager_kernels)
 
 
-def backward_workspace_bytes(spec: ModelSpec, plan: Plan, unit: int, *, flash: bool) -> int:
+def backward_workspace_bytes(
+    spec: ModelSpec, plan: Plan, unit: int, *, flash: bool, eager_kernels: bool = False
+) -> int:
     """Transient bytes while B(unit) runs: gradients of its activations.
 
     assumed: a block holds the gradient flowing in and the one flowing out (c·h each per
     token) plus the widest pair of intermediate gradients: two ffn-wide ones in the MLP,
     or the a·s-wide score gradient in a non-fused attention; the head holds the fp32
     gradient of the logits and its compute-dtype cast; the embedding the incoming gradient.
+    With `eager_kernels` the unfused cross-entropy's backward holds two fp32 gradients of
+    the log-probabilities at once (the loss's, and the log-softmax's own), 8 bytes per
+    logit, before the cast.
     """
     tokens, c, h = _tokens(plan), DTYPE_BYTES[plan.compute_dtype], spec.hidden
     if unit == head_unit(spec) and plan.loss_chunk_tokens:
         # dL/dh scaled by the incoming gradient (a copy), and dL/dw cast to a 16-bit weight
         return tokens * c * h + (spec.vocab * h * c if c != 4 else 0)
+    # Eager autograd computes each weight's gradient into a new tensor before adding it to
+    # the gradient buffer: the unit's largest weight, at the compute dtype, is transient.
+    wgrad = c * h * (spec.vocab if unit in (0, head_unit(spec)) else spec.ffn)
+    extra = wgrad if eager_kernels else 0
     if unit == head_unit(spec):
-        return tokens * spec.vocab * (4 + c)
+        return tokens * spec.vocab * (max(8, 4 + c) if eager_kernels else 4 + c) + extra
     if unit == 0:
-        return tokens * c * h
-    widest = max(2 * spec.ffn, 0 if flash else spec.n_heads * plan.seq)
-    return tokens * c * (2 * h + widest)
+        return tokens * c * h + extra
+    # The SwiGLU product's backward turns one ffn-wide gradient into two while the first
+    # is still held: three at once in eager autograd.
+    mlp = (3 if eager_kernels else 2) * spec.ffn
+    widest = max(mlp, 0 if flash else spec.n_heads * plan.seq)
+    return tokens * c * (2 * h + widest) + extra

@@ -109,16 +109,24 @@ class Ledger:
 
 
 def replay(
-    schedule: Schedule, spec: ModelSpec, plan: Plan, *, flash: bool = True, keep_trace: bool = True
+    schedule: Schedule,
+    spec: ModelSpec,
+    plan: Plan,
+    *,
+    flash: bool = True,
+    keep_trace: bool = True,
+    eager_kernels: bool = False,
 ) -> Ledger:
     """Replay one step of `schedule` and return per-stage peaks, breakdowns and traces.
 
     `flash`: activations under fused attention (no s² tensors); `keep_trace`: False
-    skips the per-action trace (faster, for searches that only need the peaks).
+    skips the per-action trace (faster, for searches that only need the peaks);
+    `eager_kernels`: the norms keep what the runtime's eager fp32 RMSNorm keeps
+    (`ratrain.memory.activations`), rather than what a fused norm keeps.
     """
     landings = _landings(schedule)
     stages = [
-        _StageReplay(schedule, spec, plan, s, flash).run(landings[s], keep_trace)
+        _StageReplay(schedule, spec, plan, s, flash, eager_kernels).run(landings[s], keep_trace)
         for s in range(schedule.pp)
     ]
     return Ledger(stages)
@@ -155,7 +163,9 @@ def _landings(schedule: Schedule) -> list[dict[int, int]]:
 class _StageReplay:
     """One stage's walk. Per-unit sizes are computed once; each action is O(1)."""
 
-    def __init__(self, sch: Schedule, spec: ModelSpec, plan: Plan, s: int, flash: bool):
+    def __init__(
+        self, sch: Schedule, spec: ModelSpec, plan: Plan, s: int, flash: bool, eager: bool = False
+    ):
         self.sch, self.s, self.acts = sch, s, sch.stages[s]
         units = sch.meta["stage_units"][s]
         self.first_unit, self.last_unit = units[0], units[-1]
@@ -169,13 +179,12 @@ class _StageReplay:
         self.grad_full = {u: params[u] * gbp for u in units}
         self.grad_shard = {u: shard_bytes(self.grad_full[u], plan) for u in units}
         policy = {u: plan.recompute_of(spec, s, u) for u in units}
-        self.keep = {u: activation_bytes(spec, plan, u, policy[u], flash=flash) for u in units}
-        full = {u: activation_bytes(spec, plan, u, "none", flash=flash) for u in units}
+        kw = dict(flash=flash, eager_kernels=eager)
+        self.keep = {u: activation_bytes(spec, plan, u, policy[u], **kw) for u in units}
+        full = {u: activation_bytes(spec, plan, u, "none", **kw) for u in units}
         self.recomputed = {u: full[u] - self.keep[u] for u in units}
-        self.fws = {
-            u: forward_workspace_bytes(spec, plan, u, policy[u], flash=flash) for u in units
-        }
-        self.bws = {u: backward_workspace_bytes(spec, plan, u, flash=flash) for u in units}
+        self.fws = {u: forward_workspace_bytes(spec, plan, u, policy[u], **kw) for u in units}
+        self.bws = {u: backward_workspace_bytes(spec, plan, u, **kw) for u in units}
         self.state = [0] * len(STATE_CLASSES)
         self.state[_MASTER] = sum(
             shard_bytes(params[u] * MASTER_BYTES_PER_PARAM, plan) for u in units

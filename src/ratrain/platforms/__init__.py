@@ -36,6 +36,8 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       thread_efficiency: {value, note}    # speed-up of each extra thread of one rank
     runtime:
       action_overhead_s: {F: {value, note}, B: ..., default: ...}   # fixed cost per action
+      eager_kernels: {value: true, note}  # the ledger counts what eager kernels keep
+    measured_on: {cpu: {value, note}, cores: {value, note}}   # warns on another host
 
 The loader (`ratrain.platforms.load`) turns this into the frozen dataclasses below.
 """
@@ -99,9 +101,15 @@ class Platform:
     """Cores shared by the compute of a node's ranks; None: each unit has its own."""
     thread_efficiency: float = 1.0
     """Speed-up each extra thread brings to one rank's kernels (1.0: linear)."""
+    eager_kernels: bool = False
+    """The runtime on this machine runs eager fp32 norms (the ledger counts what they keep,
+    `ratrain.memory.activations`); False: fused norm kernels."""
     action_overhead_s: dict[str, float] = field(default_factory=dict)
     """Fixed cost of one IR action by op value ("F", "B", "SEND_F", ...; "default")."""
     collectives: dict[str, tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
+    measured_on: dict | None = None
+    """{"cpu", "cores"} of the machine a calibrated file measured; loading it elsewhere warns
+    (`ratrain.platforms.host`)."""
     """Measured intra-node collectives: kind -> (group size, α seconds, bytes/s) points."""
     notes: dict[str, str] = field(default_factory=dict)
     """Provenance of each value: dotted key -> 'sourced: ...' or 'assumed: ...'."""

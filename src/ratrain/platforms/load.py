@@ -21,6 +21,7 @@ import yaml
 
 from ratrain.errors import RatrainError
 from ratrain.platforms import Link, Platform, Tier
+from ratrain.platforms.host import check_host
 
 __all__ = ["PLATFORM_PRESETS", "COLLECTIVE_ALGORITHMS", "load"]
 
@@ -38,6 +39,7 @@ _TOP = {
     "host",
     "network",
     "runtime",
+    "measured_on",
 }
 _LINK = ("bandwidth_bytes_per_s", "latency_s", "efficiency")
 _TIER = ("capacity_bytes", "bandwidth_bytes_per_s", "latency_s", "copies")
@@ -139,8 +141,11 @@ class _Reader:
             copies=self.number(t, "copies", p, integer=True) if "copies" in t else 1,
         )
 
-    def table(self, d: dict, key: str, path: str, width: int) -> tuple[tuple[float, ...], ...]:
-        """A list of `width`-number rows, sorted by their first column."""
+    def table(
+        self, d: dict, key: str, path: str, width: int, zero_cols: tuple[int, ...] = ()
+    ) -> tuple[tuple[float, ...], ...]:
+        """A list of `width`-number rows, sorted by their first column; numbers positive,
+        except in `zero_cols` (>= 0)."""
         rows, dotted = self.raw(d, key, path), path + key
         if not isinstance(rows, list) or not rows:
             raise self.fail(f"{dotted} must be a non-empty list of [{width} numbers] rows")
@@ -148,7 +153,12 @@ class _Reader:
         for i, row in enumerate(rows):
             if not isinstance(row, list) or len(row) != width:
                 raise self.fail(f"{dotted}[{i}] must be a list of {width} numbers")
-            out.append(tuple(self.check_number(v, f"{dotted}[{i}]") for v in row))
+            out.append(
+                tuple(
+                    self.check_number(v, f"{dotted}[{i}]", zero=j in zero_cols)
+                    for j, v in enumerate(row)
+                )
+            )
         return tuple(sorted(out))
 
     def entries(self, d: dict, key: str, path: str, **kw) -> dict[str, float]:
@@ -176,16 +186,30 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
     if "thread_efficiency" in compute:
         out["thread_efficiency"] = r.number(compute, "thread_efficiency", "compute.", upper=1.0)
     rt = r.section(data, "runtime", "") if "runtime" in data else {}
-    unknown = set(rt) - {"action_overhead_s"}
+    unknown = set(rt) - {"action_overhead_s", "eager_kernels"}
     if unknown:
-        raise r.fail(f"runtime: unknown field(s) {sorted(unknown)}; known: action_overhead_s")
+        raise r.fail(
+            f"runtime: unknown field(s) {sorted(unknown)}; known: action_overhead_s, eager_kernels"
+        )
     out["action_overhead_s"] = r.entries(rt, "action_overhead_s", "runtime.", zero=True)
+    if "eager_kernels" in rt:
+        eager = r.raw(rt, "eager_kernels", "runtime.")
+        if not isinstance(eager, bool):
+            raise r.fail(f"runtime.eager_kernels must be true or false, got {eager!r}")
+        out["eager_kernels"] = eager
     coll = r.section(net, "collectives", "network.") if "collectives" in net else {}
     tables = {}
     for kind in coll:
-        rows = r.table(coll, kind, "network.collectives.", 3)
+        rows = r.table(coll, kind, "network.collectives.", 3, zero_cols=(1,))  # α may be 0
         tables[str(kind)] = tuple((int(n), a, b) for n, a, b in rows)
     out["collectives"] = tables
+    if "measured_on" in data:
+        sec = r.section(data, "measured_on", "")
+        cpu = r.raw(sec, "cpu", "measured_on.")
+        out["measured_on"] = {
+            "cpu": str(cpu),
+            "cores": r.number(sec, "cores", "measured_on.", integer=True),
+        }
     return out
 
 
@@ -255,16 +279,21 @@ def _preset(name: str) -> Platform:
     return _read(_DIR / f"{name}.yaml")
 
 
+def _checked(p: Platform) -> Platform:
+    check_host(p.name, p.measured_on)
+    return p
+
+
 def load(name_or_path: str | Path | Platform) -> Platform:
     """A preset name (see `PLATFORM_PRESETS`), a path to a platform YAML file, or a `Platform`."""
     if isinstance(name_or_path, Platform):
         return name_or_path
     text = str(name_or_path)
     if text in PLATFORM_PRESETS:
-        return _preset(text)
+        return _checked(_preset(text))
     p = Path(text)
     if p.is_file():
-        return _read(p)
+        return _checked(_read(p))
     if p.suffix in (".yaml", ".yml", ".json") or "/" in text:
         raise RatrainError(f"platform file {text!r} not found")
     raise RatrainError(

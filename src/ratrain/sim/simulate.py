@@ -96,7 +96,8 @@ def simulate(
     `schedule` defaults to `build_schedule(spec, plan)`; `check` validates it first;
     `cost_scale` scales cost categories (see `ratrain.cost.model.COST_CATEGORIES`);
     `rank_layout` places ranks on nodes (see `ratrain.cost.comm.RANK_LAYOUTS`);
-    `memory_timeline=False` keeps the memory peaks and breakdowns but not memory over time
+    the ledger counts eager norms' tensors where the platform says its runtime runs them
+    (`Platform.eager_kernels`); `memory_timeline=False` keeps the memory peaks and breakdowns but not memory over time
     (faster, for searches).
     """
     from ratrain.memory.ledger import replay as ledger_replay
@@ -109,5 +110,7 @@ def simulate(
     if check:
         check_schedule(schedule, spec, plan)
     cost = CostModel(spec, plan, platform, scale=cost_scale, rank_layout=rank_layout)
-    ledger = ledger_replay(schedule, spec, plan, keep_trace=memory_timeline)
+    ledger = ledger_replay(
+        schedule, spec, plan, keep_trace=memory_timeline, eager_kernels=platform.eager_kernels
+    )
     return simulate_schedule(schedule, cost, ledger=ledger)

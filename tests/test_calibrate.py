@@ -1,0 +1,55 @@
+"""`ratrain calibrate` with a tiny budget writes a platform file that loads, whose
+measured values say so; the timer and the α–β fit on known data."""
+
+import pytest
+
+from ratrain.calibrate.comm import fit_alpha_beta
+from ratrain.cli import main
+from ratrain.platforms import load
+
+
+def test_fit_alpha_beta_recovers_a_line():
+    pts = [(s, 2e-4 + s / 1e9) for s in (1e3, 1e5, 1e6, 1e7)]
+    a, b = fit_alpha_beta(pts)
+    assert a == pytest.approx(2e-4, rel=1e-6) and b == pytest.approx(1e9, rel=1e-6)
+
+
+@pytest.mark.timeout(240)
+def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys):
+    out = tmp_path / "here.yaml"
+    rc = main(
+        [
+            "calibrate", "--quick", "--budget-s", "0.01", "--dtypes", "fp32", "--nproc", "2",
+            "--no-progress", "-o", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0 and "values measured" in capsys.readouterr().out
+    p = load(str(out))
+    assert p.name == "here"
+    measured = {k for k, n in p.notes.items() if n.startswith("measured")}
+    for key in (
+        "compute.efficiency_curves.gemm.fp32",
+        "compute.efficiency_curves.gemm_bwd.fp32",
+        "compute.efficiency_curves.attention_fwd.fp32",
+        "compute.memory_bound_bytes_per_s.rmsnorm.fwd.fp32",
+        "compute.memory_bound_bytes_per_s.cross_entropy.bwd.fp32",
+        "compute.cores_per_node",
+        "tiers.dram.bandwidth_bytes_per_s",
+        "network.intra_node.bandwidth_bytes_per_s",
+        "network.collectives.all_reduce",
+        "runtime.action_overhead_s.F",
+        "runtime.action_overhead_s.SEND_F",
+    ):
+        assert key in measured, key
+    # what could not be measured here says so
+    assert p.notes["network.inter_node.bandwidth_bytes_per_s"].startswith("assumed")
+    assert p.notes["compute.peak_flops.fp32"].startswith("derived")
+    assert all(0 < e <= 1 for pts in p.efficiency_curves.values() for _, e in pts)
+    assert p.overhead_s("F") > 0 and p.collectives["all_reduce"][0][0] == 2
+
+
+def test_calibrate_bad_input_is_one_line(tmp_path, capsys):
+    assert main(["calibrate", "-o", str(tmp_path / "x.txt")]) == 2
+    assert main(["calibrate", "--dtypes", "bf16", "-o", str(tmp_path / "x.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("ratrain calibrate: error") for line in err)

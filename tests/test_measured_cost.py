@@ -1,0 +1,219 @@
+"""The measured platform terms: loader, efficiency curves, memory-bound kernels, shared
+cores, per-action overhead, measured collectives; bounds stay below the simulation."""
+
+import pytest
+import yaml
+
+from ratrain.config import Plan
+from ratrain.cost import comm
+from ratrain.cost.compute import gemm_time_s, unit_kernels
+from ratrain.cost.measured import compute_speed, curve_efficiency
+from ratrain.cost.model import CostModel
+from ratrain.errors import RatrainError
+from ratrain.memory import activation_bytes, replay
+from ratrain.models.presets import get_preset
+from ratrain.planner.bounds import (
+    overheads,
+    peak_unit_times,
+    step_time_lower_bound_s,
+    unit_times,
+)
+from ratrain.platforms import load
+from ratrain.platforms.load import _DIR
+from ratrain.schedule import build_schedule
+from ratrain.schedule.ir import Action, Op
+from ratrain.sim import simulate
+
+TINY = get_preset("tiny")
+M = "measured: test figure, by hand"
+
+
+def _measured(tmp_path, cores=2, thread_eff=0.5):
+    data = yaml.safe_load((_DIR / "cpu-local.yaml").read_text())
+    for dt in ("fp32", "bf16", "fp16"):
+        data["compute"]["peak_flops"][dt] = {"value": 1e11, "note": M}
+    c = data["compute"]
+    c["efficiency_curves"] = {
+        "gemm.fp32": {"value": [[1e6, 0.1], [1e9, 0.5]], "note": M},
+        "gemm_bwd.fp32": {"value": [[1e6, 0.05], [1e9, 0.4]], "note": M},
+        "attention_fwd.fp32": {"value": [[1e6, 0.1], [1e9, 0.2]], "note": M},
+        "attention_bwd.fp32": {"value": [[1e6, 0.1], [1e9, 0.15]], "note": M},
+    }
+    c["memory_bound_bytes_per_s"] = {
+        f"{op}.{d}.fp32": {"value": 2e9, "note": M}
+        for op in ("rmsnorm", "rope", "swiglu", "add", "cross_entropy")
+        for d in ("fwd", "bwd")
+    }
+    c["cores_per_node"] = {"value": cores, "note": M}
+    c["thread_efficiency"] = {"value": thread_eff, "note": M}
+    data["runtime"] = {
+        "action_overhead_s": {
+            "F": {"value": 1e-3, "note": M},
+            "B": {"value": 2e-3, "note": M},
+            "SEND_F": {"value": 1e-4, "note": M},
+            "default": {"value": 0, "note": M},
+        },
+        "eager_kernels": {"value": True, "note": M},
+    }
+    data["network"]["collectives"] = {
+        "all_reduce": {"value": [[2, 1e-3, 1e8], [4, 2e-3, 5e7]], "note": M}
+    }
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load(str(path))
+
+
+def test_loader_reads_measured_sections_and_notes(tmp_path):
+    p = _measured(tmp_path)
+    assert p.notes["compute.cores_per_node"].startswith("measured")
+    assert p.efficiency_curves["gemm.fp32"] == ((1e6, 0.1), (1e9, 0.5))
+    assert p.memory_bound_bytes_per_s["rmsnorm.fwd.fp32"] == 2e9
+    assert p.overhead_s("F") == 1e-3 and p.overhead_s("UPD") == 0.0
+    assert p.collectives["all_reduce"] == ((2, 1e-3, 1e8), (4, 2e-3, 5e7))
+    assert p.eager_kernels and p.cores_per_node == 2
+
+
+@pytest.mark.parametrize(
+    "mutate, msg",
+    [
+        (lambda d: d["compute"].update(cores_per_node={"value": 2}), "provenance"),
+        (lambda d: d.update(runtime={"bogus": 1}), "unknown field"),
+        (
+            lambda d: d["compute"].update(
+                efficiency_curves={"gemm.fp32": {"value": [[1, 2, 3]], "note": M}}
+            ),
+            "2 numbers",
+        ),
+        (
+            lambda d: d.update(runtime={"eager_kernels": {"value": "yes", "note": M}}),
+            "true or false",
+        ),
+    ],
+)
+def test_loader_rejects_bad_measured_sections(tmp_path, mutate, msg):
+    data = yaml.safe_load((_DIR / "cpu-local.yaml").read_text())
+    mutate(data)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(RatrainError, match=msg):
+        load(str(path))
+
+
+def test_curve_interpolates_in_log_flops_and_is_flat_beyond():
+    pts = ((1e6, 0.1), (1e8, 0.5))
+    assert curve_efficiency(pts, 1e3) == 0.1 and curve_efficiency(pts, 1e12) == 0.5
+    assert curve_efficiency(pts, 1e7) == pytest.approx(0.3)
+
+
+def test_gemm_uses_the_measured_curve_and_backward_its_own(tmp_path):
+    p = _measured(tmp_path)
+    t, bound = gemm_time_s(1000, 1000, 500, "fp32", p)  # 1e9 FLOPs: 0.5 of 1e11
+    assert bound == "measured" and t == pytest.approx(1e9 / 5e10)
+    tb, _ = gemm_time_s(1000, 1000, 500, "fp32", p, backward=True)
+    assert tb == pytest.approx(1e9 / 4e10)
+    # bf16 was not measured: the flat model
+    assert gemm_time_s(1000, 1000, 500, "bf16", p)[1] == "flat"
+
+
+def test_memory_bound_kernels_are_charged_only_where_measured(tmp_path):
+    p = _measured(tmp_path)
+    plan = Plan(micro_batch=2, global_batch=2, seq=64, compute_dtype="fp32")
+    ks = unit_kernels(TINY, 1, 2, 64, "F", dtype="fp32")
+    ew = [k for k in ks if k.kind == "elementwise"]
+    assert {k.args[0] for k in ew} == {"rmsnorm", "rope", "swiglu", "add"}
+    with_ew = CostModel(TINY, plan, p).time_s(Action(Op.F, 0, (1,), 0))
+    bare = load("cpu-local")
+    assert not bare.memory_bound_bytes_per_s  # the preset does not charge them
+    tokens = 2 * 64
+    elements = tokens * (2 * TINY.hidden + TINY.hidden + TINY.kv_dim + TINY.ffn + 2 * TINY.hidden)
+    # speed 1.0 with 1 rank on 2 cores and 2 threads at efficiency 0.5 -> 1.5
+    assert CostModel(TINY, plan, p).speed == pytest.approx(1.5)
+    no_ew = _measured_without_ew(tmp_path)
+    diff = with_ew - CostModel(TINY, plan, no_ew).time_s(Action(Op.F, 0, (1,), 0))
+    assert diff == pytest.approx(elements * 4 / 2e9 / 1.5)
+
+
+def _measured_without_ew(tmp_path):
+    p = _measured(tmp_path)
+    from dataclasses import replace
+
+    return replace(p, memory_bound_bytes_per_s={})
+
+
+def test_shared_cores_slow_every_rank(tmp_path):
+    p = _measured(tmp_path, cores=2, thread_eff=0.5)
+    assert compute_speed(p, 1) == pytest.approx(1.5)  # two threads
+    assert compute_speed(p, 2) == 1.0  # a core each
+    assert compute_speed(p, 4) == 0.5  # 4 ranks on 2 cores: half speed
+    f = Action(Op.F, 0, (1,), 0)
+    one = CostModel(TINY, Plan(pp=2, global_batch=4, seq=64, compute_dtype="fp32"), p)
+    four = CostModel(TINY, Plan(pp=2, dp=2, global_batch=4, seq=64, compute_dtype="fp32"), p)
+    over = p.overhead_s("F")
+    assert four.time_s(f) - over == pytest.approx(2 * (one.time_s(f) - over))
+
+
+def test_overhead_and_measured_collectives(tmp_path):
+    p = _measured(tmp_path)
+    plan = Plan(pp=1, dp=2, global_batch=4, seq=64, compute_dtype="fp32")
+    cm = CostModel(TINY, plan, p)
+    sync = cm.action(Action(Op.GRAD_SYNC, 0, (1,)))
+    nbytes = cm.nbytes(Action(Op.GRAD_SYNC, 0, (1,)))
+    assert sync.algorithm == "all_reduce:measured:intra"
+    assert sync.time_s == pytest.approx(1e-3 + nbytes / 1e8)
+    t, algo = comm.collective_time_s("all_reduce", 1e6, comm.Group(4, 1, 4), p)
+    assert algo == "measured:intra" and t == pytest.approx(2e-3 + 1e6 / 5e7)
+    # reduce-scatter was not measured: the α–β formula
+    assert comm.collective_time_s("reduce_scatter", 1e6, comm.Group(2, 1, 2), p)[1] == "ring:intra"
+    send = CostModel(TINY, Plan(pp=2, global_batch=4, seq=64, compute_dtype="fp32"), p)
+    a = Action(Op.SEND_F, 0, (2,), 0)
+    assert send.time_s(a) == pytest.approx(1e-4 + comm.p2p_time_s(send.nbytes(a), p.intra_node))
+
+
+@pytest.mark.parametrize("cores", [1, 2, 8])
+def test_planner_bounds_stay_below_the_simulation_on_measured_platforms(tmp_path, cores):
+    p = _measured(tmp_path, cores=cores)
+    ut = unit_times(TINY, p, 1, 64, "fp32")
+    peak = peak_unit_times(TINY, p, 1, 64, "fp32")
+    for f in ("f_block", "b_block", "f_head", "b_head", "rc_full", "rc_selective"):
+        assert getattr(peak, f) <= getattr(ut, f) * (1 + 1e-12)
+    for pp, dp, m, rec, sched in [
+        (1, 1, 2, "none", "ratrain"),
+        (2, 1, 4, "full", "baseline"),
+        (2, 2, 3, "selective", "gpu-style"),
+        (4, 1, 6, "none", "ratrain"),
+    ]:
+        plan = Plan(
+            pp=pp,
+            dp=dp,
+            global_batch=dp * m,
+            seq=64,
+            compute_dtype="fp32",
+            recompute=rec,
+            schedule=sched,
+        )
+        res = simulate(TINY, plan, p)
+        split = plan.blocks_per_stage(TINY)
+        lb = step_time_lower_bound_s(
+            split, plan.microbatches, ut, plan.recompute, overheads(TINY, plan, p)
+        )
+        assert lb <= res.step_time_s * (1 + 1e-12), (plan, lb, res.step_time_s)
+
+
+def test_eager_ledger_counts_more_than_the_fused_one(tmp_path):
+    for dtype in ("fp32", "bf16"):
+        plan = Plan(pp=2, micro_batch=2, global_batch=8, seq=64, compute_dtype=dtype)
+        for unit in (1, TINY.n_layers + 1):
+            fused = activation_bytes(TINY, plan, unit, "none", flash=True)
+            eager = activation_bytes(TINY, plan, unit, "none", flash=True, eager_kernels=True)
+            assert eager > fused
+        sch = build_schedule(TINY, plan)
+        a = replay(sch, TINY, plan, keep_trace=False)
+        b = replay(sch, TINY, plan, keep_trace=False, eager_kernels=True)
+        assert all(y.peak_bytes > x.peak_bytes for x, y in zip(a.stages, b.stages, strict=True))
+    p = _measured(tmp_path)
+    plan = Plan(pp=2, micro_batch=2, global_batch=8, seq=64, compute_dtype="bf16")
+    sim = simulate(TINY, plan, p)
+    assert sim.peak_memory_bytes == [
+        s.peak_bytes
+        for s in replay(build_schedule(TINY, plan), TINY, plan, eager_kernels=True).stages
+    ]

@@ -1,0 +1,94 @@
+"""`ratrain validate`: the statistics on known data; a 2-plan grid through the runtime."""
+
+import json
+
+import pytest
+
+from ratrain.calibrate import stats
+from ratrain.calibrate.grid import default_grid, load_grid
+from ratrain.cli import main
+from ratrain.errors import RatrainError
+
+
+def test_mape_and_max_error():
+    assert stats.mape([1.1, 0.8], [1.0, 1.0]) == pytest.approx(0.15)
+    assert stats.max_error([1.1, 0.8], [1.0, 1.0]) == pytest.approx(0.2)
+    assert stats.errors([3.0], [2.0]) == [0.5]
+    with pytest.raises(ValueError):
+        stats.mape([1.0], [0.0])
+
+
+def test_kendall_tau_known_values():
+    assert stats.kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert stats.kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    # one discordant pair of six: (5 - 1) / 6
+    assert stats.kendall_tau([1, 2, 3, 4], [1, 2, 4, 3]) == pytest.approx(4 / 6)
+    # tau-b with a tie in x: pairs 5 untied in x, 6 in y; C=5, D=0 -> 5/sqrt(5*6)
+    assert stats.kendall_tau([1, 1, 2, 3], [1, 2, 3, 4]) == pytest.approx(5 / 30**0.5)
+
+
+def test_best_within():
+    pick, slower = stats.best_within([1.0, 2.0, 3.0], [1.04, 1.0, 2.0])
+    assert pick == 0 and slower == pytest.approx(0.04)
+    assert stats.best_within([2.0, 1.0], [2.0, 1.0]) == (1, 0.0)
+
+
+def test_default_grid_covers_the_issue_axes():
+    grid = default_grid()
+    assert len(grid) >= 12 and len({g.model for g in grid}) == 2
+    plans = [g.plan for g in grid]
+    assert {p.schedule for p in plans} == {"baseline", "gpu-style", "ratrain"}
+    assert {p.recompute[0] for p in plans} == {"none", "selective", "full"}
+    assert {p.compute_dtype for p in plans} == {"fp32", "bf16"}
+    assert any(p.shard_optimizer for p in plans) and any(
+        p.view_policy == "transient" for p in plans
+    )
+    assert {p.pp for p in plans} >= {1, 2} and {p.dp for p in plans} >= {1, 2}
+    assert len({p.micro_batch for p in plans}) >= 3
+    # one job per model: the planner's pick among them is meaningful
+    for model in {g.model for g in grid}:
+        assert len({g.plan.global_batch for g in grid if g.model == model}) == 1
+    assert all(g.plan.pp * g.plan.dp <= 2 for g in default_grid(2))
+
+
+def test_grid_file_errors(tmp_path):
+    bad = tmp_path / "g.yaml"
+    bad.write_text("plans: [{model: nope}]\n")
+    with pytest.raises(RatrainError, match="unknown model"):
+        load_grid(bad)
+    with pytest.raises(RatrainError, match="cannot read"):
+        load_grid(tmp_path / "missing.yaml")
+
+
+GRID = """
+models:
+  tiny: {n_layers: 2, hidden: 32, n_heads: 2, n_kv_heads: 2, ffn: 64, vocab: 128}
+plans:
+  - {name: a, model: tiny, micro_batch: 2, global_batch: 4, seq: 16}
+  - {name: b, model: tiny, pp: 2, micro_batch: 1, global_batch: 4, seq: 16, compute_dtype: bf16}
+"""
+
+
+@pytest.mark.timeout(240)
+def test_validate_two_plan_grid(tmp_path, capsys):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(GRID)
+    png = tmp_path / "v.png"
+    rc = main(
+        [
+            "validate", "--platform", "cpu-local", "--grid", str(grid), "--steps", "2",
+            "--json", "--plot", str(png),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    s = doc["summary"]
+    assert s["plans"] == 2 and s["mape"] >= 0 and -1 <= s["kendall_tau"] <= 1
+    for r in doc["results"]:
+        assert r["measured_step_s"] > 0 and r["predicted_step_s"] > 0
+        assert len(r["step_times_s"]) == 3
+        assert all(m > 0 for reps in r["measured_peak_bytes"] for m in reps)
+        assert len(r["ledger_peak_bytes"]) == r["plan"]["pp"]
+    assert s["planner_pick"]["tiny"]["pick"] in ("a", "b")
+    assert png.stat().st_size > 0 and (tmp_path / "v-worst.png").stat().st_size > 0
+    assert (tmp_path / "v-worst-sim.json").exists()
