@@ -17,17 +17,25 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ratrain.checkpoint import layout
 from ratrain.checkpoint.state import StageIO
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
-from ratrain.runtime.faults import fault_hook
+from ratrain.runtime.faults import JobFailed, fault_hook
 
-__all__ = ["save_checkpoint", "load_checkpoint", "check_compatible", "FORMAT"]
+__all__ = ["save_checkpoint", "load_checkpoint", "check_compatible", "dcp_error_line", "FORMAT"]
 
 FORMAT = "ratrain-dcp-1"
+
+
+def dcp_error_line(e: BaseException) -> str:
+    """One line for a DCP failure: a CheckpointException's text holds each failing rank's
+    traceback; its last line is the underlying error."""
+    lines = [x.strip() for x in str(e).strip().splitlines() if x.strip()]
+    return (lines[-1] if lines else type(e).__name__)[:200]
 
 
 def _barrier(world: int) -> None:
@@ -60,7 +68,13 @@ def save_checkpoint(
     _barrier(grid.world_size)
     state = StageIO(model, grid.dp_group).tensors()
     state[f"rng/rank{grid.rank}"] = torch.get_rng_state()
-    dcp.save(state, checkpoint_id=str(tmp))
+    try:
+        dcp.save(state, checkpoint_id=str(tmp))
+    except (Exception, CheckpointException) as e:  # the latter is a BaseException
+        raise JobFailed(
+            f"saving checkpoint {final} failed ({dcp_error_line(e)}); earlier checkpoints "
+            "are intact"
+        ) from None
     fault_hook(fault, grid.rank, next_step, "save")
     _barrier(grid.world_size)  # every rank's files are on disk before the rename
     if grid.rank == 0:
@@ -116,10 +130,9 @@ def load_checkpoint(ckpt: str | Path, *, grid, model, spec: ModelSpec, plan: Pla
         state[f"rng/rank{grid.rank}"] = torch.get_rng_state()
     try:
         dcp.load(state, checkpoint_id=str(ckpt))
-    except Exception as e:  # DCP raises CheckpointException wrapping each rank's failure
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except (Exception, CheckpointException) as e:  # a BaseException, per rank
         raise RatrainError(
-            f"checkpoint {str(ckpt)!r} is corrupt or incomplete ({first[:200]})"
+            f"checkpoint {str(ckpt)!r} is corrupt or incomplete ({dcp_error_line(e)})"
         ) from None
     io.apply(state)
     if same_world:

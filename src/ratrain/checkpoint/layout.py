@@ -33,6 +33,7 @@ __all__ = [
     "resolve_resume",
     "prune",
     "clear_stale_tmp",
+    "write_json_durably",
 ]
 
 META_NAME = "ratrain.json"
@@ -138,6 +139,8 @@ def resolve_resume(resume: str, save_dir: str | None) -> Path | None:
     d = Path(resume)
     if not d.exists():
         raise RatrainError(f"--resume {resume!r}: no such checkpoint directory")
+    if d.name.startswith(".tmp-"):
+        read_meta(d)  # raises: a partial save
     if d.is_dir() and not _STEP.match(d.name) and not is_complete(d):
         newest = _newest(d)
         if newest is None:

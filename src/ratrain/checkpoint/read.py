@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from ratrain.checkpoint.layout import read_meta
@@ -32,8 +33,10 @@ def read_tensors(ckpt: str | Path, prefix: str = "") -> dict[str, torch.Tensor]:
             dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
     except RatrainError:
         raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    except (Exception, CheckpointException) as e:  # the latter is a BaseException
+        from ratrain.checkpoint.io import dcp_error_line
+
+        first = dcp_error_line(e)
         raise RatrainError(
             f"checkpoint {str(ckpt)!r} is corrupt or incomplete ({first[:200]})"
         ) from None

@@ -1,0 +1,79 @@
+"""Bad checkpoints and flags: one line, exit 2, no traceback, no hang."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ratrain.cli import main
+
+pytestmark = pytest.mark.dist
+SMALL = ["--pp", "1", "--seq", "16", "--micro-batch", "2", "--global-batch", "2", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ck")
+    assert main(["train", "--steps", "2", *SMALL, "--save", str(d / "run")]) == 0
+    return d / "run"
+
+
+def _one_line(capfd, argv, *needles):
+    assert main(argv) == 2
+    err = capfd.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, err
+
+
+@pytest.mark.timeout(120)
+def test_checkpoint_of_another_model(ckpt, capfd):
+    argv = ["train", "--model", "tiny-qwen", "--steps", "3", *SMALL, "--resume", str(ckpt)]
+    _one_line(capfd, argv, "is of model 'tiny', not 'tiny-qwen'")
+
+
+@pytest.mark.timeout(120)
+def test_missing_partial_and_non_checkpoint_dirs(ckpt, tmp_path, capfd):
+    base = ["train", "--steps", "3", *SMALL]
+    _one_line(capfd, [*base, "--resume", str(tmp_path / "nope")], "no such checkpoint")
+    part = tmp_path / ".tmp-step-00000002"
+    part.mkdir()
+    _one_line(capfd, [*base, "--resume", str(part)], "partial save")
+    _one_line(capfd, [*base, "--resume", str(tmp_path)], "no complete checkpoint")
+    _one_line(capfd, [*base, "--resume", "auto"], "--resume auto needs --save")
+    _one_line(capfd, [*base, "--save", str(ckpt)], "already holds checkpoints")
+    _one_line(capfd, ["export", str(tmp_path / "nope"), "--hf", str(tmp_path / "o")], "no such")
+
+
+@pytest.mark.timeout(120)
+def test_corrupt_checkpoints(ckpt, tmp_path, capfd):
+    import shutil
+
+    base = ["train", "--steps", "3", *SMALL]
+    bad = tmp_path / "step-00000002"
+    shutil.copytree(ckpt / "step-00000002", bad)
+    for f in bad.glob("*.distcp"):
+        f.write_bytes(f.read_bytes()[:100])  # truncated data files
+    _one_line(capfd, [*base, "--resume", str(bad)], "corrupt or incomplete")
+    _one_line(capfd, ["export", str(bad), "--hf", str(tmp_path / "o")], "corrupt or incomplete")
+    (bad / "ratrain.json").write_text("{not json")
+    _one_line(capfd, [*base, "--resume", str(bad)], "corrupt ratrain.json")
+    (bad / "ratrain.json").write_text(json.dumps({"format": "other"}))
+    _one_line(capfd, [*base, "--resume", str(bad)], "not a ratrain checkpoint")
+
+
+@pytest.mark.timeout(120)
+def test_resume_auto_continues_and_bad_hf_dirs(ckpt, tmp_path, capfd):
+    assert main(["train", "--steps", "3", *SMALL, "--save", str(ckpt), "--resume", "auto"]) == 0
+    out = capfd.readouterr().out
+    assert "resuming from" in out and "step-00000002" in out and "1 steps in" in out
+    assert (ckpt / "latest").read_text().strip() == "step-00000003"
+    (tmp_path / "hf").mkdir()
+    _one_line(capfd, ["train", "--init-from", str(tmp_path / "hf")], "not found")
+    (tmp_path / "hf" / "config.json").write_text(
+        json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                    "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 256})
+    )  # fmt: skip
+    _one_line(capfd, ["train", "--init-from", str(tmp_path / "hf"), *SMALL], "no model.safetensors")
+    _one_line(capfd, ["train", "--keep", "2"], "--keep needs --save")
