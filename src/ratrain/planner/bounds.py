@@ -264,8 +264,22 @@ def persistent_lower_bound_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, ...]
     all its units (their shard, when sharded) are held through the step, and at some time
     the largest unit's view (while its forward runs) or its full gradient (from its first
     backward) exists on top of them."""
-    per_param = MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM
     most = max(view_bytes_per_param(plan), grad_bytes_per_param(plan))
+    split = plan.blocks_per_stage(spec)
+    key = (spec, split, shards(plan), most)
+    hit = _PERSISTENT.get(key)
+    if hit is None:
+        if len(_PERSISTENT) > 100_000:
+            _PERSISTENT.clear()
+        hit = _PERSISTENT[key] = _persistent(spec, plan, most)
+    return hit
+
+
+_PERSISTENT: dict[tuple, tuple[int, ...]] = {}
+
+
+def _persistent(spec: ModelSpec, plan: Plan, most: int) -> tuple[int, ...]:
+    per_param = MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM
     out = []
     for s in range(plan.pp):
         params = [counts.unit_params(spec, u) for u in plan.stage_units(spec, s)]
@@ -328,16 +342,20 @@ class MemoryBound:
         )
 
     def stage(self, stage: int, policy: str) -> int:
-        plan, spec = self.plan, self.spec
-        units = plan.stage_units(spec, stage)
-        n_blocks = sum(1 for u in units if counts.is_block(spec, u))
-        key = (n_blocks, units[0] == 0, units[-1] == counts.head_unit(spec), stage, policy)
+        plan = self.plan
+        # The stage enters only through its blocks, whether it holds the embedding or the
+        # head, and its warmup depth w: stages alike share an entry.
+        n_blocks = plan.layer_split[stage] if plan.layer_split else None
+        if n_blocks is None:
+            n_blocks = plan.blocks_per_stage(self.spec)[stage]
+        w = min(plan.pp - stage - 1, plan.microbatches)
+        key = (n_blocks, stage == 0, stage == plan.pp - 1, w, policy)
         hit = self._memo.get(key)
         if hit is None:
             hit = self._memo[key] = self._stage(*key)
         return hit
 
-    def _stage(self, n_blocks: int, emb: bool, head: bool, stage: int, policy: str) -> int:
+    def _stage(self, n_blocks: int, emb: bool, head: bool, w: int, policy: str) -> int:
         plan = self.plan
         kinds = ["emb"] * emb + ["block"] * n_blocks + ["head"] * head
         k_full = int(policy.split(":")[1]) if policy.startswith("first:") else None
@@ -355,7 +373,7 @@ class MemoryBound:
         static = sum(int(n * self.state_per_param) for n in params)
         if not self.transient:
             static += sum(params) * self.vbp
-        m, w = plan.microbatches, min(plan.pp - stage - 1, plan.microbatches)
+        m = plan.microbatches
         total_keep, all_grads = sum(keep), sum(params) * self.gbp
         best = 0
         # B(., i) runs after F(min(i + w, m - 1)): microbatches i .. i + w are in flight.

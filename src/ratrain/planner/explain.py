@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ratrain.config import Plan
 from ratrain.planner.bounds import persistent_lower_bound_bytes
 from ratrain.planner.evaluate import Evaluator, MemoryReport, usable_bytes
-from ratrain.planner.fit import options
+from ratrain.planner.fit import first_overflow_bytes, options
 from ratrain.planner.search import Near
 from ratrain.planner.space import FAMILIES, Knobs, Request, knob_combos, make_plan, structures
 
@@ -137,9 +137,13 @@ def _saving_order(kn: Knobs) -> tuple:
     )
 
 
-def find_feasible(req: Request, ev: Evaluator | None = None) -> tuple[Plan, MemoryReport] | None:
+def find_feasible(
+    req: Request, ev: Evaluator | None = None, *, confirm: bool = True
+) -> tuple[Plan, MemoryReport | None] | None:
     """Some plan that fits, if any: per structure, the most memory-saving knobs and per
-    stage the cheapest recompute the bound allows, confirmed (and raised) by the ledger."""
+    stage the cheapest recompute the bound allows, confirmed (and raised) by the ledger.
+    `confirm=False`: the first candidate the memory bound does not rule out (no ledger;
+    its report is None), a cheap necessary condition for `find_feasible` to find one."""
     ev = ev or Evaluator(req)
     limit = usable_bytes(req)
     for name in req.families:
@@ -157,9 +161,13 @@ def find_feasible(req: Request, ev: Evaluator | None = None) -> tuple[Plan, Memo
             plan = make_plan(req, st, kns[0], ("full",) * st.pp)
             if max(persistent_lower_bound_bytes(req.spec, plan)) > limit:
                 continue
+            if first_overflow_bytes(req, st, kns[0]) is not None:
+                continue
             opts = options(req, st, kns[0], None)
             if not opts.feasible(True):
                 continue
+            if not confirm:
+                return plan, None
             found = _confirm(ev, req, st, kns[0], opts, fam.per_stage_recompute)
             if found is not None:
                 return found
@@ -276,9 +284,35 @@ def _pin_text(v) -> str:
 
 
 def _more_clusters(req: Request):
-    def fits(n: int):
-        return find_feasible(req.with_(clusters=n))
+    """The smallest cluster count with a plan the ledger confirms. Bisection runs on the
+    memory bound alone (no ledger); the ledger then confirms upwards from the count found."""
+    n = _smallest_clusters(req, lambda n: find_feasible(req.with_(clusters=n), confirm=False))
+    if n is None:
+        return None
+    found: dict[int, tuple] = {}
 
+    def fits(n: int) -> bool:
+        if n not in found:
+            found[n] = find_feasible(req.with_(clusters=n))
+        return found[n] is not None
+
+    # No count below n fits (the bound says so). Gallop up from n with the ledger, then
+    # bisect: the bound is usually tight, so this costs a replay or two.
+    top, step, lo = req.clusters * _MAX_CLUSTER_FACTOR, 1, n - 1
+    while not fits(n):
+        lo, n, step = n, min(top, n + step), step * 2
+        if lo >= top:
+            return None
+    while n - lo > 1:
+        mid = (lo + n) // 2
+        lo, n = (lo, mid) if fits(mid) else (mid, n)
+    hit = found[n]
+    return n, hit[0], hit[1]
+
+
+def _smallest_clusters(req: Request, fits):
+    """Doubling then bisection: the smallest count in (clusters, factor x clusters] that
+    `fits`, or None."""
     lo, hi, hit = req.clusters, None, None
     n = req.clusters * 2
     while n <= req.clusters * _MAX_CLUSTER_FACTOR:
@@ -296,14 +330,16 @@ def _more_clusters(req: Request):
             hi, hit = mid, got
         else:
             lo = mid
-    return hi, hit[0], hit[1]
+    return hi
 
 
 def _shorter_seq(req: Request):
     s = req.seq // 2
     while s >= _MIN_SEQ:
-        hit = find_feasible(req.with_(seq=s))
-        if hit is not None:
-            return s, hit[0], hit[1]
+        # The bound rules most lengths out without the ledger.
+        if find_feasible(req.with_(seq=s), confirm=False) is not None:
+            hit = find_feasible(req.with_(seq=s))
+            if hit is not None:
+                return s, hit[0], hit[1]
         s //= 2
     return None

@@ -28,7 +28,15 @@ from ratrain.planner.bounds import (
 from ratrain.planner.evaluate import usable_bytes
 from ratrain.planner.space import Family, Knobs, Request, Structure, make_plan
 
-__all__ = ["Options", "stage_options", "options", "time_bound_s", "per_stage_choices", "beaten_by"]
+__all__ = [
+    "Options",
+    "first_overflow_bytes",
+    "stage_options",
+    "options",
+    "time_bound_s",
+    "per_stage_choices",
+    "beaten_by",
+]
 
 
 def stage_options(n_blocks: int) -> list[str]:
@@ -75,6 +83,22 @@ def memory_bound(req: Request, plan) -> MemoryBound:
         mb = _BOUNDS[key] = MemoryBound(req.spec, plan)
     mb.plan = plan  # the split is read per stage; the rest is the key
     return mb
+
+
+def first_overflow_bytes(req: Request, st: Structure, kn: Knobs) -> int | None:
+    """A quick infeasibility test: by how much the bound of some stage exceeds the cap
+    under every policy, or None when each stage has a policy whose bound fits (then
+    `options` is feasible for per-stage families). A stage fits under some policy iff it
+    fits under none, selective or full (`_fitting`: first:K is no smaller than full).
+    Stages are tried deepest warmup first, where the most microbatches are in flight."""
+    mb = memory_bound(req, make_plan(req, st, kn, ("none",) * st.pp))
+    limit = usable_bytes(req)
+    pp = st.pp
+    for s in dict.fromkeys((0, pp - 1, *range(1, pp - 1))):
+        least = min(mb.stage(s, o) for o in ("full", "selective", "none"))
+        if least > limit:
+            return least - limit
+    return None
 
 
 def options(req: Request, st: Structure, kn: Knobs, ut: UnitTimes | None) -> Options:

@@ -33,7 +33,14 @@ from ratrain.planner.bounds import (
     unit_times,
 )
 from ratrain.planner.evaluate import Evaluator, usable_bytes
-from ratrain.planner.fit import beaten_by, memory_bound, options, per_stage_choices, time_bound_s
+from ratrain.planner.fit import (
+    beaten_by,
+    first_overflow_bytes,
+    memory_bound,
+    options,
+    per_stage_choices,
+    time_bound_s,
+)
 from ratrain.planner.space import FAMILIES, Request, Structure, knob_combos, make_plan, structures
 
 __all__ = ["Candidate", "Near", "SearchResult", "search"]
@@ -198,12 +205,18 @@ def search(
         if prune and best.beaten(lb):
             state.pruned = len(tasks) + 1
             break
-        ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
         m = st.microbatches(req.global_batch)
-        if level == _PEAK:  # the kernel model's times, then back in the heap
+        if level == _PEAK:
+            # Memory first (no kernel model): the knobs whose memory bound may fit.
+            kns = _memory_pass(req, st, fam, kns, state)
+            if not kns:
+                continue
+            # Then the kernel model's times, and back in the heap.
+            ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
             lb = step_time_lower_bound_s(st.layer_split, m, ut)
             heapq.heappush(tasks, (lb, order, seq, _KERNELS, st, fam, kns, None))
             continue
+        ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
         if level == _KERNELS:  # the memory bound's recomputation and the overheads added
             queue = _bound_knobs(req, st, fam, kns, ut, state)
             if queue:
@@ -227,8 +240,11 @@ def search(
         candidates_simulated=ev.n_simulated,
         memory_replays=ev.n_memory,
         structures_pruned=state.pruned,
-        near=None if best.items else state.near,
+        near=None if best.items else state.nearest(req),
     )
+
+
+_NEAR_TRIES = 64
 
 
 @dataclass
@@ -236,28 +252,67 @@ class _State:
     evaluated: int = 0
     pruned: int = 0
     near: Near | None = None
+    misses: list = field(default_factory=list)
+    """(a lower bound on its overflow, order, plan, structure, knobs, family) of the
+    candidates ruled out by a quick bound: the model states alone overflow a stage (plan
+    given), or a stage overflows under every recompute policy (plan None)."""
+
+    def nearest(self, req: Request) -> Near | None:
+        """The closest miss: `near`, or one of `misses` ranked by its full bound, tried in
+        the order of their lower bounds while one may win, at most `_NEAR_TRIES` of them
+        (the miss only guides the explanation, which measures it with the ledger)."""
+        limit = usable_bytes(req)
+        near = self.near
+        for over, _, plan, st, kn, fam in sorted(self.misses, key=lambda x: x[:2])[:_NEAR_TRIES]:
+            if not _may_be_closer(near, over):
+                break
+            if plan is not None:
+                floor = tuple(memory_bound(req, plan).stage(s, "full") for s in range(plan.pp))
+                miss = Near(plan, fam.name, floor, limit, measured=False)
+            else:
+                opts = options(req, st, kn, None)
+                plan = make_plan(req, st, kn, opts.most_saving)
+                miss = Near(plan, fam.name, opts.bound_bytes, limit, measured=False)
+            near = _closer(near, miss)
+        return near
 
 
-def _bound_knobs(req, st, fam, kns, ut, state: _State) -> list[tuple]:
-    """Each knob combination of a structure that the memory bound lets fit, with its
-    step-time bound (recomputation the bound forces, and the overheads), fastest first."""
-    m = st.microbatches(req.global_batch)
+def _memory_pass(req, st, fam, kns, state: _State) -> list:
+    """The knob combinations of a structure that the memory bounds do not rule out (no
+    kernel model needed); the others are recorded as misses."""
     limit = usable_bytes(req)
-    queue = []
+    out = []
     for kn in kns:
         state.evaluated += 1
         plan = make_plan(req, st, kn, ("full",) * st.pp)
-        if max(persistent_lower_bound_bytes(req.spec, plan)) > limit:
-            # The model states alone overflow a stage; rank the miss by the fuller bound.
-            floor = tuple(memory_bound(req, plan).stage(s, "full") for s in range(st.pp))
-            state.near = _closer(state.near, Near(plan, fam.name, floor, limit, measured=False))
+        persistent = max(persistent_lower_bound_bytes(req.spec, plan))
+        if persistent > limit:
+            # The model states alone overflow a stage. Such a miss is ranked by the fuller
+            # bound, which is no smaller: computed at the end, and only if nothing fits.
+            state.misses.append((persistent - limit, len(state.misses), plan, st, kn, fam))
             continue
-        opts = options(req, st, kn, ut)
+        over = first_overflow_bytes(req, st, kn)
+        if over is not None:  # a stage overflows under every policy: ranked at the end
+            state.misses.append((over, len(state.misses), None, st, kn, fam))
+            continue
+        opts = options(req, st, kn, None)
         if not opts.feasible(fam.per_stage_recompute):
             plan = make_plan(req, st, kn, opts.most_saving)
             near = Near(plan, fam.name, opts.bound_bytes, limit, measured=False)
             state.near = _closer(state.near, near)
             continue
+        out.append(kn)
+    return out
+
+
+def _bound_knobs(req, st, fam, kns, ut, state: _State) -> list[tuple]:
+    """Each knob combination of a structure that the memory bound lets fit (`_memory_pass`
+    kept), with its step-time bound (recomputation the bound forces, and the overheads),
+    fastest first."""
+    m = st.microbatches(req.global_batch)
+    queue = []
+    for kn in kns:
+        opts = options(req, st, kn, ut)  # the same policies, ordered by recompute time
         over = overheads(req.spec, make_plan(req, st, kn, ("none",) * st.pp), req.platform)
         queue.append((time_bound_s(fam, st, m, ut, opts, over), len(queue), kn, opts, over))
     queue.sort(key=lambda q: (q[0], q[1]))
@@ -349,6 +404,12 @@ def _uniform(ctx: _Ctx, opts) -> None:
             continue
         if ctx.try_policy((o,) * ctx.st.pp) == "fits":
             found.append(o)
+
+
+def _may_be_closer(near: Near | None, over_at_least: int) -> bool:
+    """Whether a bounded miss over the cap by at least `over_at_least` bytes could replace
+    `near` in `_closer` (a measured miss always stays)."""
+    return near is None or (not near.measured and over_at_least < near.over_bytes)
 
 
 def _closer(a: Near | None, b: Near) -> Near:

@@ -15,6 +15,7 @@ the cheapest one that fits (see `ratrain.planner.fit`). Pure Python.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -258,13 +259,18 @@ def balanced_split(costs: list[tuple[float, float]], n_layers: int, pp: int) -> 
     assert len(costs) == pp
     lows = [0 if (s in (0, pp - 1) and pp > 1) else 1 for s in range(pp)]
     split = list(lows)
+
+    def key(s: int) -> tuple[float, bool, int]:
+        return (costs[s][0] * (split[s] + 1) + costs[s][1], s in (0, pp - 1), s)
+
+    # Give each next block to the stage whose cost after taking it is smallest: a heap of
+    # those keys (only the stage that takes a block changes its key).
+    heap = [key(s) for s in range(pp)]
+    heapq.heapify(heap)
     for _ in range(n_layers - sum(lows)):
-        # Give the next block to the stage whose cost after taking it is smallest.
-        s = min(
-            range(pp),
-            key=lambda s: (costs[s][0] * (split[s] + 1) + costs[s][1], s in (0, pp - 1), s),
-        )
+        s = heap[0][2]
         split[s] += 1
+        heapq.heapreplace(heap, key(s))
     return tuple(split)
 
 
@@ -294,10 +300,10 @@ def _split_costs(req: Request, pp: int, mode: str) -> list[tuple[float, float]]:
     plan = Plan(global_batch=1, seq=req.seq, compute_dtype=req.compute_dtype)
     m = max(1, req.global_batch // max(1, req.clusters // pp))
 
+    act = {u: activation_bytes(spec, plan, u, "none", flash=True) for u in (emb, 1, head)}
+
     def cost(u: int, s: int) -> float:
-        return 16.0 * counts.unit_params(spec, u) + min(pp - s, m) * activation_bytes(
-            spec, plan, u, "none", flash=True
-        )
+        return 16.0 * counts.unit_params(spec, u) + min(pp - s, m) * act[u]
 
     costs = [(cost(1, s), 0.0) for s in range(pp)]
     return _edges(costs, cost(emb, 0), cost(head, pp - 1))
@@ -312,36 +318,33 @@ def _edges(
     return costs
 
 
-_SPLITS_CACHE: dict[tuple, list[tuple[int, ...]]] = {}
+_SPLITS_CACHE: dict[tuple, tuple[int, ...]] = {}
 
 
 def splits(req: Request, pp: int, modes: tuple[str, ...]) -> list[tuple[int, ...]]:
     """Distinct layer splits for `pp` stages under the split modes of a family."""
-    key = (
-        req.spec,
-        req.platform.name,
-        req.seq,
-        req.compute_dtype,
-        req.clusters,
-        req.global_batch,
-        pp,
-        modes,
-    )
-    hit = _SPLITS_CACHE.get(key)
-    if hit is not None:
-        return hit
     out: list[tuple[int, ...]] = []
     for mode in modes:
-        if mode == "even":
-            s = even_split(req.spec.n_layers, pp)
-        else:
-            s = balanced_split(_split_costs(req, pp, mode), req.spec.n_layers, pp)
+        s = _split(req, pp, mode)
         if s not in out:
             out.append(s)
-    if len(_SPLITS_CACHE) > 100_000:
-        _SPLITS_CACHE.clear()
-    _SPLITS_CACHE[key] = out
     return out
+
+
+def _split(req: Request, pp: int, mode: str) -> tuple[int, ...]:
+    if mode == "even":
+        return even_split(req.spec.n_layers, pp)
+    # Only the memory mode reads the clusters and the batch (microbatches in flight).
+    key = (req.spec, req.platform.name, req.seq, req.compute_dtype, pp, mode)
+    if mode == "memory":
+        key += (req.clusters, req.global_batch)
+    hit = _SPLITS_CACHE.get(key)
+    if hit is None:
+        if len(_SPLITS_CACHE) > 100_000:
+            _SPLITS_CACHE.clear()
+        hit = balanced_split(_split_costs(req, pp, mode), req.spec.n_layers, pp)
+        _SPLITS_CACHE[key] = hit
+    return hit
 
 
 def structures(req: Request, family: Family) -> Iterator[Structure]:
@@ -434,9 +437,23 @@ def knob_combos(req: Request, family: Family, st: Structure) -> list[Knobs]:
     return out
 
 
+_PLANS: dict[tuple, Plan] = {}
+
+
 def make_plan(req: Request, st: Structure, kn: Knobs, recompute: tuple[str, ...]) -> Plan:
-    """The Plan of one candidate; pins of fields the search does not vary are applied here."""
+    """The Plan of one candidate; pins of fields the search does not vary are applied here.
+    (Memoised: the search builds the same candidate's plan several times.)"""
     extra = {k: v for k, v in req.pins.items() if k in ("bucket_bytes", "clip_grad")}
+    key = (req.spec.name, req.global_batch, req.seq, st, kn, recompute, tuple(extra.items()))
+    hit = _PLANS.get(key)
+    if hit is None:
+        if len(_PLANS) > 200_000:
+            _PLANS.clear()
+        hit = _PLANS[key] = _make_plan(req, st, kn, recompute, extra)
+    return hit
+
+
+def _make_plan(req: Request, st: Structure, kn: Knobs, recompute, extra) -> Plan:
     rec: tuple[str, ...] | str = recompute[0] if len(set(recompute)) == 1 else recompute
     return Plan(
         pp=st.pp,

@@ -59,6 +59,10 @@ class Op(enum.Enum):
     GRAD_NORM = "NORM"  # global squared-gradient-norm reduction (clipping)
     OVERFLOW = "OVF"  # global fp16 overflow check
 
+    # Members are singletons compared by identity: an identity hash (C speed) instead of
+    # Enum's Python-level hash of the name, which every Action hash pays for.
+    __hash__ = object.__hash__
+
 
 class Resource(enum.Enum):
     """What an action occupies while it runs (the simulator's resources per stage)."""

@@ -1,0 +1,169 @@
+"""Planner speed over the grid a user might ask for: every preset platform x the paper's
+models (and llama2-13b) x clusters x global batch, at seq 4096, each case a fresh
+`ratrain plan --json` process (so the wall time includes start-up, as a user sees it).
+
+    PYTHONPATH=src python benchmarks/plan_grid.py            # the whole grid (300 cases)
+    PYTHONPATH=src python benchmarks/plan_grid.py --quick    # 16 cases
+    PYTHONPATH=src python benchmarks/plan_grid.py --json out.json --jobs 1
+
+Prints one row per case (wall seconds, search seconds, plan or infeasible) and the p50,
+p95 and max of the wall times, the slowest infeasible answer and the paper's four models
+on 1024 mt3000 clusters, against the targets (p95 <= 2 s, max <= 5 s, infeasible <= 1 s,
+paper cases <= 2 s). Timings on a loaded machine are inflated: compare them side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+PLATFORMS = ("mt3000", "a100-80g", "h100-80g", "cpu-local")
+PAPER_MODELS = ("llama2-7b", "baichuan2-13b", "qwen2.5-32b", "llama2-70b")
+MODELS = (*PAPER_MODELS, "llama2-13b")
+CLUSTERS = (8, 64, 256, 1024, 4096)
+GLOBAL_BATCHES = (256, 1024, 4096)
+SEQ = 4096
+TARGETS = {"p95_s": 2.0, "max_s": 5.0, "infeasible_max_s": 1.0, "paper_1024_max_s": 2.0}
+
+
+def grid(quick: bool) -> list[tuple[str, str, int, int]]:
+    if quick:
+        return list(
+            itertools.product(
+                ("mt3000", "a100-80g"), ("llama2-7b", "llama2-70b"), (64, 1024), (256, 1024)
+            )
+        )
+    return list(itertools.product(PLATFORMS, MODELS, CLUSTERS, GLOBAL_BATCHES))
+
+
+def run_case(case: tuple[str, str, int, int], timeout_s: float) -> dict:
+    platform, model, clusters, gb = case
+    cmd = [
+        sys.executable,
+        "-m",
+        "ratrain",
+        "plan",
+        "--model",
+        model,
+        "--platform",
+        platform,
+        "--clusters",
+        str(clusters),
+        "--global-batch",
+        str(gb),
+        "--seq",
+        str(SEQ),
+        "--json",
+        "--quiet",
+    ]
+    row = {"platform": platform, "model": model, "clusters": clusters, "global_batch": gb}
+    t0 = time.perf_counter()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {**row, "wall_s": timeout_s, "result": "timeout", "plan": ""}
+    row["wall_s"] = time.perf_counter() - t0
+    try:
+        d = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        err = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return {**row, "result": "error", "plan": err[:100]}
+    row["search_s"] = d.get("search_time_s")
+    row["exact"] = d.get("exact", True)
+    if d.get("feasible"):
+        p = d["plan"]
+        row["result"] = "plan"
+        row["family"] = d.get("family")
+        row["tokens_per_s"] = d["predicted"]["tokens_per_s"]
+        row["plan"] = (
+            f"{d.get('family')} pp={p['pp']} dp={p['dp']} mb={p['micro_batch']} "
+            f"rec={_rec(p['recompute'])} views={p['view_policy']}"
+        )
+    else:
+        row["result"] = "infeasible"
+        ex = d.get("explanation") or {}
+        row["plan"] = (ex.get("text") or [""])[0][:100] if isinstance(ex, dict) else ""
+        row["explained"] = bool(ex)
+    return row
+
+
+def _rec(r) -> str:
+    return r if isinstance(r, str) else (r[0] if len(set(r)) == 1 else ",".join(r))
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return 0.0
+    k = min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))
+    return xs[k]
+
+
+def summary(rows: list[dict]) -> dict:
+    walls = [r["wall_s"] for r in rows]
+    infeasible = [r["wall_s"] for r in rows if r["result"] == "infeasible"]
+    paper = [
+        r["wall_s"]
+        for r in rows
+        if r["platform"] == "mt3000" and r["clusters"] == 1024 and r["model"] in PAPER_MODELS
+    ]
+    return {
+        "cases": len(rows),
+        "p50_s": _pct(walls, 0.5),
+        "p95_s": _pct(walls, 0.95),
+        "max_s": max(walls, default=0.0),
+        "infeasible": len(infeasible),
+        "infeasible_max_s": max(infeasible, default=0.0),
+        "paper_1024_max_s": max(paper, default=0.0),
+        "not_answered": sum(r["result"] in ("timeout", "error") for r in rows),
+        "not_exact": sum(not r.get("exact", True) for r in rows),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="16 cases instead of 300")
+    ap.add_argument("--jobs", type=int, default=1, help="cases run at once (default 1)")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
+    ap.add_argument("--json", metavar="OUT.json", help="also write the rows and summary")
+    args = ap.parse_args(argv)
+    cases = grid(args.quick)
+    env_note = os.environ.get("PYTHONPATH", "")
+    print(f"{len(cases)} cases, seq {SEQ}, jobs {args.jobs} (PYTHONPATH={env_note or '-'})")
+    hdr = f"{'platform':10} {'model':14} {'clust':>5} {'gb':>5} {'wall s':>7} {'search':>7}  result"
+    print(hdr)
+    rows = []
+
+    def one(case):
+        return run_case(case, args.timeout)
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for r in pool.map(one, cases):
+            rows.append(r)
+            search = r.get("search_s")
+            print(
+                f"{r['platform']:10} {r['model']:14} {r['clusters']:>5} {r['global_batch']:>5} "
+                f"{r['wall_s']:>7.2f} {search if search is None else f'{search:.2f}':>7}  "
+                f"{r['result']:10} {r['plan']}",
+                flush=True,
+            )
+    s = summary(rows)
+    print()
+    for k, v in s.items():
+        target = TARGETS.get(k)
+        mark = "" if target is None else (" ok" if v <= target else f" OVER target {target}")
+        print(f"{k:18} {v:.2f}{mark}" if isinstance(v, float) else f"{k:18} {v}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "summary": s, "targets": TARGETS}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
