@@ -37,7 +37,7 @@ _GEMMS_QUICK = ((128, 256, 256), (512, 1376, 512), (1024, 2048, 512))
 # (batch, heads, seq, head_dim)
 _ATTN = ((1, 4, 128, 64), (2, 8, 256, 64), (2, 8, 512, 64))
 _ATTN_QUICK = ((1, 4, 128, 64), (2, 8, 256, 64))
-_MEM_OPS = ("rmsnorm", "rope", "swiglu", "add", "cross_entropy")
+_MEM_OPS = ("rmsnorm", "rope", "swiglu", "add", "cross_entropy", "grad_accumulate")
 
 
 def kernel_plan(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, str, tuple]]:
@@ -125,6 +125,12 @@ def _memory(timer, dev, dtype, op):
         targets = torch.randint(0, _MEM_VOCAB, (1, T), device=dev)
         return (lambda: cross_entropy(logits, targets)), [logits]
 
+    if op == "grad_accumulate":  # the fp32 gradient buffer += a weight's new gradient
+        n = 4 * H * H
+        buf = torch.zeros(n, device=dev)
+        new = torch.randn(n, device=dev, dtype=dtype)
+        t = timer.median_s(lambda: buf.add_(new))
+        return n, t, t
     elements = {"rope": T * H, "swiglu": T * 4 * H, "cross_entropy": T * _MEM_VOCAB}.get(op, T * H)
     t_f, t_b = _fwd_bwd(timer, make)
     return elements, t_f, t_b
