@@ -17,10 +17,46 @@ def test_presets_load_and_every_value_has_provenance(name):
     assert 0 < p.efficiency <= 1 and p.workspace_bytes < p.usable_memory_bytes
     assert p.main_memory is p.tiers[-1]
     for key, note in p.notes.items():
-        assert note.split(":")[0].split(" ")[0] in ("sourced", "derived", "assumed"), key
+        kind = note.split(":")[0].split(" ")[0]
+        assert kind in ("sourced", "derived", "assumed", "measured"), key
     # One note per number: 3 peaks + efficiency + cap + workspace + host (2) + links (2x3)
-    # + units + algorithm + 4 per tier.
-    assert len(p.notes) == 16 + 4 * len(p.tiers)
+    # + units + algorithm + 4 per tier; a calibrated preset has its measured sections too.
+    base = [k for k in p.notes if not k.startswith(_MEASURED_SECTIONS)]
+    assert len(base) == 16 + 4 * len(p.tiers)
+
+
+_MEASURED_SECTIONS = (
+    "compute.efficiency_curves",
+    "compute.memory_bound_bytes_per_s",
+    "compute.cores_per_node",
+    "compute.thread_efficiency",
+    "runtime.",
+    "network.collectives",
+    "measured_on.",
+)
+
+
+def test_cpu_local_is_calibrated_from_a_documented_reference_machine():
+    p = load("cpu-local")
+    assert p.measured_on and p.measured_on["cores"] >= 1
+    assert p.notes["compute.efficiency_curves.gemm.fp32"].startswith("measured")
+    assert p.notes["runtime.action_overhead_s.F"].startswith("measured")
+    assert "reference machine" in p.description.lower()
+
+
+def test_a_measured_platform_on_another_host_warns_once(tmp_path):
+    from ratrain.platforms.host import HostMismatchWarning
+
+    data = yaml.safe_load((_DIR / "cpu-local.yaml").read_text())
+    data["name"] = "elsewhere"
+    data["measured_on"] = {
+        "cpu": {"value": "Some Other CPU", "note": "measured: test"},
+        "cores": {"value": 512, "note": "measured: test"},
+    }
+    path = tmp_path / "elsewhere.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.warns(HostMismatchWarning, match="ratrain calibrate"):
+        load(str(path))
 
 
 def test_mt3000_figures_from_the_public_sources():

@@ -205,7 +205,7 @@ def test_memory_comes_from_the_ledger():
     spec = UNIFORM
     plan = _plan(4, 6, schedule="ratrain", compute_dtype="bf16")
     r = simulate(spec, plan, CPU)
-    ledger = ledger_replay(build_schedule(spec, plan), spec, plan)
+    ledger = ledger_replay(build_schedule(spec, plan), spec, plan, eager_kernels=CPU.eager_kernels)
     assert r.peak_memory_bytes == [m.peak_bytes for m in ledger.stages]
     assert r.memory_breakdown == [m.breakdown_at_peak for m in ledger.stages]
     for s, points in enumerate(r.memory_timeline):

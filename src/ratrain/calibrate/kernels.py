@@ -37,7 +37,7 @@ _GEMMS_QUICK = ((128, 256, 256), (512, 1376, 512), (1024, 2048, 512))
 # (batch, heads, seq, head_dim)
 _ATTN = ((1, 4, 128, 64), (2, 8, 256, 64), (2, 8, 512, 64))
 _ATTN_QUICK = ((1, 4, 128, 64), (2, 8, 256, 64))
-_MEM_OPS = ("rmsnorm", "rope", "swiglu", "add", "cross_entropy")
+_MEM_OPS = ("rmsnorm", "rope", "swiglu", "add", "cross_entropy", "grad_accumulate")
 
 
 def kernel_plan(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, str, tuple]]:
@@ -57,7 +57,7 @@ def _fwd_bwd(timer: Timer, make: Callable[[], tuple[Callable, list[torch.Tensor]
     """Median forward time, and backward time (forward+backward minus forward)."""
     fwd, leaves = make()
     with torch.no_grad():
-        t_f = timer.median_s(fwd)
+        t_f = timer.time_s(fwd)
 
     def both():
         out = fwd()
@@ -65,7 +65,7 @@ def _fwd_bwd(timer: Timer, make: Callable[[], tuple[Callable, list[torch.Tensor]
         for t in leaves:
             t.grad = None
 
-    t_fb = timer.median_s(both)
+    t_fb = timer.time_s(both)
     return t_f, max(t_fb - t_f, t_f * 0.05)
 
 
@@ -125,6 +125,12 @@ def _memory(timer, dev, dtype, op):
         targets = torch.randint(0, _MEM_VOCAB, (1, T), device=dev)
         return (lambda: cross_entropy(logits, targets)), [logits]
 
+    if op == "grad_accumulate":  # the fp32 gradient buffer += a weight's new gradient
+        n = 4 * H * H
+        buf = torch.zeros(n, device=dev)
+        new = torch.randn(n, device=dev, dtype=dtype)
+        t = timer.time_s(lambda: buf.add_(new))
+        return n, t, t
     elements = {"rope": T * H, "swiglu": T * 4 * H, "cross_entropy": T * _MEM_VOCAB}.get(op, T * H)
     t_f, t_b = _fwd_bwd(timer, make)
     return elements, t_f, t_b
@@ -135,7 +141,7 @@ def _optimizer(timer, dev, n_params=4_000_000):
     m.zero_()
     v.zero_()
     kw = dict(lr=1e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
-    t = timer.median_s(lambda: adamw_step_(p, g, m, v, step=1, **kw))
+    t = timer.time_s(lambda: adamw_step_(p, g, m, v, step=1, **kw))
     return n_params * (24 + 4) / t  # bytes moved (`ratrain.cost.model`: 24 + g per param)
 
 
@@ -147,9 +153,9 @@ def _threads(timer, dev, cores: int) -> float:
     saved = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        t1 = timer.median_s(lambda: F.linear(x, w))
+        t1 = timer.time_s(lambda: F.linear(x, w))
         torch.set_num_threads(cores)
-        tc = timer.median_s(lambda: F.linear(x, w))
+        tc = timer.time_s(lambda: F.linear(x, w))
     finally:
         torch.set_num_threads(saved)
     return min(1.0, max(0.05, (t1 / tc - 1) / (cores - 1)))

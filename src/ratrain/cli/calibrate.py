@@ -20,6 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--dtypes", default="fp32,bf16,fp16", help="compute dtypes to measure (fp32 required)"
     )
     p.add_argument("--name", default=None, help="platform name (default: the file's stem)")
+    p.add_argument("--description", default=None, help="the platform's description line")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -42,6 +43,8 @@ def run(args) -> int:
         name=args.name or out.stem,
         progress=not args.no_progress,
     )
+    if args.description:
+        data["description"] = f"{args.description} {data['description']}"
     path = write_platform(data, out)
     plat = load(path)  # what we wrote must load
     measured = sum(n.startswith("measured") for n in plat.notes.values())

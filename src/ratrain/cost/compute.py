@@ -184,6 +184,14 @@ def _elementwise(spec: ModelSpec, tokens: int, where: str, backward: bool) -> li
     ]
 
 
+def _grad_accumulate(spec: ModelSpec, unit: int) -> Kernel:
+    """Adding a backward's weight gradients into the unit's gradient buffer (eager autograd
+    computes them into new tensors first). The embedding's dense backward also zero-fills a
+    vocab x hidden gradient before scattering into it: twice the elements."""
+    n = counts.unit_params(spec, unit) * (2 if unit == counts.embedding_unit(spec) else 1)
+    return Kernel("elementwise", "grad_accumulate.bwd", ("grad_accumulate", n, True))
+
+
 def unit_kernels(
     spec: ModelSpec, unit: int, micro_batch: int, seq: int, kind: str, *, dtype: str = "bf16"
 ) -> list[Kernel]:
@@ -196,14 +204,21 @@ def unit_kernels(
         if kind == "F":
             return [Kernel("memory", "embedding.gather", (2 * row_bytes,))]
         if kind == "B":
-            return [Kernel("memory", "embedding.scatter_add", (3 * row_bytes,))]
+            return [
+                Kernel("memory", "embedding.scatter_add", (3 * row_bytes,)),
+                _grad_accumulate(spec, unit),
+            ]
         return []
     if unit == counts.head_unit(spec):
         gemm = ("lm_head", tokens, spec.vocab, spec.hidden)
         if kind == "F":
             return [Kernel("gemm", gemm[0], gemm[1:]), *_elementwise(spec, tokens, "head", False)]
         if kind == "B":
-            return _gemm_bwd(*gemm) + _elementwise(spec, tokens, "head", True)
+            return [
+                *_gemm_bwd(*gemm),
+                *_elementwise(spec, tokens, "head", True),
+                _grad_accumulate(spec, unit),
+            ]
         return []
     gemms = counts.block_gemms(spec, tokens)
     if kind == "F" or kind == "RC:full":
@@ -216,6 +231,7 @@ def unit_kernels(
         return out + [
             _attention(spec, micro_batch, seq, True),
             *_elementwise(spec, tokens, "block", True),
+            _grad_accumulate(spec, unit),
         ]
     if kind == "RC:selective":
         return [_attention(spec, micro_batch, seq, False)]
