@@ -129,6 +129,8 @@ class RunResult:
     """This rank's peak tensor bytes over the run (None when not measured)."""
     step_times_s: list[float] = field(default_factory=list)
     trace: list[dict] = field(default_factory=list)
+    save_times_s: list[float] = field(default_factory=list)
+    """This rank's wall time in each checkpoint save (not part of `step_times_s`)."""
 
 
 @dataclass
@@ -250,7 +252,8 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
                 if _save_due(job, k):
                     log.flush()  # no collective in flight while DCP runs its own
                     _save(grid, model, ex, job, plan, k + 1)
-                    t_last = time.perf_counter()  # the save is not part of a step's time
+                    t_last, t_save = time.perf_counter(), t_last
+                    result.save_times_s.append(t_last - t_save)  # not part of a step's time
             log.flush()
         finally:
             log.close()
