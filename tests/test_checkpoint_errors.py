@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from ratrain.checkpoint import complete_checkpoints
 from ratrain.cli import main
 
 pytestmark = pytest.mark.dist
@@ -65,10 +66,12 @@ def test_corrupt_checkpoints(ckpt, tmp_path, capfd):
 
 @pytest.mark.timeout(120)
 def test_resume_auto_continues_and_bad_hf_dirs(ckpt, tmp_path, capfd):
-    assert main(["train", "--steps", "3", *SMALL, "--save", str(ckpt), "--resume", "auto"]) == 0
+    argv = ["train", "--steps", "3", *SMALL, "--save", str(ckpt), "--resume", "auto"]
+    assert main([*argv, "--keep", "1"]) == 0
     out = capfd.readouterr().out
     assert "resuming from" in out and "step-00000002" in out and "1 steps in" in out
     assert (ckpt / "latest").read_text().strip() == "step-00000003"
+    assert [c.name for c in complete_checkpoints(ckpt)] == ["step-00000003"]  # --keep 1
     (tmp_path / "hf").mkdir()
     _one_line(capfd, ["train", "--init-from", str(tmp_path / "hf")], "not found")
     (tmp_path / "hf" / "config.json").write_text(

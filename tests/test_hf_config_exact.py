@@ -162,3 +162,81 @@ def test_qwen2_absent_kv_heads_takes_transformers_default(tmp_path):
     p = _write(tmp_path, "qwen2", num_key_value_heads=...)
     with pytest.raises(RatrainError, match="kv heads"):
         from_hf_config(p)
+
+
+# The published config.json files of the presets' models, as released (field for field).
+LLAMA2_7B = {
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 11008,
+    "max_position_embeddings": 4096,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "transformers_version": "4.31.0",
+    "use_cache": True,
+    "vocab_size": 32000,
+}
+QWEN25_7B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 131072,
+    "max_window_layers": 28,
+    "model_type": "qwen2",
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.1",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 152064,
+}
+BAICHUAN2_13B = {
+    "_from_model_config": True, "architectures": ["BaichuanForCausalLM"],
+    "auto_map": {"AutoConfig": "configuration_baichuan.BaichuanConfig"}, "bos_token_id": 1,
+    "eos_token_id": 2, "gradient_checkpointing": False, "hidden_act": "silu",
+    "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 13696,
+    "model_max_length": 4096, "model_type": "baichuan", "num_attention_heads": 40,
+    "num_hidden_layers": 40, "pad_token_id": 0, "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False, "tokenizer_class": "BaichuanTokenizer",
+    "torch_dtype": "bfloat16", "transformers_version": "4.29.2", "use_cache": True,
+    "vocab_size": 125696, "z_loss_weight": 0,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "cfg, preset, changes",
+    [
+        (LLAMA2_7B, "llama2-7b", {}),
+        (QWEN25_7B, "qwen2.5-7b", {"max_seq": 131072}),  # the preset trains at 32k
+        (BAICHUAN2_13B, "baichuan2-13b", {}),
+    ],
+)
+def test_released_configs_read_as_the_presets(tmp_path, cfg, preset, changes):
+    from ratrain.models.presets import get_preset
+
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = from_hf_config(tmp_path)
+    want = get_preset(preset).to_dict()
+    assert {**spec.to_dict(), "name": preset} == {**want, **changes}

@@ -93,6 +93,7 @@ def save_checkpoint(
         }
         layout.publish(tmp, final, meta)
         layout.prune(root, keep)
+    _barrier(grid.world_size)  # on return the checkpoint is published, on every rank
     return final
 
 

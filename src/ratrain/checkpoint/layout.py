@@ -115,7 +115,9 @@ def publish(tmp: Path, final: Path, meta: dict) -> None:
     write_json_durably(tmp / META_NAME, meta)
     _fsync_dir(tmp)
     if final.exists():  # the same step saved again (a rerun): replace it whole
-        shutil.rmtree(final)
+        gone = final.with_name(f".del-{final.name}")
+        os.rename(final, gone)
+        shutil.rmtree(gone)
     os.rename(tmp, final)
     _fsync_dir(final.parent)
     latest = final.parent / "latest"
@@ -151,11 +153,8 @@ def resolve_resume(resume: str, save_dir: str | None) -> Path | None:
 
 
 def _newest(root: Path) -> Path | None:
-    pointer = root / "latest"
-    if pointer.is_file():
-        d = root / pointer.read_text().strip()
-        if _STEP.match(d.name) and is_complete(d):
-            return d
+    # The newest complete step directory, not `latest`: a kill between the rename and the
+    # pointer update leaves `latest` one behind, and published directories are complete.
     found = complete_checkpoints(root)
     return found[-1] if found else None
 
@@ -165,10 +164,14 @@ def prune(save_dir: Path, keep: int | None) -> None:
     if not keep:
         return
     for d in complete_checkpoints(save_dir)[:-keep]:
-        shutil.rmtree(d, ignore_errors=True)
+        # Renamed first: a kill during the deletion must not leave a `step-*` directory
+        # that looks complete but lacks data files.
+        gone = d.with_name(f".del-{d.name}")
+        os.rename(d, gone)
+        shutil.rmtree(gone, ignore_errors=True)
 
 
 def clear_stale_tmp(save_dir: Path) -> None:
-    """Remove temporary directories left by saves that were killed."""
-    for d in save_dir.glob(".tmp-step-*"):
+    """Remove directories left by saves (or prunes) that were killed."""
+    for d in [*save_dir.glob(".tmp-step-*"), *save_dir.glob(".del-step-*")]:
         shutil.rmtree(d, ignore_errors=True)

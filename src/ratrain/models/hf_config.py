@@ -38,7 +38,7 @@ _DEFAULTS = {
 # Fields that do not change training or inference math (generation, caching, bookkeeping,
 # storage dtype: ratrain chooses its own precision).
 _HARMLESS = {
-    "_name_or_path", "architectures", "auto_map", "bos_token_id", "eos_token_id",
+    "_name_or_path", "_from_model_config", "architectures", "auto_map", "bos_token_id", "eos_token_id",
     "pad_token_id", "torch_dtype", "dtype", "transformers_version", "use_cache",
     "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id",
     "problem_type", "chunk_size_feed_forward", "is_encoder_decoder", "tokenizer_class",

@@ -146,6 +146,10 @@ def write_hf(
         shards[-1][k] = v
         size += n
     out.mkdir(parents=True, exist_ok=True)
+    # A previous export's weights would be mixed with these (e.g. an old index beside a new
+    # single file): remove them first.
+    for stale in [*out.glob("model-*-of-*.safetensors"), out / SINGLE, out / INDEX]:
+        stale.unlink(missing_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     written = [out / "config.json"]
     meta = {"format": "pt"}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import sys
@@ -30,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -139,6 +141,8 @@ class RunResult:
     """This rank's time per bucket in `Job.profile_step` (`ratrain.runtime.profile`)."""
     compile_s: float = 0.0
     """Time this rank spent compiling units (in the steps that compiled them)."""
+    save_times_s: list[float] = field(default_factory=list)
+    """This rank's wall time in each checkpoint save (not part of `step_times_s`)."""
 
 
 @dataclass
@@ -247,7 +251,7 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
             ex.updates = resumed["optimizer_updates"]
             ex.scaler.load_state_dict(resumed["loss_scaler"])
         log = (
-            _StepLog(grid, comm, plan, spec, job, kind)
+            _StepLog(grid, comm, plan, spec, job, kind, start)
             if is_metrics
             else _StepLog(grid, comm, plan, spec)
         )
@@ -275,7 +279,8 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
                 if _save_due(job, k):
                     log.flush()  # no collective in flight while DCP runs its own
                     _save(grid, model, ex, job, plan, k + 1)
-                    t_last = time.perf_counter()  # the save is not part of a step's time
+                    t_last, t_save = time.perf_counter(), t_last
+                    result.save_times_s.append(t_last - t_save)  # not part of a step's time
             log.flush()
         finally:
             log.close()
@@ -356,12 +361,35 @@ def _max_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _keep_records_before(path: str, step: int) -> None:
+    """Drop the records of steps >= `step` (a killed run may have logged past its last
+    checkpoint) so that the resumed run's records follow on without duplicates."""
+    p = Path(path)
+    if not p.is_file():
+        return
+    kept = []
+    for line in p.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", step) < step:
+                kept.append(line)
+        except ValueError:
+            continue  # a line cut short by the kill
+    p.write_text("".join(x + "\n" for x in kept))
+
+
 class _StepLog:
     """The lagged per-step all-gather of (peak bytes, step time, losses) and, on the metrics
     rank, the records made from it."""
 
     def __init__(
-        self, grid, comm, plan: Plan, spec: ModelSpec, job: Job | None = None, kind: str = ""
+        self,
+        grid,
+        comm,
+        plan: Plan,
+        spec: ModelSpec,
+        job: Job | None = None,
+        kind: str = "",
+        start: int = 0,
     ):
         self.grid, self.comm, self.plan, self.spec = grid, comm, plan, spec
         self.m = plan.microbatches
@@ -370,7 +398,11 @@ class _StepLog:
         self.records: list[dict] = []
         self.jsonl = self.tb = self.bar = None
         if job is not None:
-            self.jsonl = JsonlWriter(job.metrics_path) if job.metrics_path else None
+            if job.metrics_path and start:
+                _keep_records_before(job.metrics_path, start)  # the resumed run continues it
+            self.jsonl = (
+                JsonlWriter(job.metrics_path, append=start > 0) if job.metrics_path else None
+            )
             self.tb = TensorBoardWriter(job.tensorboard_dir) if job.tensorboard_dir else None
             self.bar = Progress(job.cfg.steps, kind, quiet=not job.progress)
 

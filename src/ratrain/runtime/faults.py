@@ -9,7 +9,8 @@ what happened, the step and the last complete checkpoint to resume from.
 Test hook (read when the job starts, carried to the ranks in the `Job`):
 `RATRAIN_FAULT=RANK:STEP` makes rank RANK kill itself with SIGKILL as it starts
 step STEP; `RANK:STEP:save` does it inside the checkpoint save that follows step STEP - 1,
-after its DCP files are written and before the checkpoint is published. It fires only in a
+after its DCP files are written and before the checkpoint is published; `step-raise` and
+`save-raise` raise a RuntimeError there instead (a failing rank). It fires only in a
 job's first attempt (TORCHELASTIC_RESTART_COUNT unset or 0), so a restarted job runs on.
 The process really dies: nothing is raised, no handler runs.
 """
@@ -63,7 +64,9 @@ def fault_hook(spec: str | None, rank: int, step: int, where: str) -> None:
         return
     parts = spec.split(":")
     at = parts[2] if len(parts) > 2 else "step"
-    if int(parts[0]) == rank and int(parts[1]) == step and at == where:
+    if int(parts[0]) == rank and int(parts[1]) == step and at in (where, where + "-raise"):
+        if at.endswith("-raise"):  # an ordinary exception, as a bug or a failed op would be
+            raise RuntimeError(f"injected fault on rank {rank} at step {step}")
         os.kill(os.getpid(), signal.SIGKILL)
 
 

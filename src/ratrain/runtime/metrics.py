@@ -31,10 +31,11 @@ def _finite(value):
 class JsonlWriter:
     """One JSON object per line, flushed after each so a crashed run keeps its history."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, append: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = self.path.open("w")
+        # append: a resumed run continues the file of the run it resumes
+        self._f = self.path.open("a" if append else "w")
 
     def write(self, record: dict) -> None:
         # Strict JSON: a non-finite value (the grad norm of a skipped fp16 step) becomes null.
