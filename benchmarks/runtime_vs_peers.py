@@ -319,9 +319,9 @@ def main() -> None:
         )
         out[name] = bench_layout(a, spec, pp, dp)
         print_layout(name, out[name], a.warmup)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=2)
+        if a.json:  # after every layout, so a long run leaves what it has measured
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=2)
 
 
 if __name__ == "__main__":
