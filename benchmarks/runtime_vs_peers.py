@@ -25,6 +25,7 @@ on fresh local gloo ranks (`ratrain.runtime.launch.spawn`). Reported per system:
   attention) per second against the machine's measured fp32 matmul peak for the same
   ranks and threads: every rank runs a 1024^3 matmul loop at once and the rates are summed
   (or, with `--platform`, its fp32 peak per compute unit x the ranks, capped by the cores);
+  the probe runs once per repeat, interleaved with the systems, and its median is used;
 - peak RSS per rank (ru_maxrss), the largest rank's compared;
 - ratrain's compile time (`--compile`), reported apart and not in tokens/s;
 - a per-rank profile of one ratrain step (`ratrain.runtime.profile`): GEMM, attention,
@@ -154,14 +155,17 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
     )
     cfg = TrainConfig(steps=a.steps, warmup_steps=1)
     source = functools.partial(make_source, "synthetic", spec, plan.seq, cfg.seed)
-    peak, peak_src = probe_peak_flops(pp * dp, a.platform, a.probe_seconds)
     systems = [s for s in a.systems.split(",") if s]
     if "deepspeed" in systems and not deepspeed_available():
         print("  deepspeed is not importable: skipped (pip install deepspeed torch==<yours>)")
         systems.remove("deepspeed")
     runs: dict[str, list[dict]] = {s: [] for s in systems}
     fast = plan.replace(loss_chunk_tokens=a.loss_chunk_tokens or None)
+    probes = []
     for rep in range(a.repeats):
+        # the probe is interleaved too: its median is the peak, taken under the same load
+        peak, peak_src = probe_peak_flops(pp * dp, a.platform, a.probe_seconds)
+        probes.append(peak)
         for s in systems:
             if s == "ratrain":
                 prof = rep == 0 and a.profile
@@ -177,6 +181,7 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             runs[s].append(r)
             print(f"  repeat {rep}: {s:<11} {r['tokens_per_s']:>9,.0f} tokens/s", flush=True)
     flops_tok = model_flops_per_token(spec, plan.seq)
+    peak = statistics.median(probes)
     rows = {}
     for s, rs in runs.items():
         tps = [r["tokens_per_s"] for r in rs]
@@ -223,6 +228,7 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         "plan": plan.to_dict(),
         "peak_flops": peak,
         "peak_source": peak_src,
+        "peak_flops_per_repeat": probes,
         "model_flops_per_token": flops_tok,
         "rows": rows,
         "ratios": ratios,
@@ -313,9 +319,9 @@ def main() -> None:
         )
         out[name] = bench_layout(a, spec, pp, dp)
         print_layout(name, out[name], a.warmup)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=2)
+        if a.json:  # after every layout, so a long run leaves what it has measured
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -75,12 +75,31 @@ def test_chunked_loss_runtime_bitwise_across_schedules_and_near_reference(eager_
     assert _max_rel(ratrain, ref) <= 1e-5
 
 
+# Compiled units under the lifecycle's other mechanisms: sharded masters with transient
+# views (storage dropped and refilled), full recompute (the no-grad compiled forward),
+# offloaded checkpoints.
+LIFECYCLE = {
+    "clip_grad": None,
+    "shard_optimizer": True,
+    "view_policy": "transient",
+    "recompute": "full",
+    "offload_activations": True,
+}
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(cxx_compiler() is None, reason="CPU inductor needs a C++ compiler")
 def test_compiled_units_equal_eager_and_bitwise_across_schedules(eager_chunked):
-    compiled = _run(PLAN.replace(loss_chunk_tokens=5), VARIANTS, compile_units=True)
+    lifecycle = [(f"{k}-lifecycle", {"schedule": k, **LIFECYCLE}) for k in ("baseline", "ratrain")]
+    plan = PLAN.replace(loss_chunk_tokens=5)
+    compiled = _run(plan, VARIANTS + lifecycle, compile_units=True)
     assert any(r.runs["ratrain-clip"].compile_s > 0 for r in compiled)
     for clip in ("clip", "noclip"):
         ratrain = _losses(compiled, f"ratrain-{clip}")
         assert ratrain == _losses(compiled, f"baseline-{clip}")  # bit for bit
         assert _max_rel(ratrain, _losses(eager_chunked, f"ratrain-{clip}")) <= 1e-6
+    ratrain = _losses(compiled, "ratrain-lifecycle")
+    assert ratrain == _losses(compiled, "baseline-lifecycle")
+    ref_plan = plan.replace(**LIFECYCLE)
+    ref = ReferenceTrainer(SPEC, ref_plan, CFG, _source(ref_plan, CFG)()).train()
+    assert _max_rel(ratrain, ref) <= 1e-5

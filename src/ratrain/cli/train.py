@@ -187,6 +187,13 @@ def run(args: argparse.Namespace) -> int:
         from ratrain.runtime.distributed_train import run_distributed
 
         return run_distributed(args, spec, plan, train_config_from_args(args))
+    if getattr(args, "compile", False) or plan.loss_chunk_tokens:
+        print(
+            "ratrain train: --compile and --loss-chunk-tokens apply to the pipeline runtime "
+            "(pp x dp > 1, or --nproc 1); the single-process reference trainer runs eagerly "
+            "with the plain loss",
+            file=sys.stderr,
+        )
     return run_reference(args, spec, plan)
 
 

@@ -74,7 +74,9 @@ def bucket_of(name: str) -> str:
     """The bucket of one profiler event name (see the module table)."""
     if name.startswith("autograd::") or name.startswith("torch::autograd"):
         return "autograd"
-    if "CompiledFunction" in name or name.startswith("Torch-Compiled") or "inductor" in name:
+    if any(
+        k in name for k in ("CompiledFunction", "CompiledFxGraph", "Torch-Compiled", "inductor")
+    ):
         return "compiled"
     if any(p in name for p in _LOSS_PARTS):
         return "loss"

@@ -1,0 +1,35 @@
+"""The step profile's buckets: operator names land where the docs say, and the buckets
+add up to the profiled wall time."""
+
+from __future__ import annotations
+
+import torch
+
+from ratrain.runtime.profile import BUCKETS, StepProfile, bucket_of
+
+
+def test_bucket_of_names():
+    assert bucket_of("aten::mm") == "gemm"
+    assert bucket_of("aten::addmm") == "gemm"
+    assert bucket_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert bucket_of("aten::_log_softmax_backward_data") == "loss"
+    assert bucket_of("ratrain::loss") == "loss"
+    assert bucket_of("aten::copy_") == "copies"
+    assert bucket_of("aten::cat") == "copies"
+    assert bucket_of("c10d::allreduce_") == "comm"
+    assert bucket_of("aten::silu_backward") == "elementwise"
+    assert bucket_of("autograd::engine::evaluate_function: MmBackward0") == "autograd"
+    assert bucket_of("## Call CompiledFxGraph fabc ##") == "compiled"
+
+
+def test_step_profile_buckets_sum_to_wall_time():
+    a = torch.randn(128, 128, requires_grad=True)
+    with StepProfile() as prof:
+        y = torch.nn.functional.silu(a @ a).sum()
+        y.backward()
+    buckets = prof.finish(wait_s=0.0)
+    assert set(buckets) == set(BUCKETS)
+    assert buckets["gemm"] > 0 and buckets["elementwise"] > 0
+    assert abs(sum(buckets.values()) - prof.wall_s) < 1e-6 + 1e-3 * prof.wall_s
+    moved = prof.finish(wait_s=buckets["python"] / 2)  # the executor's measured wait
+    assert moved["comm_wait"] > 0 and moved["python"] >= 0
