@@ -89,6 +89,10 @@ def test_validate_two_plan_grid(tmp_path, capsys):
         assert len(r["step_times_s"]) == 3
         assert all(m > 0 for reps in r["measured_peak_bytes"] for m in reps)
         assert len(r["ledger_peak_bytes"]) == r["plan"]["pp"]
-    assert s["planner_pick"]["tiny"]["pick"] in ("a", "b")
+    names = [r["name"] for r in doc["results"]]
+    pick = s["planner_pick"]["tiny"]
+    assert pick["pick"] in names and pick["sim_pick"] in ("a", "b")
+    assert names[:2] == ["a", "b"] and len(names) in (2, 3)  # plus ratrain plan's pick
+    assert pick["within_5pct"] == (pick["slower_than_fastest"] <= 0.05)
     assert png.stat().st_size > 0 and (tmp_path / "v-worst.png").stat().st_size > 0
     assert (tmp_path / "v-worst-sim.json").exists()
