@@ -9,9 +9,12 @@ For each plan of the grid:
   slowest rank's; a second, shorter run with `measure_memory` gives each rank's peak
   tensor bytes (`LiveBytes` slows the step, so it is not timed).
 
-Then the statistics (`ratrain.calibrate.stats`) and, per model, whether the plan the
-simulator ranks fastest among the grid's plans of that job is the measured fastest or
-within 5% of it.
+Then the statistics (`ratrain.calibrate.stats`) and, per model, the planner's check:
+`ratrain plan`'s search (`ratrain.planner.search`, all families, the grid's compute dtype
+pinned, each unit count up to the grid's largest) picks the plan it predicts fastest for
+that job on the platform; it is run too unless the grid holds it, and its measured step
+is compared with the measured fastest of the grid and the pick (within 5%?). The plan
+the simulator ranks fastest among the grid's own plans is reported beside it.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from ratrain.calibrate import stats
 from ratrain.calibrate.grid import GridPlan
 from ratrain.config import TrainConfig
 from ratrain.data import make_source
+from ratrain.errors import RatrainError
 from ratrain.platforms import Platform
 from ratrain.runtime.distributed_train import Job, run_job
 from ratrain.sim import simulate
 
-__all__ = ["PlanResult", "run_plan", "summarize", "validate", "result_dict"]
+__all__ = ["PlanResult", "run_plan", "planner_pick", "summarize", "validate", "result_dict"]
 
 BEST_WITHIN = 0.05
 
@@ -102,7 +106,40 @@ def run_plan(g: GridPlan, platform: Platform, *, steps: int = 3, warmup: int = 1
     )
 
 
-def summarize(results: list[PlanResult]) -> dict:
+def planner_pick(grid: list[GridPlan], model: str, platform: Platform) -> GridPlan | None:
+    """The plan `ratrain plan` picks for the job of `model`'s grid plans, as a grid entry
+    (the grid's own entry when it holds the same plan), or None when nothing fits."""
+    from collections import Counter
+    from dataclasses import replace
+
+    from ratrain.planner.search import search
+    from ratrain.planner.space import Request
+
+    group = [g for g in grid if g.model == model]
+    spec, ref = group[0].spec, group[0].plan
+    dtype = Counter(g.plan.compute_dtype for g in group).most_common(1)[0][0]
+    most = max(g.plan.pp * g.plan.dp for g in group)
+    best = None
+    for clusters in range(1, most + 1):
+        req = Request(
+            spec, platform, clusters, ref.global_batch, ref.seq, pins={"compute_dtype": dtype}
+        )
+        try:
+            cand = search(req, top=1).best
+        except RatrainError:
+            cand = None
+        if cand is not None and (best is None or cand.step_time_s < best.step_time_s):
+            best = cand
+    if best is None:
+        return None
+    plan = replace(best.plan, model=None)
+    for g in group:
+        if replace(g.plan, model=None) == plan:
+            return g
+    return GridPlan(f"plan-pick:{model}", model, spec, plan)
+
+
+def summarize(results: list[PlanResult], picks: dict[str, str] | None = None) -> dict:
     pred = [r.predicted_step_s for r in results]
     meas = [r.measured_step_s for r in results]
     out: dict = {
@@ -115,38 +152,60 @@ def summarize(results: list[PlanResult]) -> dict:
     out["memory_min_error"] = min(mem) if mem else None
     out["memory_max_error"] = max(mem) if mem else None
     out["memory_within"] = bool(mem) and min(mem) >= 0 and max(mem) <= 0.10
-    picks = {}
+    out["planner_pick"] = {}
     for model in dict.fromkeys(r.model for r in results):
         group = [r for r in results if r.model == model]
+        fastest = min(group, key=lambda r: r.measured_step_s)
         i, slower = stats.best_within(
             [r.predicted_step_s for r in group], [r.measured_step_s for r in group]
         )
-        fastest = min(group, key=lambda r: r.measured_step_s)
-        picks[model] = {
-            "pick": group[i].name,
-            "measured_fastest": fastest.name,
-            "slower_than_fastest": slower,
-            "within_5pct": slower <= BEST_WITHIN,
-        }
-    out["planner_pick"] = picks
+        row = {"sim_pick": group[i].name, "sim_pick_slower": slower}
+        pick = (picks or {}).get(model)
+        chosen = next((r for r in group if r.name == pick), None)
+        if chosen is None:  # no planner pick: judge the simulator's ranking of the grid
+            chosen = group[i]
+        slower = chosen.measured_step_s / fastest.measured_step_s - 1
+        row.update(
+            pick=chosen.name,
+            measured_fastest=fastest.name,
+            slower_than_fastest=slower,
+            within_5pct=slower <= BEST_WITHIN,
+        )
+        out["planner_pick"][model] = row
     worst = max(results, key=lambda r: abs(r.error))
     out["worst_plan"] = worst.name
     return out
 
 
 def validate(
-    grid: list[GridPlan], platform: Platform, *, steps: int = 3, warmup: int = 1, progress=None
+    grid: list[GridPlan],
+    platform: Platform,
+    *,
+    steps: int = 3,
+    warmup: int = 1,
+    progress=None,
+    plan_picks: bool = True,
 ) -> tuple[list[PlanResult], dict]:
-    """Run every plan of `grid`; (per-plan results, summary)."""
+    """Run every plan of `grid`, and `ratrain plan`'s pick per model when `plan_picks`;
+    (per-plan results, summary)."""
+    picks: dict[str, str] = {}
+    todo = list(grid)
+    if plan_picks:
+        for model in dict.fromkeys(g.model for g in grid):
+            g = planner_pick(grid, model, platform)
+            if g is not None:
+                picks[model] = g.name
+                if g not in todo:
+                    todo.append(g)
     results = []
     t0 = time.perf_counter()
-    for i, g in enumerate(grid):
+    for i, g in enumerate(todo):
         if progress:
-            progress(i, len(grid), g.name, time.perf_counter() - t0)
+            progress(i, len(todo), g.name, time.perf_counter() - t0)
         results.append(run_plan(g, platform, steps=steps, warmup=warmup))
     if progress:
-        progress(len(grid), len(grid), "done", time.perf_counter() - t0)
-    return results, summarize(results)
+        progress(len(todo), len(todo), "done", time.perf_counter() - t0)
+    return results, summarize(results, picks)
 
 
 def result_dict(r: PlanResult) -> dict:

@@ -20,6 +20,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-ranks", type=positive_int, default=4, help="skip default-grid plans with more ranks"
     )
+    p.add_argument(
+        "--no-plan-pick",
+        action="store_true",
+        help="do not search and run `ratrain plan`'s pick per model (judge the grid only)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
         "--plot",
@@ -58,8 +63,9 @@ def _table(results, summary) -> str:
         )
     for model, p in summary["planner_pick"].items():
         lines.append(
-            f"{model}: predicted fastest {p['pick']}, measured fastest {p['measured_fastest']} "
-            f"(+{p['slower_than_fastest']:.1%}; within 5%: {'yes' if p['within_5pct'] else 'no'})"
+            f"{model}: ratrain plan picks {p['pick']}, measured fastest {p['measured_fastest']} "
+            f"(+{p['slower_than_fastest']:.1%}; within 5%: {'yes' if p['within_5pct'] else 'no'});"
+            f" simulator's fastest of the grid {p['sim_pick']} (+{p['sim_pick_slower']:.1%})"
         )
     return "\n".join(lines)
 
@@ -84,7 +90,12 @@ def run(args) -> int:
     if not grid:
         raise RatrainError("the grid has no plans")
     results, summary = validate(
-        grid, platform, steps=args.steps, warmup=args.warmup, progress=_progress
+        grid,
+        platform,
+        steps=args.steps,
+        warmup=args.warmup,
+        progress=_progress,
+        plan_picks=not args.no_plan_pick,
     )
     if args.plot:
         _plots(args.plot, results, summary, platform)
