@@ -86,3 +86,50 @@ def test_hf_zero_steps_export_is_identity(tmp_path, capsys):
     assert from_hf_config(out) == from_hf_config(src).__class__(
         **{**from_hf_config(src).to_dict(), "name": from_hf_config(out).name}
     )
+
+
+def test_a_stage_reads_only_its_own_tensors(tmp_path, monkeypatch):
+    import safetensors
+
+    from ratrain.config import Plan, TrainConfig
+    from ratrain.models import hf_load
+    from ratrain.runtime.stage import StageModel
+
+    src, hf = _hf_model(tmp_path, transformers.LlamaConfig, transformers.LlamaForCausalLM)
+    spec = from_hf_config(src)
+    plan = Plan(pp=2, micro_batch=1, global_batch=2, seq=16, model=spec.name, compute_dtype="fp32")
+    read: list[str] = []
+    real_open = safetensors.safe_open
+
+    class Recording:
+        def __init__(self, *a, **kw):
+            self.f = real_open(*a, **kw)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def keys(self):
+            return self.f.keys()
+
+        def get_tensor(self, k):
+            read.append(k)
+            return self.f.get_tensor(k)
+
+        def get_slice(self, k):
+            read.append(k)
+            return self.f.get_slice(k)
+
+    monkeypatch.setattr(safetensors, "safe_open", Recording)
+    model = StageModel(spec, plan, TrainConfig(steps=1), 1, 0, torch.device("cpu"))
+    hf_load.load_stage_from_hf(model, src)
+    # Stage 1 of 2 holds blocks 2-3 and the head: nothing of blocks 0-1 or the embedding.
+    assert read and all(k.startswith(("model.layers.2.", "model.layers.3.", "model.norm",
+                                      "lm_head")) for k in read), read  # fmt: skip
+    sd = hf.state_dict()
+    assert torch.equal(
+        model.units[3].module.mlp.up_proj.weight, sd["model.layers.2.mlp.up_proj.weight"]
+    )

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import sys
@@ -31,11 +30,18 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from ratrain.checkpoint.hooks import (
+    is_rank0,
+    keep_records_before,
+    resume_dir,
+    resume_stage,
+    save_due,
+    save_stage,
+)
 from ratrain.config import Plan, TrainConfig
 from ratrain.data.base import Batches, TokenSource
 from ratrain.errors import RatrainError
@@ -228,7 +234,7 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
     with PeakMemory(grid.device, job.measure_memory) as mem:
         model = StageModel(spec, plan, cfg, grid.stage, grid.replica, grid.device, job.backend)
         mem.track(model.state_tensors())
-        resumed = _resume(grid, model, job, plan) if job.resume_from else None
+        resumed = resume_stage(grid, model, job, plan) if job.resume_from else None
         if job.init_from and resumed is None:
             from ratrain.models.hf_load import load_stage_from_hf
 
@@ -259,7 +265,7 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
             t_last = time.perf_counter()
             end = cfg.steps if job.run_steps is None else min(cfg.steps, start + job.run_steps)
             if job.save_dir and end == start:
-                _save(grid, model, ex, job, plan, start)
+                save_stage(grid, model, ex, job, plan, start)
             marker = StepMarker(job.status_dir, grid.rank)
             for k in range(start, end):
                 marker.mark(k)
@@ -276,9 +282,9 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
                 res.time_s, t_last = now - t_last, now
                 result.step_times_s.append(res.time_s)
                 log.push(res, mem.peak_bytes())
-                if _save_due(job, k):
+                if save_due(job, k):
                     log.flush()  # no collective in flight while DCP runs its own
-                    _save(grid, model, ex, job, plan, k + 1)
+                    save_stage(grid, model, ex, job, plan, k + 1)
                     t_last, t_save = time.perf_counter(), t_last
                     result.save_times_s.append(t_last - t_save)  # not part of a step's time
             log.flush()
@@ -289,38 +295,6 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
     result.records = log.records
     result.trace = _gather_trace(grid, rec, job, kind)
     return result
-
-
-def _save_due(job: Job, k: int) -> bool:
-    if not job.save_dir:
-        return False
-    last = k + 1 == job.cfg.steps
-    return last or (job.save_every is not None and (k + 1) % job.save_every == 0)
-
-
-def _save(grid: ParallelGrid, model: StageModel, ex: StageExecutor, job: Job, plan, step: int):
-    from ratrain.checkpoint.io import save_checkpoint
-
-    data = {"source": ex.batches.source.describe(), "seed": job.cfg.seed}
-    save_checkpoint(
-        job.save_dir,
-        next_step=step,
-        grid=grid,
-        model=model,
-        executor=ex,
-        spec=job.spec,
-        plan=plan,
-        cfg=job.cfg,
-        data=data,
-        keep=job.keep,
-        fault=job.fault,
-    )
-
-
-def _resume(grid: ParallelGrid, model: StageModel, job: Job, plan) -> dict:
-    from ratrain.checkpoint.io import load_checkpoint
-
-    return load_checkpoint(job.resume_from, grid=grid, model=model, spec=job.spec, plan=plan)
 
 
 def _barrier(grid: ParallelGrid) -> None:
@@ -361,22 +335,6 @@ def _max_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _keep_records_before(path: str, step: int) -> None:
-    """Drop the records of steps >= `step` (a killed run may have logged past its last
-    checkpoint) so that the resumed run's records follow on without duplicates."""
-    p = Path(path)
-    if not p.is_file():
-        return
-    kept = []
-    for line in p.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", step) < step:
-                kept.append(line)
-        except ValueError:
-            continue  # a line cut short by the kill
-    p.write_text("".join(x + "\n" for x in kept))
-
-
 class _StepLog:
     """The lagged per-step all-gather of (peak bytes, step time, losses) and, on the metrics
     rank, the records made from it."""
@@ -399,7 +357,7 @@ class _StepLog:
         self.jsonl = self.tb = self.bar = None
         if job is not None:
             if job.metrics_path and start:
-                _keep_records_before(job.metrics_path, start)  # the resumed run continues it
+                keep_records_before(job.metrics_path, start)  # the resumed run continues it
             self.jsonl = (
                 JsonlWriter(job.metrics_path, append=start > 0) if job.metrics_path else None
             )
@@ -499,7 +457,7 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         dtype=getattr(args, "data_dtype", None),
     )
     cap = getattr(args, "memory_cap", None)
-    resume_from = _resume_dir(args, spec, plan)
+    resume_from = resume_dir(args, spec, plan)
     job = Job(
         spec,
         plan,
@@ -569,40 +527,13 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
             print(_summary(run, src, elapsed, len(run.losses) * plan.tokens_per_step))
             if run.compile_s:
                 print(f"compiled the block units in {run.compile_s:.1f} s (not in tokens/s)")
-    if job.save_dir and (not launched or grid_rank0()):
+    if job.save_dir and (not launched or is_rank0()):
         from ratrain.checkpoint import complete_checkpoints
 
         done = complete_checkpoints(job.save_dir)
         if done:
             print(f"checkpoint {done[-1]}")
     return 0
-
-
-def grid_rank0() -> bool:
-    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
-
-
-def _resume_dir(args, spec: ModelSpec, plan: Plan):
-    """The checkpoint `--resume` names (None: a fresh start). A job restarted by torchrun
-    (TORCHELASTIC_RESTART_COUNT > 0) with --save resumes from it as with `--resume auto`."""
-    from ratrain.checkpoint import complete_checkpoints, read_meta, resolve_resume
-    from ratrain.checkpoint.io import check_compatible
-
-    save, resume = getattr(args, "save", None), getattr(args, "resume", None)
-    if resume is None and save and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-        resume = "auto"
-    if resume is None:
-        if save and complete_checkpoints(save):
-            newest = complete_checkpoints(save)[-1].name
-            raise RatrainError(
-                f"--save {save} already holds checkpoints (newest {newest}); pass --resume auto "
-                "to continue from it, or another --save directory"
-            )
-        return None
-    ckpt = resolve_resume(resume, save)
-    if ckpt is not None:
-        check_compatible(read_meta(ckpt), ckpt, spec, plan)  # before any rank starts
-    return ckpt
 
 
 def _summary(run: RunResult, source: TokenSource, elapsed_s: float, tokens: int) -> str:

@@ -1,0 +1,91 @@
+"""The checkpoint and fault hooks of the distributed training loop
+(`ratrain.runtime.distributed_train`): when to save, saving and resuming a stage, which
+checkpoint `--resume` means, and keeping the metrics file of a resumed run."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ratrain.config import Plan
+from ratrain.errors import RatrainError
+from ratrain.models.spec import ModelSpec
+
+__all__ = ["save_due", "save_stage", "resume_stage", "resume_dir", "keep_records_before",
+           "is_rank0"]  # fmt: skip
+
+
+def save_due(job, k: int) -> bool:
+    if not job.save_dir:
+        return False
+    last = k + 1 == job.cfg.steps
+    return last or (job.save_every is not None and (k + 1) % job.save_every == 0)
+
+
+def save_stage(grid, model, ex, job, plan: Plan, step: int) -> None:
+    from ratrain.checkpoint.io import save_checkpoint
+
+    data = {"source": ex.batches.source.describe(), "seed": job.cfg.seed}
+    save_checkpoint(
+        job.save_dir,
+        next_step=step,
+        grid=grid,
+        model=model,
+        executor=ex,
+        spec=job.spec,
+        plan=plan,
+        cfg=job.cfg,
+        data=data,
+        keep=job.keep,
+        fault=job.fault,
+    )
+
+
+def resume_stage(grid, model, job, plan: Plan) -> dict:
+    from ratrain.checkpoint.io import load_checkpoint
+
+    return load_checkpoint(job.resume_from, grid=grid, model=model, spec=job.spec, plan=plan)
+
+
+def keep_records_before(path: str, step: int) -> None:
+    """Drop the records of steps >= `step` (a killed run may have logged past its last
+    checkpoint) so that the resumed run's records follow on without duplicates."""
+    p = Path(path)
+    if not p.is_file():
+        return
+    kept = []
+    for line in p.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", step) < step:
+                kept.append(line)
+        except ValueError:
+            continue  # a line cut short by the kill
+    p.write_text("".join(x + "\n" for x in kept))
+
+
+def is_rank0() -> bool:
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
+
+
+def resume_dir(args, spec: ModelSpec, plan: Plan):
+    """The checkpoint `--resume` names (None: a fresh start). A job restarted by torchrun
+    (TORCHELASTIC_RESTART_COUNT > 0) with --save resumes from it as with `--resume auto`."""
+    from ratrain.checkpoint import complete_checkpoints, read_meta, resolve_resume
+    from ratrain.checkpoint.io import check_compatible
+
+    save, resume = getattr(args, "save", None), getattr(args, "resume", None)
+    if resume is None and save and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        resume = "auto"
+    if resume is None:
+        if save and complete_checkpoints(save):
+            newest = complete_checkpoints(save)[-1].name
+            raise RatrainError(
+                f"--save {save} already holds checkpoints (newest {newest}); pass --resume auto "
+                "to continue from it, or another --save directory"
+            )
+        return None
+    ckpt = resolve_resume(resume, save)
+    if ckpt is not None:
+        check_compatible(read_meta(ckpt), ckpt, spec, plan)  # before any rank starts
+    return ckpt
