@@ -323,6 +323,9 @@ class MemoryBound:
         self.vbp = vbp
         self.state_per_param = (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM) / shards(plan)
         self._memo: dict[tuple, int] = {}
+        self.m = plan.microbatches
+        self.extra: dict[tuple, object] = {}
+        """Derived results memoised by their users on the same stage keys."""
 
     @staticmethod
     def key(plan: Plan) -> tuple:
@@ -333,23 +336,24 @@ class MemoryBound:
             plan.micro_batch,
             plan.microbatches,
             plan.seq,
-            plan.schedule,
+            _transient_views(plan),  # all the schedule and the view policy change here
             plan.shard_optimizer,
-            plan.view_policy,
             plan.compute_dtype,
             plan.grad_dtype,
             plan.offload_activations,
         )
 
-    def stage(self, stage: int, policy: str) -> int:
+    def stage_key(self, stage: int) -> tuple[int, bool, bool, int]:
+        """What the bound reads of a stage: its blocks, whether it holds the embedding or
+        the head, and its warmup depth w (stages alike share their bounds)."""
         plan = self.plan
-        # The stage enters only through its blocks, whether it holds the embedding or the
-        # head, and its warmup depth w: stages alike share an entry.
         n_blocks = plan.layer_split[stage] if plan.layer_split else None
         if n_blocks is None:
             n_blocks = plan.blocks_per_stage(self.spec)[stage]
-        w = min(plan.pp - stage - 1, plan.microbatches)
-        key = (n_blocks, stage == 0, stage == plan.pp - 1, w, policy)
+        return (n_blocks, stage == 0, stage == plan.pp - 1, min(plan.pp - stage - 1, self.m))
+
+    def stage(self, stage: int, policy: str) -> int:
+        key = (*self.stage_key(stage), policy)
         hit = self._memo.get(key)
         if hit is None:
             hit = self._memo[key] = self._stage(*key)
@@ -357,42 +361,64 @@ class MemoryBound:
 
     def _stage(self, n_blocks: int, emb: bool, head: bool, w: int, policy: str) -> int:
         plan = self.plan
-        kinds = ["emb"] * emb + ["block"] * n_blocks + ["head"] * head
-        k_full = int(policy.split(":")[1]) if policy.startswith("first:") else None
-        pols, blocks = [], 0
-        for k in kinds:
-            if k != "block":
-                pols.append("none")
-            elif k_full is not None:
-                pols.append("full" if blocks < k_full else "none")
-            else:
-                pols.append(policy)
-            blocks += k == "block"
-        keep = [self.keep[(k, p)] for k, p in zip(kinds, pols, strict=True)]
-        params = [self.params[k] for k in kinds]
-        static = sum(int(n * self.state_per_param) for n in params)
+        # The stage's units as runs of units alike: (kind, policy, count).
+        runs = [("emb", "none", 1)] if emb else []
+        if policy.startswith("first:"):
+            k = min(int(policy.split(":")[1]), n_blocks)
+            runs += [("block", "full", k), ("block", "none", n_blocks - k)]
+        else:
+            runs.append(("block", policy, n_blocks))
+        if head:
+            runs.append(("head", "none", 1))
+        runs = [r for r in runs if r[2] > 0]
+        static = sum(c * int(self.params[k] * self.state_per_param) for k, _, c in runs)
+        n_params = sum(c * self.params[k] for k, _, c in runs)
         if not self.transient:
-            static += sum(params) * self.vbp
-        m = plan.microbatches
-        total_keep, all_grads = sum(keep), sum(params) * self.gbp
+            static += n_params * self.vbp
+        total_keep = sum(c * self.keep[(k, p)] for k, p, c in runs)
+        all_grads = n_params * self.gbp
+        starts, below0, met0 = [], [0], [0]  # per run: first unit, keep and params before it
+        i = 0
+        for k, p, c in runs:
+            starts.append(i)
+            i += c
+            below0.append(below0[-1] + c * self.keep[(k, p)])
+            met0.append(met0[-1] + c * self.params[k])
+
+        def below(u: int) -> int:
+            """Keep of the units before unit u."""
+            for r, (k, p, c) in enumerate(runs):
+                if u <= starts[r] + c:
+                    return below0[r] + (u - starts[r]) * self.keep[(k, p)]
+            return below0[-1]
+
+        ahead = RELOAD_AHEAD_UNITS
+        # Within a run, what is held grows or shrinks linearly with the unit, except the
+        # reload window near the run's start: the largest value is at the run's first
+        # `ahead` + 1 units or at its last. Those units: (index, run).
+        at = []
+        for r, (_, _, c) in enumerate(runs):
+            for j in sorted({*range(min(ahead, c - 1) + 1), c - 1}):
+                at.append((starts[r] + j, r, j))
         best = 0
+        m = plan.microbatches
         # B(., i) runs after F(min(i + w, m - 1)): microbatches i .. i + w are in flight.
         # From i = 1 on every unit's gradient exists; i = m - 1 - w is the last steady pair.
         for mb in sorted({0, min(1, m - 1), max(0, m - 1 - w)}):
             others, grads_all = min(w, m - 1 - mb), mb >= 1
             mine_off, others_b = self._offload(mb, others, m, w, total_keep)
-            grads_met = all_grads
-            below = 0
-            for i, k in enumerate(kinds):
-                below += keep[i]
-                running = self.keep[(k, "none")] - keep[i] + self.bws[k]
+            for u, r, j in at:
+                k, p, _ = runs[r]
+                keep_u = self.keep[(k, p)]
+                running = self.keep[(k, "none")] - keep_u + self.bws[k]
                 if self.transient and k != "emb":
-                    running += params[i] * self.vbp
+                    running += self.params[k] * self.vbp
+                upto = below0[r] + (j + 1) * keep_u  # keep of units 0..u
                 # An offloaded microbatch holds the unit running and the ones reloaded ahead.
-                mine = sum(keep[max(0, i - RELOAD_AHEAD_UNITS) : i + 1]) if mine_off else below
-                grads = all_grads if grads_all else grads_met
+                mine = upto - below(max(0, u - ahead)) if mine_off else upto
+                met = met0[r] + j * self.params[k]
+                grads = all_grads if grads_all else all_grads - met * self.gbp
                 best = max(best, static + grads + mine + others_b + running)
-                grads_met -= params[i] * self.gbp
         return best
 
     def _offload(self, mb: int, others: int, m: int, w: int, total_keep: int) -> tuple[bool, int]:

@@ -22,7 +22,14 @@ from ratrain.planner.bounds import persistent_lower_bound_bytes
 from ratrain.planner.evaluate import Evaluator, MemoryReport, usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, options
 from ratrain.planner.search import Near
-from ratrain.planner.space import FAMILIES, Knobs, Request, knob_combos, make_plan, structures
+from ratrain.planner.space import (
+    Knobs,
+    Request,
+    family_of,
+    knob_combos,
+    make_plan,
+    structures,
+)
 
 __all__ = ["Change", "Explanation", "explain", "find_feasible"]
 
@@ -147,7 +154,7 @@ def find_feasible(
     ev = ev or Evaluator(req)
     limit = usable_bytes(req)
     for name in req.families:
-        fam = FAMILIES[name]
+        fam = family_of(name)
         if req.pins.get("schedule", fam.schedule) != fam.schedule:
             continue
         for st in structures(req, fam):

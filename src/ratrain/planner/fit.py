@@ -95,8 +95,13 @@ def first_overflow_bytes(req: Request, st: Structure, kn: Knobs) -> int | None:
     limit = usable_bytes(req)
     pp = st.pp
     for s in dict.fromkeys((0, pp - 1, *range(1, pp - 1))):
-        least = min(mb.stage(s, o) for o in ("full", "selective", "none"))
-        if least > limit:
+        least = None
+        for o in ("full", "selective", "none"):  # the likeliest to fit first
+            b = mb.stage(s, o)
+            if b <= limit:
+                break
+            least = b if least is None else min(least, b)
+        else:
             return least - limit
     return None
 
@@ -109,13 +114,11 @@ def options(req: Request, st: Structure, kn: Knobs, ut: UnitTimes | None) -> Opt
     per_stage, lows, most = [], [], []
     fits: list[set[str]] = []
     for s, n in enumerate(st.layer_split):
-        ok = _fitting(lambda o, s=s: mb.stage(s, o), n, limit)
-        ok.sort(key=lambda o, n=n: (recompute_time_s(o, n, ut) if ut else 0.0, _rank(o)))
+        ok, low, best = _stage_fit(mb, s, n, limit)
+        ok = sorted(ok, key=lambda o, n=n: (recompute_time_s(o, n, ut) if ut else 0.0, _rank(o)))
         per_stage.append(ok)
         fits.append(set(ok))
-        least = {o: mb.stage(s, o) for o in ("selective", "full")}
-        best = min(least, key=lambda o: (least[o], _rank(o)))
-        lows.append(least[best])
+        lows.append(low)
         most.append(best)
 
     def bottleneck(o: str) -> float:
@@ -131,6 +134,19 @@ def options(req: Request, st: Structure, kn: Knobs, ut: UnitTimes | None) -> Opt
     ]
     uniform.sort(key=lambda o: (bottleneck(o), _rank(o)))
     return Options(per_stage, uniform, tuple(lows), tuple(most))
+
+
+def _stage_fit(mb: MemoryBound, s: int, n: int, limit: int) -> tuple[tuple[str, ...], int, str]:
+    """(the policies of stage `s` whose bound fits, the smallest bound, its policy),
+    memoised on the bound for stages alike (see `MemoryBound.stage`)."""
+    key = ("fit", *mb.stage_key(s), limit)
+    hit = mb.extra.get(key)
+    if hit is None:
+        ok = tuple(_fitting(lambda o: mb.stage(s, o), n, limit))
+        least = {o: mb.stage(s, o) for o in ("selective", "full")}
+        best = min(least, key=lambda o: (least[o], _rank(o)))
+        hit = mb.extra[key] = (ok, least[best], best)
+    return hit
 
 
 def _fitting(bound, n_blocks: int, limit: int) -> list[str]:

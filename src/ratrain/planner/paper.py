@@ -1,5 +1,6 @@
-"""The paper's evaluation, by planning and simulation: RATrain against the GPU-style
-baselines under the same memory cap, and the LLaMA-2-7B scaling curve.
+"""The paper's evaluation, by planning and simulation: RATrain against the baseline
+families (gpu-style, zero1-pp, fsdp-pp) under the same memory cap, where RATrain's gain
+comes from (an ablation of its lifecycle mechanisms), and the LLaMA-2-7B scaling curve.
 
 Every figure here is a prediction of ratrain's cost model from platform constants that are
 sourced or assumed (see the platform file); none is fitted to the paper's results, which
@@ -21,8 +22,10 @@ __all__ = [
     "PAPER",
     "PAPER_MODELS",
     "SCALING_CLUSTERS",
+    "AblationRow",
     "ModelRow",
     "ScalePoint",
+    "ablate",
     "compare_models",
     "scaling_curve",
 ]
@@ -95,6 +98,45 @@ def compare_models(
         if progress:
             progress(f"{model}: {rows[-1].search_time_s:.1f} s")
     return rows
+
+
+@dataclass
+class AblationRow:
+    model: str
+    full: Candidate | None
+    """RATrain's best plan with every mechanism."""
+    off: dict[str, Candidate | None]
+    """Ablation family name -> its best plan, re-planned under the same cap."""
+
+    def relative(self, name: str) -> float | None:
+        """tokens/s with the mechanism off over tokens/s with everything on."""
+        c = self.off.get(name)
+        if c is None or self.full is None:
+            return None
+        return c.tokens_per_s / self.full.tokens_per_s
+
+
+def ablate(
+    platform: Platform,
+    rows: list[ModelRow],
+    clusters: int = 1024,
+    progress: Callable[[str], None] | None = None,
+) -> list[AblationRow]:
+    """Per model of `rows` (from `compare_models`): RATrain re-planned with each lifecycle
+    mechanism switched off in turn (`ratrain.planner.ablation`)."""
+    from ratrain.planner.ablation import ABLATIONS
+
+    out = []
+    gb = BATCH_TOKENS // SEQ
+    for r in rows:
+        off = {
+            name: search(_req(r.model, platform, clusters, gb, (name,)), top=1).best
+            for name in ABLATIONS
+        }
+        out.append(AblationRow(r.model, r.ratrain, off))
+        if progress:
+            progress(f"{r.model}: ablations")
+    return out
 
 
 def scaling_curve(

@@ -41,7 +41,14 @@ from ratrain.planner.fit import (
     per_stage_choices,
     time_bound_s,
 )
-from ratrain.planner.space import FAMILIES, Request, Structure, knob_combos, make_plan, structures
+from ratrain.planner.space import (
+    Request,
+    Structure,
+    family_of,
+    knob_combos,
+    make_plan,
+    structures,
+)
 
 __all__ = ["Candidate", "Near", "SearchResult", "search"]
 
@@ -165,7 +172,7 @@ def _tasks(req: Request, families: tuple[str, ...]) -> list[tuple]:
     exact kernel times are computed when such a structure reaches the top of the heap."""
     out, known, seen = [], {}, {}
     for order, name in enumerate(families):
-        fam = FAMILIES[name]
+        fam = family_of(name)
         if req.pins.get("schedule", fam.schedule) != fam.schedule:
             continue
         for st in structures(req, fam):

@@ -35,6 +35,7 @@ __all__ = [
     "Request",
     "Structure",
     "balanced_split",
+    "family_of",
     "knob_combos",
     "parse_pins",
     "pick_compute_dtype",
@@ -130,6 +131,17 @@ BASELINE_FAMILIES = ("gpu-style", "zero1-pp", "fsdp-pp")
 ALL_FAMILIES = tuple(FAMILIES)
 
 
+def family_of(name: str) -> Family:
+    """A family by name: one of `FAMILIES`, or an ablation (`ratrain.planner.ablation`)."""
+    if name in FAMILIES:
+        return FAMILIES[name]
+    from ratrain.planner.ablation import ABLATIONS
+
+    if name in ABLATIONS:
+        return ABLATIONS[name]
+    raise RatrainError(f"unknown family {name!r}; choose from {', '.join(FAMILIES)}")
+
+
 @dataclass(frozen=True)
 class Request:
     """What the user asks for: a model on `clusters` compute units of a platform."""
@@ -154,8 +166,7 @@ class Request:
                 "pass a shorter --seq"
             )
         for name in self.families:
-            if name not in FAMILIES:
-                raise RatrainError(f"unknown family {name!r}; choose from {', '.join(FAMILIES)}")
+            family_of(name)  # a RatrainError for an unknown name
         object.__setattr__(self, "pins", dict(self.pins))
 
     def with_(self, **kw) -> Request:
