@@ -14,8 +14,9 @@ Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as gi
 `ratrain-compiled` (`ratrain` with compile forced on, to measure compile), `torch-1f1b`,
 `deepspeed` (skipped when not importable); see `peers.py`.
 
-Per layout, the systems run one after the other, A B C A B C ..., `--repeats` times, each
-on fresh local gloo ranks (`ratrain.runtime.launch.spawn`). Reported per system:
+Per layout, the systems run one after the other, A B C C B A A B C ..., `--repeats`
+times (the order reversed every other repeat, so a drifting load favours none), each on
+fresh local gloo ranks (`ratrain.runtime.launch.spawn`). Reported per system:
 
 - tokens/s: global-batch tokens / the median step period on the last stage's first
   replica, over the steps after `--warmup` (warm-up and compilation excluded); the median
@@ -166,7 +167,8 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         # the probe is interleaved too: its median is the peak, taken under the same load
         peak, peak_src = probe_peak_flops(pp * dp, a.platform, a.probe_seconds)
         probes.append(peak)
-        for s in systems:
+        # A B C, then C B A: a load that drifts during a repeat favours no system
+        for s in systems if rep % 2 == 0 else systems[::-1]:
             if s == "ratrain":
                 prof = rep == 0 and a.profile
                 r = run_ratrain(spec, fast, cfg, source, a.compile, profile=prof)
