@@ -26,6 +26,7 @@ from ratrain.config import Plan, TrainConfig
 from ratrain.data.base import Batches
 from ratrain.models.llama import Block, Embedding, Head, build_unit, cross_entropy
 from ratrain.runtime.grid import ParallelGrid
+from ratrain.runtime.profile import StepProfile
 
 __all__ = ["torch_1f1b_rank", "deepspeed_rank", "matmul_probe_rank", "deepspeed_available"]
 
@@ -56,7 +57,25 @@ def _adamw(params, cfg: TrainConfig) -> torch.optim.AdamW:
     )
 
 
-def torch_1f1b_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source) -> dict:
+def _timed(step, steps: int, profile: bool) -> dict:
+    """Run `steps` timed steps (periods between step ends), the RSS after them, then one
+    profiled extra step when asked (`ratrain.runtime.profile`; its waits on communication
+    fall in "comm" or "python": the peers' waits are not measured apart)."""
+    times, t_last = [], time.perf_counter()
+    for k in range(steps):
+        step(k)
+        now = time.perf_counter()
+        times.append(now - t_last)
+        t_last = now
+    out = {"times": times, "rss": _rss_bytes(), "profile": None}
+    if profile:
+        with StepProfile() as prof:
+            step(steps)
+        out["profile"] = prof.finish(0.0)
+    return out
+
+
+def torch_1f1b_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source, profile=False) -> dict:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     grid = ParallelGrid.init(plan.pp, plan.dp, rdzv, device="cpu")
@@ -68,8 +87,8 @@ def torch_1f1b_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source) -> dict:
         sched = Schedule1F1B(stage, plan.microbatches, loss_fn=cross_entropy)
         opt = _adamw(module.parameters(), cfg)
         batches = Batches.from_plan(source(), plan)
-        times, t_last = [], time.perf_counter()
-        for k in range(cfg.steps):
+
+        def step(k: int) -> None:
             parts = [batches.batch(k, mb, grid.replica) for mb in range(plan.microbatches)]
             x = torch.cat([p[0] for p in parts])  # (m * micro_batch, seq)
             y = torch.cat([p[1] for p in parts])
@@ -82,10 +101,8 @@ def torch_1f1b_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source) -> dict:
             dp_mean_grads(grid, list(module.parameters()))
             opt.step()
             opt.zero_grad(set_to_none=True)
-            now = time.perf_counter()
-            times.append(now - t_last)
-            t_last = now
-        return {"rank": grid.rank, "stage": grid.stage, "times": times, "rss": _rss_bytes()}
+
+        return _timed(step, cfg.steps, profile) | {"rank": grid.rank, "stage": grid.stage}
     finally:
         grid.destroy()
 
@@ -128,7 +145,7 @@ def _fixed_split_module(base):
     return FixedSplit
 
 
-def deepspeed_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source) -> dict:
+def deepspeed_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source, profile=False) -> dict:
     os.environ.update(
         DS_ACCELERATOR="cpu",
         RANK=str(rdzv.rank),
@@ -165,14 +182,12 @@ def deepspeed_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source) -> dict:
         )
         dp_rank = engine.grid.get_data_parallel_rank()
         batches = Batches.from_plan(source(), plan)
-        times, t_last = [], time.perf_counter()
-        for k in range(cfg.steps):
+
+        def step(k: int) -> None:
             it = iter([batches.batch(k, mb, dp_rank) for mb in range(plan.microbatches)])
             engine.train_batch(data_iter=it)
-            now = time.perf_counter()
-            times.append(now - t_last)
-            t_last = now
-        return {"rank": rdzv.rank, "stage": stage, "times": times, "rss": _rss_bytes()}
+
+        return _timed(step, cfg.steps, profile) | {"rank": rdzv.rank, "stage": stage}
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -14,8 +14,9 @@ Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as gi
 `ratrain-compiled` (`ratrain` with compile forced on, to measure compile), `torch-1f1b`,
 `deepspeed` (skipped when not importable); see `peers.py`.
 
-Per layout, the systems run one after the other, A B C A B C ..., `--repeats` times, each
-on fresh local gloo ranks (`ratrain.runtime.launch.spawn`). Reported per system:
+Per layout, the systems run one after the other, A B C C B A A B C ..., `--repeats`
+times (the order reversed every other repeat, so a drifting load favours none), each on
+fresh local gloo ranks (`ratrain.runtime.launch.spawn`). Reported per system:
 
 - tokens/s: global-batch tokens / the median step period on the last stage's first
   replica, over the steps after `--warmup` (warm-up and compilation excluded); the median
@@ -31,6 +32,8 @@ on fresh local gloo ranks (`ratrain.runtime.launch.spawn`). Reported per system:
 - a per-rank profile of one ratrain step (`ratrain.runtime.profile`): GEMM, attention,
   elementwise, loss, copies, communication issue and wait, autograd engine, compiled
   graphs, and the rest (executor Python). The profiled step is an extra step, not timed.
+  The peers' steps are profiled the same way, except that their waits on communication
+  are not measured apart (they fall in "comm" or the rest).
 
 Figures from a shared machine measure contention too: compare the interleaved ratios.
 """
@@ -124,10 +127,15 @@ def run_ratrain(spec, plan, cfg, source, compile_units: bool, profile: bool) -> 
     return out
 
 
-def run_peer(fn, spec, plan, cfg, source) -> dict:
-    res = spawn(fn, plan.pp * plan.dp, spec, plan, cfg, source, deadline_s=_DEADLINE_S)
+def run_peer(fn, spec, plan, cfg, source, profile: bool) -> dict:
+    res = spawn(fn, plan.pp * plan.dp, spec, plan, cfg, source, profile, deadline_s=_DEADLINE_S)
     last = min((r for r in res if r["stage"] == plan.pp - 1), key=lambda r: r["rank"])
-    return {"times": last["times"], "rss": {r["rank"]: r["rss"] for r in res}}
+    return {
+        "times": last["times"],
+        "rss": {r["rank"]: r["rss"] for r in res},
+        "profile": {r["rank"]: r["profile"] for r in res if r["profile"]},
+        "compile_s": {},
+    }
 
 
 def probe_peak_flops(world: int, platform: str | None, seconds: float) -> tuple[float, str]:
@@ -166,7 +174,8 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         # the probe is interleaved too: its median is the peak, taken under the same load
         peak, peak_src = probe_peak_flops(pp * dp, a.platform, a.probe_seconds)
         probes.append(peak)
-        for s in systems:
+        # A B C, then C B A: a load that drifts during a repeat favours no system
+        for s in systems if rep % 2 == 0 else systems[::-1]:
             if s == "ratrain":
                 prof = rep == 0 and a.profile
                 r = run_ratrain(spec, fast, cfg, source, a.compile, profile=prof)
@@ -176,7 +185,7 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
                 r = run_ratrain(spec, plan, cfg, source, False, profile=rep == 0 and a.profile)
             else:
                 fn = torch_1f1b_rank if s == "torch-1f1b" else deepspeed_rank
-                r = run_peer(fn, spec, plan, cfg, source)
+                r = run_peer(fn, spec, plan, cfg, source, profile=rep == 0 and a.profile)
             r["tokens_per_s"] = plan.tokens_per_step / _median_tail(r["times"], a.warmup)
             runs[s].append(r)
             print(f"  repeat {rep}: {s:<11} {r['tokens_per_s']:>9,.0f} tokens/s", flush=True)
@@ -194,9 +203,8 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             "peak_rss_bytes_per_rank": [rs[-1]["rss"][k] for k in sorted(rs[-1]["rss"])],
             "peak_rss_bytes_max": max(rss),
         }
-        if s.startswith("ratrain"):
-            rows[s]["compile_s"] = max(rs[0]["compile_s"].values() or [0.0])
-            rows[s]["profile_s"] = {str(k): v for k, v in sorted(rs[0]["profile"].items())}
+        rows[s]["compile_s"] = max(rs[0]["compile_s"].values() or [0.0])
+        rows[s]["profile_s"] = {str(k): v for k, v in sorted(rs[0]["profile"].items())}
     peers = [s for s in rows if not s.startswith("ratrain")]
     ratios = {}
     if "ratrain" in rows and peers:
@@ -259,8 +267,8 @@ def print_layout(name: str, res: dict, warmup: int) -> None:
         )
     for other, xs in q.get("ratrain_over_system_per_repeat", {}).items():
         print(f"ratrain / {other} tokens/s per repeat: " + " ".join(f"{x:.3f}" for x in xs))
-    for name in ("ratrain-eager", "ratrain", "ratrain-compiled"):
-        print_profile(name, res["rows"].get(name, {}).get("profile_s"))
+    for name, row in res["rows"].items():
+        print_profile(name, row.get("profile_s"))
 
 
 def print_profile(name: str, prof: dict | None) -> None:

@@ -33,3 +33,16 @@ def test_step_profile_buckets_sum_to_wall_time():
     assert abs(sum(buckets.values()) - prof.wall_s) < 1e-6 + 1e-3 * prof.wall_s
     moved = prof.finish(wait_s=buckets["python"] / 2)  # the executor's measured wait
     assert moved["comm_wait"] > 0 and moved["python"] >= 0
+
+
+def test_chunked_loss_operators_count_as_loss():
+    from ratrain.models.chunked_loss import chunked_cross_entropy
+
+    h = torch.randn(64, 16, requires_grad=True)
+    w = torch.randn(50, 16, requires_grad=True)
+    t = torch.randint(0, 50, (64,))
+    with StepProfile() as prof:
+        chunked_cross_entropy(h, w, t, 16).backward()
+    b = prof.finish(0.0)
+    assert b["loss"] > 0 and b["gemm"] > 0  # its GEMMs stay GEMMs
+    assert b["elementwise"] < b["loss"]  # exp, logsumexp, scatter... are the loss's

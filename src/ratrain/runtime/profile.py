@@ -11,7 +11,7 @@ the step goes to one bucket by name:
 | --- | --- |
 | gemm | mm, addmm, bmm, baddbmm, addmv, linear's own dispatch |
 | attention | the fused attention kernels (SDPA, flash) and their backward |
-| loss | log-softmax, NLL, cross-entropy and their backward; the chunked loss's own work |
+| loss | log-softmax, NLL, cross-entropy and their backward; every other operator inside the chunked loss (its GEMMs stay GEMMs) |
 | copies | copy_, clone, contiguous, to, cat, fill/zero (memory traffic with no arithmetic) |
 | comm | issuing collectives and point-to-point messages (c10d / gloo entry points) |
 | elementwise | every other ATen operator (norms, RoPE, SiLU·mul, residual adds, AdamW) |
@@ -92,6 +92,17 @@ def bucket_of(name: str) -> str:
     return "elementwise"
 
 
+def _in_loss(event) -> bool:
+    """Inside the chunked loss (its forward's range, or its backward node): every operator
+    there is the loss's, whatever its name."""
+    e = event
+    while e is not None:
+        if e.name == "ratrain::loss" or "ChunkedCrossEntropy" in e.name:
+            return True
+        e = e.cpu_parent
+    return False
+
+
 class StepProfile:
     """Profile a region (one step) on the calling thread; `buckets_s` once exited.
 
@@ -126,7 +137,10 @@ class StepProfile:
         for e in events:
             if e.thread != main or e.name.startswith("ProfilerStep"):
                 continue
-            acc[bucket_of(e.name)] += e.self_cpu_time_total * 1e-6  # us -> s
+            b = bucket_of(e.name)
+            if b not in ("gemm", "autograd") and _in_loss(e):
+                b = "loss"
+            acc[b] += e.self_cpu_time_total * 1e-6  # us -> s
             self.ops_s[e.name] = self.ops_s.get(e.name, 0.0) + e.self_cpu_time_total * 1e-6
         measured = sum(acc.values())
         acc["python"] = max(0.0, self.wall_s - measured)
