@@ -235,7 +235,9 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
         if resumed is not None:
             start = resumed["step"]
             ex.updates = resumed["optimizer_updates"]
-            ex.scaler.load_state_dict(resumed["loss_scaler"])
+            if resumed["plan"].get("compute_dtype") == plan.compute_dtype:
+                # (another dtype keeps its own initial scale: bf16/fp32 store a disabled one)
+                ex.scaler.load_state_dict(resumed["loss_scaler"])
         log = (
             _StepLog(grid, comm, plan, spec, job, kind, start)
             if is_metrics
