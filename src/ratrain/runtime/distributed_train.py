@@ -434,7 +434,7 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         dtype=getattr(args, "data_dtype", None),
     )
     cap = getattr(args, "memory_cap", None)
-    resume_from = resume_dir(args, spec, plan)
+    resume_from = resume_dir(args, spec, plan, cfg)
     job = Job(
         spec,
         plan,
