@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from ratrain.config import Plan
@@ -68,7 +70,7 @@ def is_rank0() -> bool:
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
 
 
-def resume_dir(args, spec: ModelSpec, plan: Plan):
+def resume_dir(args, spec: ModelSpec, plan: Plan, cfg=None):
     """The checkpoint `--resume` names (None: a fresh start). A job restarted by torchrun
     (TORCHELASTIC_RESTART_COUNT > 0) with --save resumes from it as with `--resume auto`."""
     from ratrain.checkpoint import complete_checkpoints, read_meta, resolve_resume
@@ -87,5 +89,23 @@ def resume_dir(args, spec: ModelSpec, plan: Plan):
         return None
     ckpt = resolve_resume(resume, save)
     if ckpt is not None:
-        check_compatible(read_meta(ckpt), ckpt, spec, plan)  # before any rank starts
+        meta = read_meta(ckpt)
+        check_compatible(meta, ckpt, spec, plan)  # before any rank starts
+        if cfg is not None and is_rank0():
+            _note_schedule_change(meta, cfg)
     return ckpt
+
+
+def _note_schedule_change(meta: dict, cfg) -> None:
+    """Say so when the resumed run's LR schedule or optimizer differs from the saved run's:
+    legitimate (e.g. more --steps), but then it is no longer the same training."""
+    saved = meta.get("lr_schedule", {})
+    now = {k: v for k, v in asdict(cfg).items() if k != "extra"}
+    diff = [f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) != v]
+    if diff:
+        print(
+            f"ratrain: note: resuming with another schedule/optimizer ({', '.join(diff)}); "
+            "steps from here differ from the saved run's",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -125,7 +125,10 @@ def load_checkpoint(ckpt: str | Path, *, grid, model, spec: ModelSpec, plan: Pla
     meta = layout.read_meta(ckpt)
     check_compatible(meta, ckpt, spec, plan)
     io = StageIO(model, grid.dp_group)
-    state = io.empty()
+    # Unsharded on the CPU, DCP reads straight into the masters and moments; otherwise into
+    # full-shape buffers that are then sliced (sharded) or copied to the device.
+    in_place = not model.sharded and model.device.type == "cpu"
+    state = io.tensors() if in_place else io.empty()
     same_world = meta.get("world_size") == grid.world_size
     if same_world:
         state[f"rng/rank{grid.rank}"] = torch.get_rng_state()
@@ -135,7 +138,10 @@ def load_checkpoint(ckpt: str | Path, *, grid, model, spec: ModelSpec, plan: Pla
         raise RatrainError(
             f"checkpoint {str(ckpt)!r} is corrupt or incomplete ({dcp_error_line(e)})"
         ) from None
-    io.apply(state)
+    if in_place:
+        io.refresh_views()
+    else:
+        io.apply(state)
     if same_world:
         torch.set_rng_state(state[f"rng/rank{grid.rank}"])
     return meta

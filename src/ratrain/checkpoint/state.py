@@ -112,6 +112,16 @@ class StageIO:
                     m._regrow(st)
                     p.data.copy_(seg.master)
 
+    @torch.no_grad()
+    def refresh_views(self) -> None:
+        """Unsharded, after DCP loaded into `tensors()` in place: recast the views."""
+        m = self.model
+        for st in m.units.values():
+            if not m.view_is_master:
+                m._regrow(st)
+                for p, seg in zip(st.params, st.segments, strict=True):
+                    p.data.copy_(seg.master)
+
     def _apply_sharded(self, st: UnitState, names: list[str], loaded: dict) -> None:
         m = self.model
         n = st.padded // m.plan.dp

@@ -255,7 +255,9 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
         if resumed is not None:
             start = resumed["step"]
             ex.updates = resumed["optimizer_updates"]
-            ex.scaler.load_state_dict(resumed["loss_scaler"])
+            if resumed["plan"].get("compute_dtype") == plan.compute_dtype:
+                # (another dtype keeps its own initial scale: bf16/fp32 store a disabled one)
+                ex.scaler.load_state_dict(resumed["loss_scaler"])
         log = (
             _StepLog(grid, comm, plan, spec, job, kind, start)
             if is_metrics
@@ -457,7 +459,7 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         dtype=getattr(args, "data_dtype", None),
     )
     cap = getattr(args, "memory_cap", None)
-    resume_from = resume_dir(args, spec, plan)
+    resume_from = resume_dir(args, spec, plan, cfg)
     job = Job(
         spec,
         plan,
