@@ -71,11 +71,13 @@ def run_case(case: tuple[str, str, int, int], timeout_s: float) -> dict:
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {**row, "wall_s": timeout_s, "result": "timeout", "plan": ""}
+    except subprocess.TimeoutExpired:  # killed and reaped: its CPU time is counted
+        out = None
     row["wall_s"] = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     row["cpu_s"] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    if out is None:
+        return {**row, "wall_s": timeout_s, "result": "timeout", "plan": ""}
     try:
         d = json.loads(out.stdout)
     except json.JSONDecodeError:
