@@ -158,6 +158,10 @@ def test_bench_paper_writes_table_json_and_plot(tmp_path, capsys):
     data = json.loads((tmp_path / "paper_eval.json").read_text())
     row = data["models"][0]
     assert row["speedup"]["best_baseline"] > 0
+    assert set(row["baselines"]) == {"gpu-style", "zero1-pp", "fsdp-pp"}
+    (abl,) = data["ablation"]
+    assert abl["model"] == "llama2-7b" and len(abl["relative"]) == 5
+    assert "Where RATrain's gain comes from" in md
     assert [p["clusters"] for p in data["scaling"]] == [512, 1024]
     assert data["scaling"][0]["efficiency"] == pytest.approx(1.0)
     assert (tmp_path / "paper_eval.png").stat().st_size > 0

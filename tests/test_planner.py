@@ -29,9 +29,10 @@ from ratrain.sim import simulate
 TINY = get_preset("tiny")
 
 
-def _small_cap(usable: int = 3_000_000, workspace: int = 500_000):
-    """mt3000 with a cap that the tiny model's plans straddle (so recompute matters)."""
-    return replace(load("mt3000"), usable_memory_bytes=usable, workspace_bytes=workspace)
+def _small_cap(usable: int = 3_000_000, workspace: int = 500_000, platform: str = "mt3000"):
+    """A platform (mt3000 by default) with a cap that the tiny model's plans straddle (so
+    recompute matters)."""
+    return replace(load(platform), usable_memory_bytes=usable, workspace_bytes=workspace)
 
 
 def _grid(spec, seq, pps=(1, 2, 4), ms=(1, 2, 3, 6)):
@@ -157,9 +158,12 @@ def _exhaustive(req: Request) -> tuple[float, int, int]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("clusters,global_batch", [(3, 6), (2, 8)])
-def test_pruning_never_drops_the_exhaustive_best(clusters, global_batch):
-    req = Request(TINY, _small_cap(), clusters, global_batch, 128)
+@pytest.mark.parametrize(
+    "platform,clusters,global_batch",
+    [("mt3000", 3, 6), ("mt3000", 2, 8), ("a100-80g", 3, 6)],
+)
+def test_pruning_never_drops_the_exhaustive_best(platform, clusters, global_batch):
+    req = Request(TINY, _small_cap(platform=platform), clusters, global_batch, 128)
     want, feasible, infeasible = _exhaustive(req)
     assert feasible and infeasible  # the cap binds: recompute and sharding matter
     pruned = search(req, top=1)

@@ -285,8 +285,9 @@ class _State:
 
 
 def _memory_pass(req, st, fam, kns, state: _State) -> list:
-    """The knob combinations of a structure that the memory bounds do not rule out (no
-    kernel model needed); the others are recorded as misses."""
+    """The knob combinations of a structure that the quick memory bounds do not rule out
+    (no kernel model needed): the model states fit, and every stage fits under some
+    policy. The others are recorded as misses."""
     limit = usable_bytes(req)
     out = []
     for kn in kns:
@@ -302,13 +303,7 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
         if over is not None:  # a stage overflows under every policy: ranked at the end
             state.misses.append((over, len(state.misses), None, st, kn, fam))
             continue
-        opts = options(req, st, kn, None)
-        if not opts.feasible(fam.per_stage_recompute):
-            plan = make_plan(req, st, kn, opts.most_saving)
-            near = Near(plan, fam.name, opts.bound_bytes, limit, measured=False)
-            state.near = _closer(state.near, near)
-            continue
-        out.append(kn)
+        out.append(kn)  # the full per-stage options are worked out if it gets that far
     return out
 
 
@@ -318,8 +313,14 @@ def _bound_knobs(req, st, fam, kns, ut, state: _State) -> list[tuple]:
     fastest first."""
     m = st.microbatches(req.global_batch)
     queue = []
+    limit = usable_bytes(req)
     for kn in kns:
-        opts = options(req, st, kn, ut)  # the same policies, ordered by recompute time
+        opts = options(req, st, kn, ut)
+        if not opts.feasible(fam.per_stage_recompute):  # no one policy fits every stage
+            plan = make_plan(req, st, kn, opts.most_saving)
+            near = Near(plan, fam.name, opts.bound_bytes, limit, measured=False)
+            state.near = _closer(state.near, near)
+            continue
         over = overheads(req.spec, make_plan(req, st, kn, ("none",) * st.pp), req.platform)
         queue.append((time_bound_s(fam, st, m, ut, opts, over), len(queue), kn, opts, over))
     queue.sort(key=lambda q: (q[0], q[1]))
