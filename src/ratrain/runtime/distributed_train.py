@@ -129,7 +129,8 @@ def run_job(job: Job) -> list[RankResult]:
     job.plan.check_for(job.spec)
     check_tied(job.spec, job.plan)
     if job.compile_units and job.measure_memory and job.device != "cuda":
-        # LiveBytes counts tensors through a dispatch mode, which compiled graphs bypass
+        # LiveBytes counts tensors through a dispatch mode; whether it sees every buffer of a
+        # compiled graph is not established, so the two are not combined
         raise RatrainError(
             "--compile cannot be combined with --measure-memory on CPU: measure memory eagerly"
         )
