@@ -5,9 +5,9 @@ never exist at once.
 `h @ w.T` (h: the head's normalised hidden states, (N, H); w: the head weight, (V, H)),
 computed `chunk_tokens` rows at a time, as Liger Kernel's fused linear cross-entropy does
 (Hsu et al. 2024, "Liger Kernel: Efficient Triton Kernels for LLM Training", §3.3): for
-each chunk, the fp32 logits (chunk, V), their log-sum-exp and the loss terms; then, in the
-same pass, the logits' gradient (softmax - one-hot) / n_valid *in place* and its two
-products, the chunk's rows of dL/dh and its term of dL/dw. Forward keeps dL/dh (N, H, in
+each chunk, the fp32 logits (chunk, V), their log-softmax and the loss terms; then, in the
+same pass, the logits' gradient softmax - one-hot *in place* and its two products scaled
+by 1 / n_valid, the chunk's rows of dL/dh and its term of dL/dw. Forward keeps dL/dh (N, H, in
 h's dtype) and dL/dw (V, H, fp32) for backward, which only scales them by the incoming
 gradient; nothing of size N x V outlives a chunk.
 
@@ -16,7 +16,8 @@ the sums (the loss is summed chunk by chunk, dL/dw accumulated over chunks), so 
 values agree to rounding (tests: within 1e-5 relative); not bit for bit.
 
 Memory, per microbatch (what `ratrain.memory.activations` counts): kept from F to B,
-dL/dh (c·H per token) and dL/dw (4·V·H bytes); transient, two fp32 (chunk, V) tensors.
+dL/dh (c·H per token) and dL/dw (4·V·H bytes); transient, two fp32 (chunk, V) tensors
+(the logits and their log-softmax).
 """
 
 from __future__ import annotations
@@ -47,16 +48,19 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 tc = targets[i : i + chunk_tokens]
                 vc = valid[i : i + chunk_tokens]
                 tgt = torch.where(vc, tc, 0).unsqueeze(1)  # (c, 1)
-                logits = hc @ wf.t()  # (c, V) fp32
-                lse = torch.logsumexp(logits, dim=-1)  # (c,)
-                picked = logits.gather(1, tgt).squeeze(1)
-                loss += torch.where(vc, lse - picked, 0.0).sum()
-                # dL/dlogits = (softmax - onehot) / n_valid on valid rows, built in place
-                probs = logits.sub_(lse.unsqueeze(1)).exp_()
+                # log-softmax in place of the logits, then the softmax in place of it: two
+                # passes over (c, V) besides the GEMMs
+                logp = torch.log_softmax(hc @ wf.t(), dim=-1)  # (c, V) fp32
+                picked = logp.gather(1, tgt).squeeze(1)
+                loss -= torch.where(vc, picked, 0.0).sum()
+                # dL/dlogits = (softmax - onehot) / n_valid on valid rows; the 1/n_valid is
+                # applied to the (c, H) and (V, H) products instead of the (c, V) one
+                probs = logp.exp_()
                 probs.scatter_add_(1, tgt, torch.full_like(picked, -1.0).unsqueeze(1))
-                probs.mul_((vc.to(probs.dtype) * inv).unsqueeze(1))
-                grad_h[i : i + chunk_tokens] = (probs @ wf).to(h.dtype)
-                grad_w.addmm_(probs.t(), hc)
+                if not bool(vc.all()):
+                    probs[~vc] = 0.0
+                grad_h[i : i + chunk_tokens] = torch.mm(probs, wf).mul_(inv).to(h.dtype)
+                grad_w.addmm_(probs.t(), hc, alpha=inv)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.w_dtype = w.dtype
         return loss * inv

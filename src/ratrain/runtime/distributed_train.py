@@ -146,7 +146,7 @@ class RunResult:
     profile: dict[str, float] | None = None
     """This rank's time per bucket in `Job.profile_step` (`ratrain.runtime.profile`)."""
     compile_s: float = 0.0
-    """Time this rank spent compiling units (in the steps that compiled them)."""
+    """Time this rank spent compiling and warming up its units, before the first step."""
     save_times_s: list[float] = field(default_factory=list)
     """This rank's wall time in each checkpoint save (not part of `step_times_s`)."""
 
@@ -165,6 +165,12 @@ def run_job(job: Job) -> list[RankResult]:
     externally)."""
     job.plan.check_for(job.spec)
     check_tied(job.spec, job.plan)
+    if job.compile_units and job.measure_memory and job.device != "cuda":
+        # LiveBytes counts tensors through a dispatch mode; whether it sees every buffer of a
+        # compiled graph is not established, so the two are not combined
+        raise RatrainError(
+            "--compile cannot be combined with --measure-memory on CPU: measure memory eagerly"
+        )
     if job.memory_cap_bytes is not None:
         for _, overrides in job_variants(job):
             check_fits(
