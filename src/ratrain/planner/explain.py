@@ -47,6 +47,10 @@ _SAVING_PINS = (
     "schedule",
 )
 _MAX_CLUSTER_FACTOR = 1024
+_SCAN_REPLAYS = 3
+"""Ledger rejections after which a size scanned for a suggested change counts as not
+fitting: the suggestion found is confirmed by the ledger, but may be a little larger than
+the smallest that fits."""
 _MIN_SEQ = 128
 
 
@@ -145,13 +149,20 @@ def _saving_order(kn: Knobs) -> tuple:
 
 
 def find_feasible(
-    req: Request, ev: Evaluator | None = None, *, confirm: bool = True
+    req: Request,
+    ev: Evaluator | None = None,
+    *,
+    confirm: bool = True,
+    max_replays: int | None = None,
 ) -> tuple[Plan, MemoryReport | None] | None:
     """Some plan that fits, if any: per structure, the most memory-saving knobs and per
     stage the cheapest recompute the bound allows, confirmed (and raised) by the ledger.
     `confirm=False`: the first candidate the memory bound does not rule out (no ledger;
-    its report is None), a cheap necessary condition for `find_feasible` to find one."""
+    its report is None), a cheap necessary condition for `find_feasible` to find one.
+    `max_replays`: give up (None) after that many structures the bound allows but the
+    ledger rejects (a scan of many sizes stays quick; what it returns still fits)."""
     ev = ev or Evaluator(req)
+    rejected = 0
     limit = usable_bytes(req)
     for name in req.families:
         fam = family_of(name)
@@ -178,6 +189,9 @@ def find_feasible(
             found = _confirm(ev, req, st, kns[0], opts, fam.per_stage_recompute)
             if found is not None:
                 return found
+            rejected += 1
+            if max_replays is not None and rejected >= max_replays:
+                return None
     return None
 
 
@@ -300,7 +314,7 @@ def _more_clusters(req: Request):
 
     def fits(n: int) -> bool:
         if n not in found:
-            found[n] = find_feasible(req.with_(clusters=n))
+            found[n] = find_feasible(req.with_(clusters=n), max_replays=_SCAN_REPLAYS)
         return found[n] is not None
 
     # No count below n fits (the bound says so). Gallop up from n with the ledger, then
@@ -345,7 +359,7 @@ def _shorter_seq(req: Request):
     while s >= _MIN_SEQ:
         # The bound rules most lengths out without the ledger.
         if find_feasible(req.with_(seq=s), confirm=False) is not None:
-            hit = find_feasible(req.with_(seq=s))
+            hit = find_feasible(req.with_(seq=s), max_replays=_SCAN_REPLAYS)
             if hit is not None:
                 return s, hit[0], hit[1]
         s //= 2
