@@ -95,7 +95,7 @@ def test_validate_two_plan_grid(tmp_path, capsys):
         assert all(-0.02 <= e <= 0.10 for e in r["memory_errors"]), (r["name"], r["memory_errors"])
     names = [r["name"] for r in doc["results"]]
     pick = s["planner_pick"]["tiny"]
-    assert pick["pick"] in names and pick["sim_pick"] in ("a", "b")
+    assert pick["pick"] in names and pick["sim_pick"] in names
     assert names[:2] == ["a", "b"] and len(names) in (2, 3)  # plus ratrain plan's pick
     assert pick["within_5pct"] == (pick["slower_than_fastest"] <= 0.05)
     assert png.stat().st_size > 0 and (tmp_path / "v-worst.png").stat().st_size > 0

@@ -86,6 +86,7 @@ __all__ = [
     "boundary_bytes",
     "forward_workspace_bytes",
     "backward_workspace_bytes",
+    "update_workspace_bytes",
 ]
 
 _ID_BYTES = 8  # int64 token ids / targets
@@ -311,3 +312,16 @@ def backward_workspace_bytes(
     mlp = (3 if eager_kernels else 2) * spec.ffn
     widest = max(mlp, 0 if flash else spec.n_heads * plan.seq)
     return tokens * c * (2 * h + widest) + extra
+
+
+def update_workspace_bytes(spec: ModelSpec, plan: Plan, unit: int) -> int:
+    """Transient bytes of the runtime's eager AdamW step (`ratrain.runtime.optim`) on one
+    unit: per tensor, up to three fp32 temporaries at once (the scaled or cast gradient,
+    sqrt(v) and its quotient), for the unit's largest tensor (its shard's, when sharded)."""
+    h = spec.hidden
+    largest = h * (spec.vocab if unit in (0, head_unit(spec)) else max(spec.ffn, h))
+    if plan.shard_optimizer and plan.dp > 1:
+        from ratrain.models.counts import unit_params
+
+        largest = min(largest, -(-unit_params(spec, unit) // plan.dp))
+    return 3 * 4 * largest

@@ -19,8 +19,9 @@ order and keeps the bytes of each class (`STATE_CLASSES`):
                  unit's F takes it as its input) or gradient (RECV_B until the last unit's
                  B ends), an outgoing one from the F/B producing it until its SEND lands
     workspace    transient bytes of the running compute action
-                 (`forward_workspace_bytes`, `backward_workspace_bytes`; 0 for UPDATE,
-                 assumed: a per-tensor fused optimizer step)
+                 (`forward_workspace_bytes`, `backward_workspace_bytes`; for UPDATE 0,
+                 assumed: a per-tensor fused optimizer step, or with `eager_kernels` the
+                 eager step's temporaries, `update_workspace_bytes`)
 
 Asynchronous actions in program order (the ledger has no clock): what an action
 allocates counts from its issue. What it frees counts from the first later action on
@@ -54,6 +55,7 @@ from ratrain.memory.activations import (
     backward_workspace_bytes,
     boundary_bytes,
     forward_workspace_bytes,
+    update_workspace_bytes,
 )
 from ratrain.memory.states import (
     ADAM_BYTES_PER_PARAM,
@@ -185,6 +187,7 @@ class _StageReplay:
         self.recomputed = {u: full[u] - self.keep[u] for u in units}
         self.fws = {u: forward_workspace_bytes(spec, plan, u, policy[u], **kw) for u in units}
         self.bws = {u: backward_workspace_bytes(spec, plan, u, **kw) for u in units}
+        self.uws = {u: update_workspace_bytes(spec, plan, u) if eager else 0 for u in units}
         self.state = [0] * len(STATE_CLASSES)
         self.state[_MASTER] = sum(
             shard_bytes(params[u] * MASTER_BYTES_PER_PARAM, plan) for u in units
@@ -237,7 +240,9 @@ class _StageReplay:
             st[_ACT] += self.recomputed[u]
             self.act[(u, a.mb)] += self.recomputed[u]
         elif op is Op.UPDATE:
-            return [(_GRAD, self.grad.pop(u)) for u in a.units]
+            ws = max(self.uws[u] for u in a.units)
+            st[_WS] += ws
+            return [(_GRAD, self.grad.pop(u)) for u in a.units] + [(_WS, ws)]
         elif op is Op.RECV_F or op is Op.RECV_B:
             st[_COMM] += self.boundary
         elif op is Op.RELOAD:
