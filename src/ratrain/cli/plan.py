@@ -18,8 +18,9 @@ from ratrain.platforms import PLATFORM_PRESETS
 
 __all__ = ["add_arguments", "run", "DEFAULT_BATCH_TOKENS", "DEFAULT_TIME_BUDGET_S"]
 
-DEFAULT_TIME_BUDGET_S = 3.0
-"""assumed: an interactive answer; the exact search is one flag away (--time-budget 0)."""
+DEFAULT_TIME_BUDGET_S = 1.5
+"""assumed: an interactive answer within about 2 s of a fresh process; the exact search is one
+flag away (--time-budget 0)."""
 
 DEFAULT_BATCH_TOKENS = 4 * 2**20
 """LLaMA 2's global batch, 4M tokens (Touvron et al. 2023, §2.2): 1024 sequences of 4096."""
