@@ -122,6 +122,7 @@ def test_table_output_and_batch_in_tokens(capsys):
         (["--pin", "pp=x"], "expected an integer"),
         (["--global-batch-tokens", "1000", "--seq", "128"], "not a multiple"),
         (["--seq", "100000"], "max_seq"),
+        (["--time-budget", "-1"], "--time-budget"),
     ],
 )
 def test_user_errors_are_one_line_with_exit_code_2(argv, message, capsys):

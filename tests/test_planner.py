@@ -174,6 +174,18 @@ def test_pruning_never_drops_the_exhaustive_best(platform, clusters, global_batc
     assert all(p <= usable_bytes(req) for p in pruned.best.peak_memory_bytes)
 
 
+def test_a_search_cut_at_its_budget_bounds_the_optimum():
+    req = Request(TINY, _small_cap(), 4, 8, 128)
+    exact = search(req, top=1)
+    cut = search(req, top=1, time_budget_s=0.0)  # stops as soon as one plan is ranked
+    assert not exact.cut and exact.gap == 0.0
+    assert cut.cut and cut.ranked and cut.candidates_simulated < exact.candidates_simulated
+    # The floor left is a lower bound on the optimum, and the gap measures the best from it.
+    assert cut.floor_step_s <= exact.best.step_time_s
+    assert cut.best.step_time_s >= exact.best.step_time_s
+    assert cut.gap == pytest.approx(max(0.0, cut.best.step_time_s / cut.floor_step_s - 1))
+
+
 def test_baseline_families_keep_to_their_knobs():
     req = Request(TINY, _small_cap(4_000_000), 4, 8, 128)
     for fam, schedule in (

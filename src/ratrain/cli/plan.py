@@ -16,7 +16,11 @@ from ratrain.cli.common import add_model_arg, positive_int
 from ratrain.errors import RatrainError
 from ratrain.platforms import PLATFORM_PRESETS
 
-__all__ = ["add_arguments", "run", "DEFAULT_BATCH_TOKENS"]
+__all__ = ["add_arguments", "run", "DEFAULT_BATCH_TOKENS", "DEFAULT_TIME_BUDGET_S"]
+
+DEFAULT_TIME_BUDGET_S = 1.5
+"""assumed: an interactive answer within about 2 s of a fresh process; the exact search is one
+flag away (--time-budget 0)."""
 
 DEFAULT_BATCH_TOKENS = 4 * 2**20
 """LLaMA 2's global batch, 4M tokens (Touvron et al. 2023, §2.2): 1024 sequences of 4096."""
@@ -78,6 +82,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=DEFAULT_TIME_BUDGET_S,
+        metavar="SECONDS",
+        help="stop the search after this long once a plan fits, and report how far the best "
+        f"may be from the optimum; 0 searches until proven optimal (default "
+        f"{DEFAULT_TIME_BUDGET_S:g})",
+    )
 
 
 def _request(args: argparse.Namespace):
@@ -108,14 +121,20 @@ def _progress(args):
     return lambda msg: print(f"ratrain plan: {msg}", file=sys.stderr, flush=True)
 
 
-def _baselines(req, progress) -> dict:
+def _budget(args) -> float | None:
+    if args.time_budget < 0:
+        raise RatrainError(f"--time-budget must be >= 0, got {args.time_budget:g}")
+    return args.time_budget or None
+
+
+def _baselines(req, progress, budget) -> dict:
     from ratrain.planner import BASELINE_FAMILIES, search
 
     out = {}
     for name in BASELINE_FAMILIES:
         if req.pins.get("schedule") not in (None, _schedule_of(name)):
             continue
-        res = search(req.with_(families=(name,)), top=1, progress=progress)
+        res = search(req.with_(families=(name,)), top=1, progress=progress, time_budget_s=budget)
         out[name] = res.best
     return out
 
@@ -135,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
     prepare_output_file(args.plot, "--plot")
     req = _request(args)
     progress = _progress(args)
-    res = search(req, top=args.top, progress=progress)
+    budget = _budget(args)
+    res = search(req, top=args.top, progress=progress, time_budget_s=budget)
     if not res.feasible:
         ex = explain(req, res.near)
         if args.json:
@@ -143,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print("\n".join(ex.lines()))
         return 2
-    baselines = _baselines(req, progress) if args.baselines else None
+    baselines = _baselines(req, progress, budget) if args.baselines else None
     best = res.best
     if args.output:
         _save(best, req, args)
@@ -189,6 +209,12 @@ def _print(res, baselines, args) -> None:
         f"{res.candidates_total} candidates ({res.candidates_simulated} simulated) in "
         f"{res.search_time_s:.1f} s"
     )
+    if res.cut:
+        print(
+            f"search cut at its time budget ({args.time_budget:g} s): no plan of the space is "
+            f"faster than {res.floor_step_s:.3f} s/step (the smallest bound left), so the best "
+            f"is within {res.gap:.1%} of the optimum; --time-budget 0 searches to the end"
+        )
     print(ranked_table(res))
     runner = res.ranked[1] if len(res.ranked) > 1 else None
     print(f"\nwhy #1: {why(best, runner, '#2')}")

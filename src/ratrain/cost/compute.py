@@ -240,8 +240,25 @@ def unit_kernels(
     raise ValueError(f"unknown kernel group {kind!r}")
 
 
+_KERNELS_TIME: dict[tuple, tuple[Platform, tuple[float, str]]] = {}
+
+
 def kernels_time_s(kernels: list[Kernel], dtype: str, platform: Platform) -> tuple[float, str]:
-    """Sum of the kernels' times; the bound is the one that took the most time."""
+    """Sum of the kernels' times; the bound is the one that took the most time. Memoised
+    per kernel list, dtype and platform object (a planner costs the same units for every
+    candidate; the platform is kept, so its id is not reused while the entry lives)."""
+    key = (tuple(kernels), dtype, id(platform))
+    hit = _KERNELS_TIME.get(key)
+    if hit is not None and hit[0] is platform:
+        return hit[1]
+    if len(_KERNELS_TIME) > 100_000:
+        _KERNELS_TIME.clear()
+    out = _kernels_time_s(kernels, dtype, platform)
+    _KERNELS_TIME[key] = (platform, out)
+    return out
+
+
+def _kernels_time_s(kernels: list[Kernel], dtype: str, platform: Platform) -> tuple[float, str]:
     total, by_bound = 0.0, {}
     for k in kernels:
         if k.kind == "gemm":

@@ -51,6 +51,8 @@ _SCAN_REPLAYS = 3
 """Ledger rejections after which a size scanned for a suggested change counts as not
 fitting: the suggestion found is confirmed by the ledger, but may be a little larger than
 the smallest that fits."""
+_LINEAR_STEPS = 3
+"""assumed: the ledger's smallest cluster count is usually within a few of the bound's."""
 _MIN_SEQ = 128
 
 
@@ -164,6 +166,7 @@ def find_feasible(
     ev = ev or Evaluator(req)
     rejected = 0
     limit = usable_bytes(req)
+    allowed = []  # (largest stage bound, order, structure, knobs, options, family)
     for name in req.families:
         fam = family_of(name)
         if req.pins.get("schedule", fam.schedule) != fam.schedule:
@@ -186,12 +189,16 @@ def find_feasible(
                 continue
             if not confirm:
                 return plan, None
-            found = _confirm(ev, req, st, kns[0], opts, fam.per_stage_recompute)
-            if found is not None:
-                return found
-            rejected += 1
-            if max_replays is not None and rejected >= max_replays:
-                return None
+            allowed.append((max(opts.bound_bytes), len(allowed), st, kns[0], opts, fam))
+    # The most room under the cap by the bound first: the likeliest to fit by the ledger,
+    # so a scan of sizes rarely pays for a rejected replay.
+    for _, _, st, kn, opts, fam in sorted(allowed, key=lambda a: a[:2]):
+        found = _confirm(ev, req, st, kn, opts, fam.per_stage_recompute)
+        if found is not None:
+            return found
+        rejected += 1
+        if max_replays is not None and rejected >= max_replays:
+            return None
     return None
 
 
@@ -317,9 +324,14 @@ def _more_clusters(req: Request):
             found[n] = find_feasible(req.with_(clusters=n), max_replays=_SCAN_REPLAYS)
         return found[n] is not None
 
-    # No count below n fits (the bound says so). Gallop up from n with the ledger, then
-    # bisect: the bound is usually tight, so this costs a replay or two.
+    # No count below n fits (the bound says so). The bound is usually tight: step up one
+    # count at a time for a few counts (each a replay or so), then gallop up from there
+    # with the ledger and bisect.
     top, step, lo = req.clusters * _MAX_CLUSTER_FACTOR, 1, n - 1
+    for _ in range(_LINEAR_STEPS):
+        if n >= top or fits(n):
+            break
+        lo, n = n, n + 1
     while not fits(n):
         lo, n, step = n, min(top, n + step), step * 2
         if lo >= top:

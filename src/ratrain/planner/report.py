@@ -133,7 +133,10 @@ def result_json(res: SearchResult, explanation=None, baselines: dict | None = No
         "candidates_simulated": res.candidates_simulated,
         "candidates_total": res.candidates_total,
         "memory_replays": res.memory_replays,
+        "cut": res.cut,
     }
+    if res.cut:
+        d.update(floor_step_s=res.floor_step_s, gap=res.gap)
     if res.best is not None:
         b = res.best
         d.update(

@@ -119,6 +119,19 @@ class SearchResult:
     memory_replays: int
     structures_pruned: int
     near: Near | None = None
+    cut: bool = False
+    """The search stopped at its time budget before it could prove the ranking optimal."""
+    floor_step_s: float | None = None
+    """When cut: a lower bound on the step of every plan not examined (the smallest
+    step-time bound left), so no plan of the space is faster than min(floor, best)."""
+
+    @property
+    def gap(self) -> float:
+        """When cut: how much longer the best step may be than the optimum over the space
+        (0.0 when the bound left proves it optimal, or when not cut)."""
+        if not self.cut or not self.ranked or self.floor_step_s is None:
+            return 0.0
+        return max(0.0, self.ranked[0].step_time_s / self.floor_step_s - 1.0)
 
     @property
     def feasible(self) -> bool:
@@ -199,17 +212,30 @@ def search(
     prune: bool = True,
     progress: Callable[[str], None] | None = None,
     evaluator: Evaluator | None = None,
+    time_budget_s: float | None = None,
 ) -> SearchResult:
-    """The `top` fastest feasible plans for `req` (all families in `req.families`)."""
+    """The `top` fastest feasible plans for `req` (all families in `req.families`).
+
+    With `time_budget_s`, once that many seconds have passed and some plan fits, the search
+    stops where it is (`SearchResult.cut`) and reports the smallest step-time bound left
+    (`floor_step_s`): the best plan is then within `gap` of the optimum over the space."""
     t0 = time.perf_counter()
     ev = evaluator or Evaluator(req)
     tasks = _tasks(req, req.families)
     n_tasks, total = len(tasks), sum(len(t[6]) for t in tasks)
     best, state = _Top(max(1, top)), _State()
+    if time_budget_s is not None:
+        state.deadline = t0 + time_budget_s
     last_report, done = t0, 0
     while tasks:
         lb, order, seq, level, st, fam, kns, queue = heapq.heappop(tasks)
         if prune and best.beaten(lb):
+            state.pruned = len(tasks) + 1
+            break
+        if state.out_of_time(best):
+            # The heap's smallest bound is below every bound left (those of the knob
+            # queues left are no smaller than their structure's).
+            state.floor = lb if state.floor is None else min(state.floor, lb)
             state.pruned = len(tasks) + 1
             break
         m = st.microbatches(req.global_batch)
@@ -230,6 +256,10 @@ def search(
                 heapq.heappush(tasks, (queue[0][0], order, seq, _KNOBS, st, fam, kns, queue))
             continue
         _run_queue(ev, req, st, fam, ut, queue, best, state, prune)
+        if state.floor is not None:  # cut inside the queue: the structures left bound too
+            state.floor = min(state.floor, tasks[0][0]) if tasks else state.floor
+            state.pruned = len(tasks)
+            break
         done += 1
         if progress is not None and time.perf_counter() - last_report > 1.0:
             last_report = time.perf_counter()
@@ -248,6 +278,8 @@ def search(
         memory_replays=ev.n_memory,
         structures_pruned=state.pruned,
         near=None if best.items else state.nearest(req),
+        cut=state.floor is not None,
+        floor_step_s=state.floor,
     )
 
 
@@ -263,6 +295,15 @@ class _State:
     """(a lower bound on its overflow, order, plan, structure, knobs, family) of the
     candidates ruled out by a quick bound: the model states alone overflow a stage (plan
     given), or a stage overflows under every recompute policy (plan None)."""
+    deadline: float | None = None
+    floor: float | None = None
+    """Set when the search is cut at `deadline`: the smallest step-time bound left."""
+
+    def out_of_time(self, best: _Top) -> bool:
+        """Past the deadline with some plan ranked (without one, the search goes on)."""
+        return (
+            self.deadline is not None and bool(best.items) and time.perf_counter() > self.deadline
+        )
 
     def nearest(self, req: Request) -> Near | None:
         """The closest miss: `near`, or one of `misses` ranked by its full bound, tried in
@@ -333,6 +374,9 @@ def _run_queue(ev, req, st, fam, ut, queue, best: _Top, state: _State, prune: bo
     for lb, _, kn, opts, over in queue:
         if prune and best.beaten(lb):
             continue
+        if state.out_of_time(best):  # the queue is sorted: lb is its smallest bound left
+            state.floor = lb
+            return
         ctx = _Ctx(ev, req, st, fam, kn, ut, over, m, best, state, prune)
         if "recompute" in req.pins:
             ctx.try_policy(_pinned(req.pins["recompute"], st.pp))
