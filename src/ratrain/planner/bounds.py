@@ -177,6 +177,9 @@ class Overheads:
     """After stage 0's last backward: its last gradient sync and the update that waits."""
     start_s: float = 0.0
     """Before stage 0's first forward: fetching the embedding's transient view."""
+    forward_pass_s: tuple[float, ...] = ()
+    """Per stage (or empty): fetch time that one microbatch's forward pass waits for before
+    its last-fetched block's F, when every use fetches its view (`_fetched_forward_s`)."""
 
     @staticmethod
     def none(pp: int) -> Overheads:
@@ -211,7 +214,43 @@ def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
         if transient and view_bytes_per_param(plan)
         else 0.0
     )
-    return Overheads(upd, send_f, send_b, sync + after, start)
+    # Views fetched per use: ratrain's transient views, fsdp-pp resharding after each use
+    # (without resharding, fsdp-pp gathers a view once per step).
+    per_use = plan.view_policy == "transient" and plan.schedule in ("ratrain", "fsdp-pp")
+    fwd = (
+        _fetched_forward_s(spec, plan, cm, units) if per_use and view_bytes_per_param(plan) else ()
+    )
+    return Overheads(upd, send_f, send_b, sync + after, start, fwd)
+
+
+def _fetched_forward_s(spec: ModelSpec, plan: Plan, cm: CostModel, units) -> tuple[float, ...]:
+    """Per stage, fetch seconds within one forward pass: the pass's span (from its first
+    F's start to its last F's end) is at least these plus one block's F, when views are
+    fetched per use, `view_lookahead` (L) uses ahead
+    (`_add_transient_views`: ratrain's transient views, fsdp-pp resharding after use).
+
+    The fetch for the pass's use k is placed before use k - L, and the stage's walk issues
+    it only after every compute action before that point has ended: for k >= L + 1, after
+    the pass's first F has started. Each such use is a block's F whose view was dropped
+    after its previous use (in the previous forward pass, at least n >= L + 2 uses back, or
+    in a backward pass, at least k + 1 >= L + 2 back): its fetch is really issued. Those
+    n - L - 1 fetches of the pass's n blocks run one at a time on the stage's fetch
+    resource (DP network or copy engine), so the last of them ends no earlier than the
+    first F's start plus their total time, and the block that waits for it still runs its
+    F after that."""
+    l_ahead = plan.view_lookahead
+    out = []
+    for s in range(plan.pp):
+        blocks = [u for u in units[s] if counts.is_block(spec, u)]
+        c = len(blocks) - l_ahead - 1
+        if c <= 0:
+            out.append(0.0)
+            continue
+        # A fetch's time depends on the unit through its parameter count only.
+        alike = {counts.unit_params(spec, u): u for u in blocks}
+        fetch = min(cm.time_s(Action(Op.VIEW_FETCH, s, (u,))) for u in alike.values())
+        out.append(c * fetch)
+    return tuple(out)
 
 
 def _transient_views(plan: Plan) -> bool:
@@ -233,6 +272,11 @@ def step_time_lower_bound_s(
     m, pp = microbatches, len(split)
     over = over or Overheads.none(pp)
     fb = stage_times(split, ut)
+    if over.forward_pass_s:  # a pass that waits for its fetches lasts longer than its F's
+        fb = [
+            (max(f, x + ut.f_block) if x else f, b)
+            for (f, b), x in zip(fb, over.forward_pass_s, strict=True)
+        ]
     rc = [recompute_time_s(recompute[s], split[s], ut) if recompute else 0.0 for s in range(pp)]
     # The first RECOMPUTE of a backward pass needs only its forward, so it may run while
     # the stage waits for the gradient: count one block's recomputation less on the paths.
