@@ -41,7 +41,7 @@ from __future__ import annotations
 from ratrain.config import Plan
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Schedule
-from ratrain.schedule.lowering import _add_transient_views, _base, _checks, _last_b_index
+from ratrain.schedule.lowering import _add_transient_views, _base, _checks, _per_unit_syncs
 from ratrain.schedule.onef1b import splice
 
 __all__ = ["lower_fsdp_pp"]
@@ -59,14 +59,7 @@ def lower_fsdp_pp(spec: ModelSpec, plan: Plan) -> Schedule:
     m = plan.microbatches
     for s, acts in enumerate(sch.stages):
         units = sch.meta["stage_units"][s]
-        last_b = _last_b_index(acts, m)
-        after: dict[int, list[Action]] = {}
-        syncs = []
-        for u in reversed(units):  # backward order: the order the reduce-scatters are issued
-            sync = Action(Op.GRAD_SYNC, s, (u,))
-            sch.deps[sync] = (acts[last_b[u]],)
-            after.setdefault(last_b[u], []).append(sync)
-            syncs.append(sync)
+        after, syncs = _per_unit_syncs(sch, s, acts, m)  # the reduce-scatters
         checks = _checks(sch, plan, s, syncs)
         upd = Action(Op.UPDATE, s, units)
         sch.add_dep(upd, *syncs, *checks)

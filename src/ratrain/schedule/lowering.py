@@ -210,6 +210,23 @@ def lower_gpu_style(spec: ModelSpec, plan: Plan) -> Schedule:
     return sch
 
 
+def _per_unit_syncs(
+    sch: Schedule, s: int, acts: list[Action], m: int
+) -> tuple[dict[int, list[Action]], list[Action]]:
+    """One GRAD_SYNC per unit of stage `s`, each placed right after the unit's last
+    backward of the step, in backward order (the order they are issued in): the actions to
+    splice in after each index, and the syncs."""
+    last_b = _last_b_index(acts, m)
+    after: dict[int, list[Action]] = {}
+    syncs = []
+    for u in reversed(sch.meta["stage_units"][s]):
+        sync = Action(Op.GRAD_SYNC, s, (u,))
+        sch.deps[sync] = (acts[last_b[u]],)
+        after.setdefault(last_b[u], []).append(sync)
+        syncs.append(sync)
+    return after, syncs
+
+
 def lower_ratrain(spec: ModelSpec, plan: Plan) -> Schedule:
     view_policy = plan.view_policy if view_bytes_per_param(plan) else "persistent"
     sch = _base(spec, plan, "ratrain", view_policy)
@@ -219,15 +236,7 @@ def lower_ratrain(spec: ModelSpec, plan: Plan) -> Schedule:
         _add_transient_views(sch, plan.view_lookahead)
     m = plan.microbatches
     for s, acts in enumerate(sch.stages):
-        units = sch.meta["stage_units"][s]
-        last_b = _last_b_index(acts, m)
-        after: dict[int, list[Action]] = {}
-        syncs = []
-        for u in reversed(units):  # backward order: the order the syncs are issued in
-            sync = Action(Op.GRAD_SYNC, s, (u,))
-            sch.deps[sync] = (acts[last_b[u]],)
-            after.setdefault(last_b[u], []).append(sync)
-            syncs.append(sync)
+        after, syncs = _per_unit_syncs(sch, s, acts, m)
         checks = _checks(sch, plan, s, syncs)
         tail = list(checks)
         for sync in syncs:
