@@ -143,8 +143,11 @@ def _measured_without_ew(tmp_path):
 def test_shared_cores_slow_every_rank(tmp_path):
     p = _measured(tmp_path, cores=2, thread_eff=0.5)
     assert compute_speed(p, 1) == pytest.approx(1.5)  # two threads
-    assert compute_speed(p, 2) == 1.0  # a core each
-    assert compute_speed(p, 4) == 0.5  # 4 ranks on 2 cores: half speed
+    # Two ranks of one thread each share the same aggregate as one rank's two threads.
+    assert compute_speed(p, 2) == pytest.approx(0.75)
+    assert compute_speed(p, 4) == pytest.approx(0.375)  # 4 ranks take turns on that
+    ideal = _measured(tmp_path, cores=2, thread_eff=1.0)  # independent cores
+    assert compute_speed(ideal, 2) == 1.0 and compute_speed(ideal, 4) == 0.5
     f = Action(Op.F, 0, (1,), 0)
     one = CostModel(TINY, Plan(pp=2, global_batch=4, seq=64, compute_dtype="fp32"), p)
     four = CostModel(TINY, Plan(pp=2, dp=2, global_batch=4, seq=64, compute_dtype="fp32"), p)

@@ -76,15 +76,22 @@ def threads_per_rank(cores: int, world: int) -> int:
 
 def compute_speed(platform: Platform, ranks_on_node: int) -> float:
     """Kernel speed of one rank relative to one thread on a core of its own (the speed the
-    curves were measured at). Without `cores_per_node` every unit has its own: 1."""
+    curves were measured at). Without `cores_per_node` every unit has its own: 1.
+
+    A node's cores deliver, to k busy instruction streams, the aggregate speed that k
+    threads of one GEMM reach: 1 + (k - 1) x `thread_efficiency` (measured). Streams of
+    different ranks share what the cores give in the same way as one rank's threads do (on
+    SMT siblings or a shared memory bus they cannot get more), so each of the node's ranks
+    gets its share of the aggregate of all their threads, the cores being the limit. All
+    ranks are taken as busy at once: a rank idle in its bubble leaves the others more, which
+    this does not credit.
+    """
     cores = platform.cores_per_node
     if cores is None:
         return 1.0
-    share = cores / max(ranks_on_node, 1)  # cores each rank gets
-    if share < 1.0:
-        return share  # time-sliced: the ranks take turns on the cores
-    threads = min(threads_per_rank(cores, ranks_on_node), int(share))
-    return 1.0 + (threads - 1) * platform.thread_efficiency
+    ranks = max(ranks_on_node, 1)
+    busy = min(ranks * threads_per_rank(cores, ranks), cores)  # streams the cores run
+    return (1.0 + (busy - 1) * platform.thread_efficiency) / ranks
 
 
 def measured_collective_s(kind: str, nbytes: float, n: int, platform: Platform) -> float | None:
