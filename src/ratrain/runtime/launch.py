@@ -90,7 +90,11 @@ def _child(
         result, code = {"error": traceback.format_exc(), "t": time.time()}, 1
     else:
         code = 0
-    out.write_bytes(pickle.dumps(result))
+    # Written under a temporary name and renamed: a rank stopped mid-write (the launcher
+    # SIGTERMs the others when one fails) leaves no truncated result behind.
+    tmp = out.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(result))
+    tmp.replace(out)
     if code:
         raise SystemExit(code)
 
@@ -176,7 +180,10 @@ def _read_results(out_dir: Path, nprocs: int) -> list[dict | None]:
     results: list[dict | None] = []
     for r in range(nprocs):
         f = out_dir / f"rank{r}.pkl"
-        results.append(pickle.loads(f.read_bytes()) if f.exists() else None)
+        try:
+            results.append(pickle.loads(f.read_bytes()) if f.exists() else None)
+        except (EOFError, pickle.UnpicklingError):  # a result cut short: no result
+            results.append(None)
     return results
 
 
