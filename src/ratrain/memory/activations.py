@@ -154,35 +154,26 @@ def llama_block_tensors(
         if flash
         else ActTensor("softmax_out", a * seq, c, core=True)
     )
-    if eager_kernels:
-        mlp_in = [ActTensor("mlp_norm_in", h, c)] if c == 4 else []
-        return [
-            ActTensor("attn_norm_in", h, c, block_input=True),
-            *_eager_norm("attn_norm", h, c),
-            ActTensor("attn_norm_out", h, c),
-            ActTensor("q_rope", h, c),
-            ActTensor("k_rope", kv, c),
-            ActTensor("v", kv, c),
-            core,
-            ActTensor("sdpa_out", h, c, core=True),
-            ActTensor("attn_out", h, c),
-            *mlp_in,
-            *_eager_norm("mlp_norm", h, c),
-            ActTensor("mlp_norm_out", h, c),
-            ActTensor("gate_out", f, c),
-            ActTensor("up_out", f, c),
-            ActTensor("silu_gate", f, c),
-            ActTensor("swiglu_out", f, c),
-        ]
+
+    # Eager kernels also keep each norm's own temporaries and the attention kernel's
+    # output; below fp32 what autograd holds of the MLP norm's input is its fp32 copy
+    # (counted by `_eager_norm`), not the compute-dtype tensor.
+    def eager(*ts: ActTensor) -> list[ActTensor]:
+        return list(ts) if eager_kernels else []
+
+    mlp_in = [ActTensor("mlp_norm_in", h, c)] if not eager_kernels or c == 4 else []
     return [
         ActTensor("attn_norm_in", h, c, block_input=True),
+        *eager(*_eager_norm("attn_norm", h, c)),
         ActTensor("attn_norm_out", h, c),
         ActTensor("q_rope", h, c),
         ActTensor("k_rope", kv, c),
         ActTensor("v", kv, c),
         core,
+        *eager(ActTensor("sdpa_out", h, c, core=True)),
         ActTensor("attn_out", h, c),
-        ActTensor("mlp_norm_in", h, c),
+        *mlp_in,
+        *eager(*_eager_norm("mlp_norm", h, c)),
         ActTensor("mlp_norm_out", h, c),
         ActTensor("gate_out", f, c),
         ActTensor("up_out", f, c),
