@@ -205,7 +205,13 @@ def test_memory_comes_from_the_ledger():
     spec = UNIFORM
     plan = _plan(4, 6, schedule="ratrain", compute_dtype="bf16")
     r = simulate(spec, plan, CPU)
-    ledger = ledger_replay(build_schedule(spec, plan), spec, plan, eager_kernels=CPU.eager_kernels)
+    ledger = ledger_replay(
+        build_schedule(spec, plan),
+        spec,
+        plan,
+        eager_kernels=CPU.eager_kernels,
+        sends_held=CPU.sends_held_until_waited,
+    )
     assert r.peak_memory_bytes == [m.peak_bytes for m in ledger.stages]
     assert r.memory_breakdown == [m.breakdown_at_peak for m in ledger.stages]
     for s, points in enumerate(r.memory_timeline):

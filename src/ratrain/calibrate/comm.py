@@ -8,7 +8,10 @@ times, for each message size, with every rank taking part at once (as in a step)
 - collectives: `dp_all_reduce`, `dp_reduce_scatter`, `dp_all_gather` at each DP group
   size n that divides nproc (grids pp = nproc/n x dp = n, so groups run side by side);
 - the issue cost of one asynchronous send and one all-reduce (the walk's share of a SEND
-  or SYNC action).
+  or SYNC action);
+- whether a send reports completion to a poll once the receiver has its data, or only
+  when waited (gloo's isend): the executor frees a SEND's buffer when its poll finds it
+  complete, so on such a backend every SEND buffer of a step lives to the step's end.
 
 Each size's time is the median over repetitions of the slowest rank's time; α and the
 bandwidth come from a least-squares line through (bytes, seconds).
@@ -71,6 +74,24 @@ def _collective(comm: Comm, kind: str, full: torch.Tensor, shard: torch.Tensor) 
         comm.dp_all_gather(full, shard).wait()
 
 
+def _send_polls_complete(comm: Comm, g: ParallelGrid, buf: torch.Tensor) -> bool:
+    """Whether stage 0's isend reports `is_completed()` after stage 1 has received it
+    (and a grace period), without being waited: what the executor's poll sees."""
+    seen = torch.zeros(1, dtype=torch.float64)
+    if g.stage == 0:
+        h = comm.send_activation(buf, 2)
+        dist.barrier()  # stage 1 has received
+        time.sleep(0.05)
+        seen[0] = 1.0 if h.is_completed() else 0.0
+        h.wait()
+    else:
+        comm.recv_activation(buf, 2).wait()
+        dist.barrier()
+        seen[0] = 1.0
+    dist.all_reduce(seen, op=dist.ReduceOp.MIN)
+    return bool(seen.item() > 0)
+
+
 def _rank(rdzv: Rendezvous, sizes: tuple[int, ...], reps: int, device: str | None) -> dict:
     n_world = rdzv.world_size
     out: dict = {"p2p": [], "collectives": {}, "issue_s": {}}
@@ -105,6 +126,7 @@ def _rank(rdzv: Rendezvous, sizes: tuple[int, ...], reps: int, device: str | Non
                 t_issue.append(time.perf_counter() - t0)
                 h.wait()
             out["issue_s"]["p2p"] = statistics.median(t_issue)
+            out["send_polls_complete"] = _send_polls_complete(comm, g2, small)
         for n in [d for d in range(2, n_world + 1) if n_world % d == 0]:
             g = ParallelGrid.init(n_world // n, n, rdzv, device=device)
             comm = Comm(g)

@@ -177,6 +177,13 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
             ),
         },
     }
+    if "send_polls_complete" in c:
+        held = not c["send_polls_complete"]
+        data["runtime"]["sends_held_until_waited"] = _v(
+            held,
+            "measured: an isend polled (is_completed) after its receiver had the data "
+            f"reported {'not ' if held else ''}complete, {ctx['nproc']} ranks, {on}",
+        )
     here = host_fingerprint()
     data["measured_on"] = {
         "cpu": _v(here["cpu"], f"measured: /proc/cpuinfo model name, {on}"),

@@ -21,14 +21,20 @@ order and keeps the bytes of each class (`STATE_CLASSES`):
     workspace    transient bytes of the running compute action
                  (`forward_workspace_bytes`, `backward_workspace_bytes`; for UPDATE 0,
                  assumed: a per-tensor fused optimizer step, or with `eager_kernels` the
-                 eager step's temporaries, `update_workspace_bytes`)
+                 eager step's temporaries, `update_workspace_bytes`); with
+                 `eager_kernels` also the global checks' temporaries while they are
+                 computed on the walk (GRAD_NORM's fp64 copy and square of the stage's
+                 largest gradient tensor, OVERFLOW's bool mask of a unit's gradient:
+                 `ratrain.memory.step_workspace`)
 
 Asynchronous actions in program order (the ledger has no clock): what an action
 allocates counts from its issue. What it frees counts from the first later action on
 the stage that depends on it (directly, or through another asynchronous action): the
 compute thread cannot run that action before it has landed. A SEND or OFFLOAD, which no
 later action of the stage waits for, frees after the next compute action ends (assumed:
-the copy overlaps one compute action).
+the copy overlaps one compute action), or with `sends_held` (a backend whose sends report
+completion only when waited, like gloo's isend: the runtime's poll never frees them) at the
+end of the step.
 
 Each trace entry is the state *while* the action runs: its allocations counted, what it
 frees at its end not yet freed (so the peak is the largest entry). The state after an
@@ -65,6 +71,12 @@ from ratrain.memory.states import (
     shard_bytes,
     stored_params,
     view_bytes_per_param,
+)
+from ratrain.memory.step_workspace import (
+    bookkeeping_bytes,
+    held_token_bytes,
+    norm_workspace_bytes,
+    overflow_workspace_bytes,
 )
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
@@ -118,17 +130,21 @@ def replay(
     flash: bool = True,
     keep_trace: bool = True,
     eager_kernels: bool = False,
+    sends_held: bool = False,
 ) -> Ledger:
     """Replay one step of `schedule` and return per-stage peaks, breakdowns and traces.
 
     `flash`: activations under fused attention (no s² tensors); `keep_trace`: False
     skips the per-action trace (faster, for searches that only need the peaks);
     `eager_kernels`: the norms keep what the runtime's eager fp32 RMSNorm keeps
-    (`ratrain.memory.activations`), rather than what a fused norm keeps.
+    (`ratrain.memory.activations`), rather than what a fused norm keeps; `sends_held`:
+    SEND buffers live to the end of the step (`Platform.sends_held_until_waited`).
     """
     landings = _landings(schedule)
     stages = [
-        _StageReplay(schedule, spec, plan, s, flash, eager_kernels).run(landings[s], keep_trace)
+        _StageReplay(schedule, spec, plan, s, flash, eager_kernels).run(
+            landings[s], keep_trace, sends_held
+        )
         for s in range(schedule.pp)
     ]
     return Ledger(stages)
@@ -188,6 +204,13 @@ class _StageReplay:
         self.fws = {u: forward_workspace_bytes(spec, plan, u, policy[u], **kw) for u in units}
         self.bws = {u: backward_workspace_bytes(spec, plan, u, **kw) for u in units}
         self.uws = {u: update_workspace_bytes(spec, plan, u) if eager else 0 for u in units}
+        # The global checks run over every unit of the stage, one tensor/unit at a time.
+        self.nws = max(norm_workspace_bytes(spec, plan, u) for u in units) if eager else 0
+        self.ows = max(overflow_workspace_bytes(spec, plan, u) for u in units) if eager else 0
+        # The runtime's step-long holdings (token ids, reduction bookkeeping): eager counts.
+        self.token_units = {0, spec.n_layers + 1} & set(units) if eager else set()
+        self.token_bytes = held_token_bytes(plan)
+        self.token_mbs: set[int] = set()
         self.state = [0] * len(STATE_CLASSES)
         self.state[_MASTER] = sum(
             shard_bytes(params[u] * MASTER_BYTES_PER_PARAM, plan) for u in units
@@ -196,6 +219,7 @@ class _StageReplay:
         persistent = sch.meta.get("view_policy", "persistent") == "persistent"
         self.live_views = set(units) if persistent and vbp else set()
         self.state[_VIEW] = sum(self.view[u] for u in self.live_views)
+        self.state[_COMM] = bookkeeping_bytes(spec, plan) if eager else 0
         self.grad: dict[int, int] = {}
         self.act: dict[tuple[int, int], int] = {}
         self.host: dict[tuple[int, int], int] = {}
@@ -208,6 +232,9 @@ class _StageReplay:
             u = a.units[0]
             st[_ACT] += self.keep[u]
             self.act[(u, a.mb)] = self.keep[u]
+            if u in self.token_units and a.mb not in self.token_mbs:
+                self.token_mbs.add(a.mb)  # held to the step's end
+                st[_ACT] += self.token_bytes
             if u == self.first_unit and self.recv_input:
                 st[_COMM] -= self.boundary  # the received buffer becomes the unit's input
             if u == self.last_unit and self.send_output:
@@ -243,6 +270,10 @@ class _StageReplay:
             ws = max(self.uws[u] for u in a.units)
             st[_WS] += ws
             return [(_GRAD, self.grad.pop(u)) for u in a.units] + [(_WS, ws)]
+        elif op is Op.GRAD_NORM or op is Op.OVERFLOW:
+            ws = self.nws if op is Op.GRAD_NORM else self.ows
+            st[_WS] += ws
+            return [(_WS, ws)]
         elif op is Op.RECV_F or op is Op.RECV_B:
             st[_COMM] += self.boundary
         elif op is Op.RELOAD:
@@ -268,7 +299,7 @@ class _StageReplay:
             self.act[key] = 0
 
     # -- the walk ---------------------------------------------------------------------------
-    def run(self, land: dict[int, int], keep_trace: bool) -> StageMemory:
+    def run(self, land: dict[int, int], keep_trace: bool, sends_held: bool) -> StageMemory:
         acts, st = self.acts, self.state
         land_before: dict[int, list[Action]] = {}
         for i, j in land.items():
@@ -293,6 +324,8 @@ class _StageReplay:
                 for b in pending:
                     self._land(b)
                 pending = []
+            elif sends_held and a.op in (Op.SEND_F, Op.SEND_B):
+                pass  # lands at the step's end, after the last entry
             elif a.op in _LAND_AFTER_COMPUTE or (a.op in _LAND_BY_DEPENDENT and i not in land):
                 pending.append(a)
         return StageMemory(

@@ -37,6 +37,7 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
     runtime:
       action_overhead_s: {F: {value, note}, B: ..., default: ...}   # fixed cost per action
       eager_kernels: {value: true, note}  # the ledger counts what eager kernels keep
+      sends_held_until_waited: {value: true, note}  # a SEND's buffer lives to the step end
     measured_on: {cpu: {value, note}, cores: {value, note}}   # warns on another host
 
 The loader (`ratrain.platforms.load`) turns this into the frozen dataclasses below.
@@ -104,6 +105,10 @@ class Platform:
     eager_kernels: bool = False
     """The runtime on this machine runs eager fp32 norms (the ledger counts what they keep,
     `ratrain.memory.activations`); False: fused norm kernels."""
+    sends_held_until_waited: bool = False
+    """A point-to-point send reports completion only when waited (gloo's isend), so the
+    executor's poll never frees a SEND's buffer before the step's end; the ledger holds
+    them that long. False: a send lands after the next compute action (NCCL, polled)."""
     action_overhead_s: dict[str, float] = field(default_factory=dict)
     """Fixed cost of one IR action by op value ("F", "B", "SEND_F", ...; "default")."""
     collectives: dict[str, tuple[tuple[int, float, float], ...]] = field(default_factory=dict)

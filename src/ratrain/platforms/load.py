@@ -186,17 +186,21 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
     if "thread_efficiency" in compute:
         out["thread_efficiency"] = r.number(compute, "thread_efficiency", "compute.", upper=1.0)
     rt = r.section(data, "runtime", "") if "runtime" in data else {}
-    unknown = set(rt) - {"action_overhead_s", "eager_kernels"}
+    known = ("action_overhead_s", "eager_kernels", "sends_held_until_waited")
+    unknown = set(rt) - set(known)
     if unknown:
-        raise r.fail(
-            f"runtime: unknown field(s) {sorted(unknown)}; known: action_overhead_s, eager_kernels"
-        )
+        raise r.fail(f"runtime: unknown field(s) {sorted(unknown)}; known: {', '.join(known)}")
     out["action_overhead_s"] = r.entries(rt, "action_overhead_s", "runtime.", zero=True)
     if "eager_kernels" in rt:
         eager = r.raw(rt, "eager_kernels", "runtime.")
         if not isinstance(eager, bool):
             raise r.fail(f"runtime.eager_kernels must be true or false, got {eager!r}")
         out["eager_kernels"] = eager
+    if "sends_held_until_waited" in rt:
+        held = r.raw(rt, "sends_held_until_waited", "runtime.")
+        if not isinstance(held, bool):
+            raise r.fail(f"runtime.sends_held_until_waited must be true or false, got {held!r}")
+        out["sends_held_until_waited"] = held
     coll = r.section(net, "collectives", "network.") if "collectives" in net else {}
     tables = {}
     for kind in coll:

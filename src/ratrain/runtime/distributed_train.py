@@ -200,8 +200,16 @@ def check_fits(
     spec: ModelSpec, plan: Plan, cap_bytes: int, label: str = "the declared cap"
 ) -> None:
     """RatrainError unless every stage's ledger peak fits `cap_bytes`."""
-    # The runtime runs the torch model's eager kernels: count what they keep.
-    ledger = replay(build_schedule(spec, plan), spec, plan, keep_trace=False, eager_kernels=True)
+    # The runtime runs the torch model's eager kernels: count what they keep; and hold the
+    # SEND buffers to the step's end (gloo's sends do; a polled NCCL send frees sooner).
+    ledger = replay(
+        build_schedule(spec, plan),
+        spec,
+        plan,
+        keep_trace=False,
+        eager_kernels=True,
+        sends_held=True,
+    )
     worst = max(ledger.stages, key=lambda m: m.peak_bytes)
     if worst.peak_bytes > cap_bytes:
         raise RatrainError(

@@ -111,6 +111,11 @@ def simulate(
         check_schedule(schedule, spec, plan)
     cost = CostModel(spec, plan, platform, scale=cost_scale, rank_layout=rank_layout)
     ledger = ledger_replay(
-        schedule, spec, plan, keep_trace=memory_timeline, eager_kernels=platform.eager_kernels
+        schedule,
+        spec,
+        plan,
+        keep_trace=memory_timeline,
+        eager_kernels=platform.eager_kernels,
+        sends_held=platform.sends_held_until_waited,
     )
     return simulate_schedule(schedule, cost, ledger=ledger)
