@@ -39,12 +39,18 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys):
         "network.collectives.all_reduce",
         "runtime.action_overhead_s.F",
         "runtime.action_overhead_s.SEND_F",
+        "runtime.sends_held_until_waited",
+        "compute.unit_time_factor.block.fwd.fp32",
+        "compute.unit_time_factor.block.bwd.fp32",
+        "compute.unit_time_factor.head.fwd.fp32",
+        "compute.unit_time_factor.head.bwd.fp32",
     ):
         assert key in measured, key
     # what could not be measured here says so
     assert p.notes["network.inter_node.bandwidth_bytes_per_s"].startswith("assumed")
     assert p.notes["compute.peak_flops.fp32"].startswith("derived")
     assert all(0 < e <= 1 for pts in p.efficiency_curves.values() for _, e in pts)
+    assert all(f > 0 for f in p.unit_time_factor.values())
     assert p.overhead_s("F") > 0 and p.collectives["all_reduce"][0][0] == 2
 
 

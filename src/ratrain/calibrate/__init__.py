@@ -78,6 +78,7 @@ def calibrate(
     from ratrain.calibrate.overhead import measure_action_overhead
     from ratrain.calibrate.platform_file import build_platform
     from ratrain.calibrate.timing import Progress
+    from ratrain.calibrate.units import measure_units, unit_plan
 
     if device not in ("cpu", "cuda"):
         raise RatrainError(f"--device must be cpu or cuda, got {device!r}")
@@ -89,11 +90,13 @@ def calibrate(
     if unknown or "fp32" not in dtypes:
         raise RatrainError(f"--dtypes must include fp32 and be among {', '.join(DTYPES)}")
     budget = budget_s if budget_s is not None else (0.1 if quick else 0.4)
-    bar = Progress(len(kernel_plan(dtypes, quick)) + 2, enabled=progress)
+    n_steps = len(kernel_plan(dtypes, quick)) + len(unit_plan(dtypes, quick)) + 2
+    bar = Progress(n_steps, enabled=progress)
     try:
         kernels = measure_kernels(
             torch.device(device), dtypes, quick, budget, bar, _cores() if device == "cpu" else 1
         )
+        units = measure_units(torch.device(device), dtypes, quick, budget, bar)
         bar.step(f"p2p and collectives, {nproc} ranks")
         comm = measure_comm(nproc, quick, device) if nproc > 1 else {}
         bar.step("fixed cost per action (tiny training job)")
@@ -111,7 +114,7 @@ def calibrate(
         else torch.cuda.get_device_properties(0).total_memory * nproc,
         "quick": quick,
     }
-    raw = {"kernels": kernels, "comm": comm, "overhead": overhead}
+    raw = {"kernels": kernels, "comm": comm, "overhead": overhead, "units": units}
     return build_platform(name, raw, ctx)
 
 

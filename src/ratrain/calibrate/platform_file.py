@@ -193,4 +193,50 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
         data["compute"]["cores_per_node"] = _v(
             cores, f"measured: CPUs this process may run on (sched_getaffinity), {on}"
         )
+    if raw.get("units"):
+        data["compute"]["unit_time_factor"] = _unit_factors(data, raw["units"], timer, on)
     return data
+
+
+def _unit_factors(data: dict, units: dict, timer: str, on: str) -> dict:
+    """`compute.unit_time_factor` from the whole-unit timings (`ratrain.calibrate.units`):
+    per kind, direction and dtype, the median over shapes of the measured time beyond the
+    tiny shape's over the cost model's kernel sum beyond the tiny shape's, on the platform
+    built from this calibration's own kernel measurements."""
+    import statistics
+
+    from ratrain.calibrate.units import TINY_SHAPE
+    from ratrain.cost.compute import kernels_time_s, unit_kernels
+    from ratrain.models.spec import ModelSpec
+    from ratrain.platforms.load import _parse
+
+    plat = _parse(data, "calibration")
+    tiny_spec, tiny_mb, tiny_seq = TINY_SHAPE
+
+    def kernel_s(spec, kind, direction, mb, seq, dt):
+        unit = 1 if kind == "block" else spec.n_layers + 1
+        ks = unit_kernels(spec, unit, mb, seq, "F" if direction == "fwd" else "B", dtype=dt)
+        return kernels_time_s(ks, dt, plat)[0]
+
+    ratios: dict[str, list[float]] = {}
+    shapes: dict[str, list[str]] = {}
+    for dt, rows in units.items():
+        for fields, mb, seq, kind, t_f, t_b, tiny_f, tiny_b in rows:
+            spec = ModelSpec.from_dict(fields)
+            for direction, t, t0 in (("fwd", t_f, tiny_f), ("bwd", t_b, tiny_b)):
+                k = kernel_s(spec, kind, direction, mb, seq, dt)
+                k0 = kernel_s(tiny_spec, kind, direction, tiny_mb, tiny_seq, dt)
+                if k > k0 and t > t0:
+                    key = f"{kind}.{direction}.{dt}"
+                    ratios.setdefault(key, []).append((t - t0) / (k - k0))
+                    shapes[key] = shapes.get(key, []) + [f"h{spec.hidden} b{mb} s{seq}"]
+    return {
+        key: _v(
+            float(f"{statistics.median(r):.4g}"),
+            f"measured: the model's {key.split('.')[0]} unit {key.split('.')[1]} (autograd), "
+            f"one thread, {timer}, minus the tiny shape's, over the cost model's kernel sum "
+            f"for it minus the tiny shape's; median of {len(r)} shapes "
+            f"({', '.join(shapes[key])}), {on}",
+        )
+        for key, r in sorted(ratios.items())
+    }

@@ -32,6 +32,7 @@ __all__ = [
     "compute_speed",
     "threads_per_rank",
     "measured_collective_s",
+    "unit_factor",
 ]
 
 MEMORY_BOUND_OPS = ("rmsnorm", "rope", "swiglu", "add", "cross_entropy", "grad_accumulate")
@@ -102,3 +103,13 @@ def measured_collective_s(kind: str, nbytes: float, n: int, platform: Platform) 
         return None
     _, alpha_s, bytes_per_s = min(rows, key=lambda r: (abs(r[0] - n), r[0]))
     return alpha_s + nbytes / bytes_per_s
+
+
+def unit_factor(platform: Platform, spec, unit: int, direction: str, dtype: str) -> float:
+    """The measured time of a unit's kernels inside the unit over their sum timed apart
+    (`Platform.unit_time_factor`): blocks and the head; 1 for the embedding (a gather, no
+    GEMM) and where the platform did not measure it."""
+    if not platform.unit_time_factor or unit == 0:
+        return 1.0
+    kind = "head" if unit == spec.n_layers + 1 else "block"
+    return platform.unit_time_factor.get(f"{kind}.{direction}.{dtype}", 1.0)

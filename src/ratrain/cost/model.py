@@ -21,9 +21,12 @@ platform's memory tiers:
 - NORM / OVF: a scalar all-reduce over every rank.
 
 On a platform that measured them (`ratrain calibrate`): every action also pays the
-runtime's fixed cost per action of its op (`Platform.overhead_s`), and the kernels of
+runtime's fixed cost per action of its op (`Platform.overhead_s`), the kernels of
 compute actions, UPDATE and casts run at the speed the node's shared cores leave each
-rank (`ratrain.cost.measured.compute_speed`).
+rank (`ratrain.cost.measured.compute_speed`), and a block's or the head's kernels take
+the measured factor a whole unit takes over their sum timed apart
+(`Platform.unit_time_factor`, `ratrain.cost.measured.unit_factor`; a recomputation is
+a forward).
 
 Bytes come from `ratrain.schedule.action_bytes`, the sizes the memory ledger also uses.
 
@@ -43,7 +46,7 @@ from dataclasses import dataclass
 from ratrain.config import Plan
 from ratrain.cost import comm
 from ratrain.cost.compute import Kernel, kernels_time_s, memory_pass_time_s, unit_kernels
-from ratrain.cost.measured import compute_speed
+from ratrain.cost.measured import compute_speed, unit_factor
 from ratrain.errors import RatrainError
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
@@ -214,16 +217,18 @@ class CostModel:
 
     def _compute(self, a: Action) -> ActionCost:
         """F and B are scaled here, per unit (blocks and edge units apart); RECOMPUTE later."""
+        dt = self.plan.compute_dtype
         if a.op is Op.RECOMPUTE:
             ks = self.kernels(a)
-            t, bound = kernels_time_s(ks, self.plan.compute_dtype, self.platform)
-            t /= self.speed
+            t, bound = kernels_time_s(ks, dt, self.platform)
+            t *= unit_factor(self.platform, self.spec, a.units[0], "fwd", dt) / self.speed
             return ActionCost(t, "recompute", bound, flops=sum(k.flops for k in ks))
         total, flops, bound, best = 0.0, 0, None, -1.0
         for u in a.units:
             ks = self.kernels(Action(a.op, a.stage, (u,), a.mb))
-            t, b = kernels_time_s(ks, self.plan.compute_dtype, self.platform)
-            t /= self.speed
+            t, b = kernels_time_s(ks, dt, self.platform)
+            direction = "fwd" if a.op is Op.F else "bwd"
+            t *= unit_factor(self.platform, self.spec, u, direction, dt) / self.speed
             total += t * self.scale["compute" if counts.is_block(self.spec, u) else "edge"]
             flops += sum(k.flops for k in ks)
             if t > best:

@@ -32,6 +32,8 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
                                                                      # attention_fwd/bwd.*
       memory_bound_bytes_per_s:   # the model's memory-bound kernels, per op and dtype
         rmsnorm.fwd.fp32: {value, note}
+      unit_time_factor:       # a unit's kernels inside the unit vs timed apart
+        block.fwd.fp32: {value, note}     # also block.bwd.*, head.fwd.*, head.bwd.*
       cores_per_node: {value, note}       # cores the node's ranks share
       thread_efficiency: {value, note}    # speed-up of each extra thread of one rank
     runtime:
@@ -98,6 +100,10 @@ class Platform:
     memory_bound_bytes_per_s: dict[str, float] = field(default_factory=dict)
     """The model's memory-bound kernels ("rmsnorm.fwd.bf16", ...): nominal bytes per second
     (bytes as `ratrain.cost.memory_bound` counts them). Empty: those kernels are free."""
+    unit_time_factor: dict[str, float] = field(default_factory=dict)
+    """A unit's kernels run inside the unit against their sum timed apart, per unit kind,
+    direction and dtype ("block.fwd.fp32", "head.bwd.bf16"; `ratrain.calibrate.units`);
+    absent: 1."""
     cores_per_node: int | None = None
     """Cores shared by the compute of a node's ranks; None: each unit has its own."""
     thread_efficiency: float = 1.0

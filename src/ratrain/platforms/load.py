@@ -181,6 +181,7 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
         str(k): r.table(curves, k, "compute.efficiency_curves.", 2) for k in curves
     }
     out["memory_bound_bytes_per_s"] = r.entries(compute, "memory_bound_bytes_per_s", "compute.")
+    out["unit_time_factor"] = r.entries(compute, "unit_time_factor", "compute.")
     if "cores_per_node" in compute:
         out["cores_per_node"] = r.number(compute, "cores_per_node", "compute.", integer=True)
     if "thread_efficiency" in compute:

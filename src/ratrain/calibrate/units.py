@@ -1,0 +1,108 @@
+"""Whole units against the sum of their kernels.
+
+The kernel curves (`ratrain.calibrate.kernels`) time each kernel alone, again and again
+on the same inputs: warm caches, no neighbours. A unit's forward runs them one after the
+other on fresh activations, between the norms, casts and views of the model code, and
+measures slower than the sum of its kernels timed apart (on the 2-core reference machine
+a block's forward by ~15-30%, its backward by about nothing). This measures that
+directly: the model's own `Block` and `Head` modules (`ratrain.models.llama.build_unit`),
+forward with autograd recording (as the executor's F) and backward, one thread, at
+calibration shapes of their own (not a validation grid's), and at the overhead
+measurement's tiny shape, whose time is the modules' dispatch alone.
+
+`ratrain.calibrate.platform_file` turns these into `compute.unit_time_factor`: per unit
+kind, direction and dtype, the median over the shapes of
+
+    (t_measured(shape) - t_measured(tiny)) / (t_kernels(shape) - t_kernels(tiny)),
+
+the measured time the kernels take inside the unit over the cost model's sum for them,
+with the fixed dispatch taken out (the runtime's fixed cost per action, measured apart,
+already counts it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ratrain.calibrate.overhead import TINY_SPEC
+from ratrain.calibrate.timing import Progress, Timer
+from ratrain.models.llama import build_unit
+from ratrain.models.spec import ModelSpec
+
+__all__ = ["UNIT_SHAPES", "TINY_SHAPE", "unit_plan", "measure_units"]
+
+# (spec, micro_batch, seq): widths between and beside the default grid's (256/384/512).
+_SPEC_A = ModelSpec(
+    name="calib-a", n_layers=1, hidden=320, n_heads=5, n_kv_heads=5, ffn=864, vocab=6144
+)
+_SPEC_B = ModelSpec(
+    name="calib-b", n_layers=1, hidden=448, n_heads=7, n_kv_heads=7, ffn=1216, vocab=6144
+)
+UNIT_SHAPES = ((_SPEC_A, 1, 128), (_SPEC_A, 4, 128), (_SPEC_B, 2, 128))
+TINY_SHAPE = (TINY_SPEC, 1, 16)
+
+
+def unit_plan(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, int]]:
+    """(dtype, shape index) to measure; fp32 at every shape (one fewer when quick), other
+    dtypes (slow CPU paths) at the first shape only."""
+    n = 2 if quick else len(UNIT_SHAPES)
+    return [("fp32", i) for i in range(n)] + [(dt, 0) for dt in dtypes if dt in ("bf16",)]
+
+
+def _time_unit(timer: Timer, dev, dtype, spec: ModelSpec, kind: str, mb: int, seq: int):
+    """(forward s, backward s) of one unit: forward with autograd recording, backward as
+    (forward + backward) - forward."""
+    unit = 1 if kind == "block" else spec.n_layers + 1
+    m = build_unit(spec, unit, dtype=dtype).to(dev)
+    x = torch.randn(mb, seq, spec.hidden, device=dev, dtype=dtype, requires_grad=True)
+    targets = torch.randint(0, spec.vocab, (mb, seq), device=dev)
+
+    def fwd():
+        return m.loss(x, targets) if kind == "head" else m(x)
+
+    def both():
+        y = fwd()
+        y.backward(None if y.ndim == 0 else torch.ones_like(y))
+        x.grad = None
+        for p in m.parameters():
+            p.grad = None
+
+    t_f = timer.time_s(fwd)
+    t_fb = timer.time_s(both)
+    return t_f, max(t_fb - t_f, 0.05 * t_f)
+
+
+def measure_units(
+    device: torch.device, dtypes: tuple[str, ...], quick: bool, budget_s: float, progress: Progress
+) -> dict:
+    """{dtype: [(spec fields, micro_batch, seq, kind, t_f, t_b, tiny_t_f, tiny_t_b)]}: the
+    block and the head at each planned shape, with the tiny shape's times beside them."""
+    saved = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # as the kernel curves: one thread, sharing modelled apart
+    try:
+        return _measure(device, dtypes, quick, Timer(device, budget_s), progress)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _measure(device, dtypes, quick, timer: Timer, progress: Progress) -> dict:
+    from ratrain.calibrate.kernels import TORCH_DTYPES
+
+    out: dict = {}
+    tiny: dict = {}
+    # The first autograd backward of a process runs several times slower for a while
+    # (lazy initialisation): run one, untimed, before measuring.
+    _time_unit(Timer(device, 0.2), device, torch.float32, TINY_SHAPE[0], "block", 1, 16)
+    for dt, i in unit_plan(dtypes, quick):
+        dtype = TORCH_DTYPES[dt]
+        spec, mb, seq = UNIT_SHAPES[i]
+        progress.step(f"units {dt} h{spec.hidden} b{mb}")
+        for kind in ("block", "head"):
+            if (dt, kind) not in tiny:
+                tiny[(dt, kind)] = _time_unit(timer, device, dtype, TINY_SHAPE[0], kind, 1, 16)
+            t_f, t_b = _time_unit(timer, device, dtype, spec, kind, mb, seq)
+            out.setdefault(dt, []).append(
+                (spec.to_dict(), mb, seq, kind, t_f, t_b, *tiny[(dt, kind)])
+            )
+    return out
