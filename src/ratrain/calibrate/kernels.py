@@ -6,6 +6,8 @@
 - memory-bound kernels: the model's own `RMSNorm`, `_apply_rope` with `rope_cos_sin`,
   `cross_entropy` (`ratrain.models.llama`), the MLP's `silu(gate) * up` product and a
   residual add, forward and backward;
+- the gradient norm's local pass: the runtime's `unit_sq_norm` (fp64 sum of squares, one
+  tensor at a time) over a unit's gradient buffer;
 - the optimizer step: the runtime's `adamw_step_` over fp32 state, as bytes moved per
   second (the cost model's count of bytes per parameter);
 - the speed-up of a second thread on a GEMM (`thread_efficiency`).
@@ -25,7 +27,7 @@ from ratrain.cost.compute import attention_flops
 from ratrain.kernels import get_backend
 from ratrain.models.llama import RMSNorm, _apply_rope, cross_entropy, rope_cos_sin
 from ratrain.models.spec import ModelSpec
-from ratrain.runtime.optim import adamw_step_
+from ratrain.runtime.optim import adamw_step_, unit_sq_norm
 
 __all__ = ["TORCH_DTYPES", "kernel_plan", "measure_kernels"]
 
@@ -37,7 +39,15 @@ _GEMMS_QUICK = ((128, 256, 256), (512, 1376, 512), (1024, 2048, 512))
 # (batch, heads, seq, head_dim)
 _ATTN = ((1, 4, 128, 64), (2, 8, 256, 64), (2, 8, 512, 64))
 _ATTN_QUICK = ((1, 4, 128, 64), (2, 8, 256, 64))
-_MEM_OPS = ("rmsnorm", "rope", "swiglu", "add", "cross_entropy", "grad_accumulate")
+_MEM_OPS = (
+    "rmsnorm",
+    "rope",
+    "swiglu",
+    "add",
+    "cross_entropy",
+    "grad_accumulate",
+    "grad_norm",
+)
 
 
 def kernel_plan(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, str, tuple]]:
@@ -125,6 +135,12 @@ def _memory(timer, dev, dtype, op):
         targets = torch.randint(0, _MEM_VOCAB, (1, T), device=dev)
         return (lambda: cross_entropy(logits, targets)), [logits]
 
+    if op == "grad_norm":  # NORM's local pass over a stage's gradients, one tensor at a time
+        n = 16 * 2**20  # 64 MB at fp32: a stage's gradients, well beyond the caches
+        buf = torch.randn(n, device=dev, dtype=dtype)
+        views = list(buf.view(16, -1))  # 1M-element tensors, as a unit's weights
+        t = timer.time_s(lambda: unit_sq_norm(views))
+        return n, t, t
     if op == "grad_accumulate":  # the fp32 gradient buffer += a weight's new gradient
         n = 4 * H * H
         buf = torch.zeros(n, device=dev)

@@ -6,8 +6,9 @@ model, what the machine was measured to do (see `ratrain.platforms`):
 - efficiency curves per kernel kind and dtype: achieved / peak FLOP/s against the kernel's
   FLOPs, interpolated linearly in log FLOPs and held flat beyond the measured range;
 - the bandwidth of each of the model's memory-bound kernels (norms, RoPE, the SwiGLU
-  product, residual adds, the cross-entropy, and the backward's adding of weight gradients
-  into the gradient buffer) per direction and dtype, in *nominal* bytes:
+  product, residual adds, the cross-entropy, the backward's adding of weight gradients
+  into the gradient buffer, and the global norm's local sum of squares over a stage's
+  gradients, keyed by the gradient dtype) per direction and dtype, in *nominal* bytes:
   the elements the op reads once at the compute dtype (`NOMINAL_BYTES`); the measured
   bandwidth is those bytes over the op's measured time, so the count of passes an
   implementation makes is in the measurement, not in a constant here;
@@ -35,7 +36,15 @@ __all__ = [
     "unit_factor",
 ]
 
-MEMORY_BOUND_OPS = ("rmsnorm", "rope", "swiglu", "add", "cross_entropy", "grad_accumulate")
+MEMORY_BOUND_OPS = (
+    "rmsnorm",
+    "rope",
+    "swiglu",
+    "add",
+    "cross_entropy",
+    "grad_accumulate",
+    "grad_norm",
+)
 """The model's memory-bound kernels the cost model charges when the platform measured them."""
 
 

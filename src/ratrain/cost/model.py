@@ -18,7 +18,11 @@ platform's memory tiers:
 - SEND_F / SEND_B: one boundary activation (or its gradient) over the link between the
   two stages; a RECV costs nothing itself: it completes when its send has.
 - OFFLOAD / RELOAD: what (unit, mb) keeps under its recompute policy, over the host link.
-- NORM / OVF: a scalar all-reduce over every rank.
+- NORM / OVF: a scalar all-reduce over every rank. On a platform that measured it
+  (`memory_bound_bytes_per_s` "grad_norm.fwd.<grad dtype>"), NORM first pays each stage's
+  local sum of squares over its gradients (its shard, sharded), the runtime's eager fp64
+  pass, on the walk; the reduction completes when the slowest stage's pass has, so every
+  stage's NORM is charged the largest.
 
 On a platform that measured them (`ratrain calibrate`): every action also pays the
 runtime's fixed cost per action of its op (`Platform.overhead_s`), the kernels of
@@ -46,7 +50,7 @@ from dataclasses import dataclass
 from ratrain.config import Plan
 from ratrain.cost import comm
 from ratrain.cost.compute import Kernel, kernels_time_s, memory_pass_time_s, unit_kernels
-from ratrain.cost.measured import compute_speed, unit_factor
+from ratrain.cost.measured import compute_speed, memory_bound_time_s, unit_factor
 from ratrain.errors import RatrainError
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
@@ -210,6 +214,8 @@ class CostModel:
             p = self.plan
             group = comm.world_group(p.pp, p.dp, self.platform.units_per_node)
             t, algo = comm.scalar_allreduce_s(group, self.platform)
+            if op is Op.GRAD_NORM:
+                t += self._norm_pass_s()
             return ActionCost(t, "global", algorithm=algo, nbytes=self.nbytes(a))
         if op is Op.VIEW_DROP:
             return ActionCost(0.0, "copy")
@@ -235,6 +241,17 @@ class CostModel:
                 bound, best = b, t
         blocks = any(counts.is_block(self.spec, u) for u in a.units)
         return ActionCost(total, "compute" if blocks else "edge", bound, flops=flops)
+
+    def _norm_pass_s(self) -> float:
+        """The slowest stage's local sum of squares over its gradients (0 if not measured)."""
+        p = self.plan
+        worst = 0.0
+        for s in range(p.pp):
+            n = self.params(tuple(p.stage_units(self.spec, s)))
+            n = -(-n // p.dp) if p.shard_optimizer else n
+            t = memory_bound_time_s("grad_norm", n, p.grad_dtype, False, self.platform)
+            worst = max(worst, (t or 0.0) / self.speed)
+        return worst
 
     def _update(self, a: Action) -> ActionCost:
         nbytes = self.nbytes(a)
