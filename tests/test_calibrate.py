@@ -40,6 +40,8 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys):
         "runtime.action_overhead_s.F",
         "runtime.action_overhead_s.SEND_F",
         "runtime.sends_held_until_waited",
+        "compute.rank_speed",
+        "compute.memory_bound_bytes_per_s.grad_norm.fwd.fp32",
         "compute.unit_time_factor.block.fwd.fp32",
         "compute.unit_time_factor.block.bwd.fp32",
         "compute.unit_time_factor.head.fwd.fp32",
@@ -51,6 +53,7 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys):
     assert p.notes["compute.peak_flops.fp32"].startswith("derived")
     assert all(0 < e <= 1 for pts in p.efficiency_curves.values() for _, e in pts)
     assert all(f > 0 for f in p.unit_time_factor.values())
+    assert [k for k, _ in p.rank_speed] == [1, 2] and all(v > 0 for _, v in p.rank_speed)
     assert p.overhead_s("F") > 0 and p.collectives["all_reduce"][0][0] == 2
 
 

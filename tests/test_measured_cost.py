@@ -46,6 +46,8 @@ def _measured(tmp_path, cores=2, thread_eff=0.5):
     }
     c["cores_per_node"] = {"value": cores, "note": M}
     c["thread_efficiency"] = {"value": thread_eff, "note": M}
+    for extra in ("rank_speed", "unit_time_factor"):  # tested apart (test_unit_and_rank_...)
+        c.pop(extra, None)
     data["runtime"] = {
         "action_overhead_s": {
             "F": {"value": 1e-3, "note": M},
@@ -153,6 +155,89 @@ def test_shared_cores_slow_every_rank(tmp_path):
     four = CostModel(TINY, Plan(pp=2, dp=2, global_batch=4, seq=64, compute_dtype="fp32"), p)
     over = p.overhead_s("F")
     assert four.time_s(f) - over == pytest.approx(2 * (one.time_s(f) - over))
+
+
+def _with(tmp_path, **compute):
+    data = yaml.safe_load((_DIR / "cpu-local.yaml").read_text())
+    for extra in ("rank_speed", "unit_time_factor"):
+        data["compute"].pop(extra, None)
+    for k, v in compute.items():  # a mapping is a section of entries, else one entry
+        data["compute"][k] = (
+            {e: {"value": x, "note": M} for e, x in v.items()}
+            if isinstance(v, dict)
+            else {"value": v, "note": M}
+        )
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load(str(path))
+
+
+def test_measured_rank_speed_replaces_the_thread_formula(tmp_path):
+    p = _with(tmp_path, rank_speed=[[1, 1.6], [2, 0.8], [4, 0.4]])
+    assert p.rank_speed == ((1, 1.6), (2, 0.8), (4, 0.4))
+    assert compute_speed(p, 1) == pytest.approx(1.6)
+    assert compute_speed(p, 3) == pytest.approx(0.6)  # between measured counts
+    assert compute_speed(p, 8) == pytest.approx(0.2)  # beyond: 4 ranks' aggregate shared
+    plan = Plan(pp=2, global_batch=4, seq=64, compute_dtype="fp32")
+    f = Action(Op.F, 0, (1,), 0)
+    base = _with(tmp_path, rank_speed=[[1, 1.0], [2, 1.0]])
+    over = p.overhead_s("F")
+    slow, fast = CostModel(TINY, plan, p).time_s(f), CostModel(TINY, plan, base).time_s(f)
+    assert slow - over == pytest.approx((fast - over) / 0.8)
+
+
+def test_unit_time_factor_scales_blocks_and_head_not_the_embedding(tmp_path):
+    plan = Plan(pp=1, global_batch=4, seq=64, compute_dtype="fp32")
+    one = CostModel(TINY, plan, _with(tmp_path))
+    p = _with(tmp_path, unit_time_factor={"block.fwd.fp32": 1.5, "head.bwd.fp32": 0.5})
+    scaled = CostModel(TINY, plan, p)
+    head = TINY.n_layers + 1
+    over = {op: p.overhead_s(op) for op in ("F", "B", "RC")}
+
+    def pair(op, unit):
+        a = Action(op, 0, (unit,), 0)
+        return one.time_s(a) - over[op.value], scaled.time_s(a) - over[op.value]
+
+    plain, fwd = pair(Op.F, 1)
+    assert fwd == pytest.approx(1.5 * plain)
+    plain, bwd = pair(Op.B, 1)
+    assert bwd == pytest.approx(plain)  # block.bwd not measured: 1
+    plain, bwd = pair(Op.B, head)
+    assert bwd == pytest.approx(0.5 * plain)
+    plain, fwd = pair(Op.F, 0)
+    assert fwd == pytest.approx(plain)  # the embedding is a gather: no factor
+
+
+def test_norm_pays_the_slowest_stage_sum_of_squares(tmp_path):
+    from ratrain.models.counts import unit_params
+
+    data = yaml.safe_load((_DIR / "cpu-local.yaml").read_text())
+    mb = data["compute"]["memory_bound_bytes_per_s"]
+    mb.pop("grad_norm.fwd.fp32", None)
+    without = tmp_path / "a.yaml"
+    without.write_text(yaml.safe_dump(data))
+    mb["grad_norm.fwd.fp32"] = {"value": 1e9, "note": M}
+    with_ = tmp_path / "b.yaml"
+    with_.write_text(yaml.safe_dump(data))
+    plan = Plan(pp=2, global_batch=4, seq=64, compute_dtype="fp32", clip_grad=1.0)
+    a, b = CostModel(TINY, plan, load(str(without))), CostModel(TINY, plan, load(str(with_)))
+    norm = Action(Op.GRAD_NORM, 1)
+    stage_params = [sum(unit_params(TINY, u) for u in plan.stage_units(TINY, s)) for s in range(2)]
+    extra = max(stage_params) * 4 / 1e9 / b.speed
+    assert b.time_s(norm) - a.time_s(norm) == pytest.approx(extra)
+    sharded = Plan(
+        pp=2,
+        dp=2,
+        global_batch=4,
+        seq=64,
+        compute_dtype="fp32",
+        clip_grad=1.0,
+        shard_optimizer=True,
+    )
+    sh = CostModel(TINY, sharded, load(str(with_)))
+    base = CostModel(TINY, sharded, load(str(without)))
+    per_replica = -(-max(stage_params) // 2) * 4 / 1e9 / sh.speed
+    assert sh.time_s(norm) - base.time_s(norm) == pytest.approx(per_replica)
 
 
 def test_overhead_and_measured_collectives(tmp_path):

@@ -77,6 +77,7 @@ def calibrate(
     from ratrain.calibrate.kernels import kernel_plan, measure_kernels
     from ratrain.calibrate.overhead import measure_action_overhead
     from ratrain.calibrate.platform_file import build_platform
+    from ratrain.calibrate.sharing import measure_rank_speed, rank_counts
     from ratrain.calibrate.timing import Progress
     from ratrain.calibrate.units import measure_units, unit_plan
 
@@ -91,12 +92,14 @@ def calibrate(
         raise RatrainError(f"--dtypes must include fp32 and be among {', '.join(DTYPES)}")
     budget = budget_s if budget_s is not None else (0.1 if quick else 0.4)
     n_steps = len(kernel_plan(dtypes, quick)) + len(unit_plan(dtypes, quick)) + 2
+    n_steps += len(rank_counts(nproc)) if device == "cpu" else 0
     bar = Progress(n_steps, enabled=progress)
     try:
         kernels = measure_kernels(
             torch.device(device), dtypes, quick, budget, bar, _cores() if device == "cpu" else 1
         )
         units = measure_units(torch.device(device), dtypes, quick, budget, bar)
+        sharing = measure_rank_speed(nproc, quick, bar) if device == "cpu" else []
         bar.step(f"p2p and collectives, {nproc} ranks")
         comm = measure_comm(nproc, quick, device) if nproc > 1 else {}
         bar.step("fixed cost per action (tiny training job)")
@@ -115,6 +118,7 @@ def calibrate(
         "quick": quick,
     }
     raw = {"kernels": kernels, "comm": comm, "overhead": overhead, "units": units}
+    raw["rank_speed"] = sharing
     return build_platform(name, raw, ctx)
 
 

@@ -193,6 +193,15 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
         data["compute"]["cores_per_node"] = _v(
             cores, f"measured: CPUs this process may run on (sched_getaffinity), {on}"
         )
+    if raw.get("rank_speed"):
+        rows = raw["rank_speed"]
+        data["compute"]["rank_speed"] = _v(
+            [[k, float(f"{v:.4g}")] for k, v, _ in rows],
+            "measured: k ranks at once (the launcher's threads: "
+            + ", ".join(f"{k} x {t}" for k, _, t in rows)
+            + " threads), each running the model's Block forward+backward (hidden 384, "
+            f"256 tokens) for the same window; [k, one thread alone's time / a rank's], {on}",
+        )
     if raw.get("units"):
         data["compute"]["unit_time_factor"] = _unit_factors(data, raw["units"], timer, on)
     return data

@@ -95,13 +95,31 @@ def compute_speed(platform: Platform, ranks_on_node: int) -> float:
     gets its share of the aggregate of all their threads, the cores being the limit. All
     ranks are taken as busy at once: a rank idle in its bubble leaves the others more, which
     this does not credit.
+
+    A platform that measured it (`Platform.rank_speed`, `ratrain.calibrate.sharing`) gives
+    the speed at each rank count directly: that table is used instead.
     """
+    if platform.rank_speed:
+        return _table_speed(platform.rank_speed, max(ranks_on_node, 1))
     cores = platform.cores_per_node
     if cores is None:
         return 1.0
     ranks = max(ranks_on_node, 1)
     busy = min(ranks * threads_per_rank(cores, ranks), cores)  # streams the cores run
     return (1.0 + (busy - 1) * platform.thread_efficiency) / ranks
+
+
+def _table_speed(rows: tuple[tuple[int, float], ...], k: int) -> float:
+    """Measured speed at k ranks: linear between measured counts; beyond the last, the
+    node's aggregate there shared by k (k x speed stays what the last count reached)."""
+    ks = [r[0] for r in rows]
+    if k <= ks[0]:
+        return rows[0][1]
+    if k >= ks[-1]:
+        return rows[-1][1] * ks[-1] / k
+    i = bisect.bisect_left(ks, k)
+    (k0, v0), (k1, v1) = rows[i - 1], rows[i]
+    return v0 + (k - k0) / (k1 - k0) * (v1 - v0)
 
 
 def measured_collective_s(kind: str, nbytes: float, n: int, platform: Platform) -> float | None:

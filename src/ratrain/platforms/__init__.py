@@ -34,6 +34,7 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
         rmsnorm.fwd.fp32: {value, note}
       unit_time_factor:       # a unit's kernels inside the unit vs timed apart
         block.fwd.fp32: {value, note}     # also block.bwd.*, head.fwd.*, head.bwd.*
+      rank_speed: {value: [[k, speed], ...], note}   # one of k ranks sharing the node
       cores_per_node: {value, note}       # cores the node's ranks share
       thread_efficiency: {value, note}    # speed-up of each extra thread of one rank
     runtime:
@@ -108,6 +109,10 @@ class Platform:
     """Cores shared by the compute of a node's ranks; None: each unit has its own."""
     thread_efficiency: float = 1.0
     """Speed-up each extra thread brings to one rank's kernels (1.0: linear)."""
+    rank_speed: tuple[tuple[int, float], ...] = ()
+    """Measured speed of one of k ranks sharing a node's cores (the launcher's threads each),
+    relative to one thread on a core of its own: (k, speed), k ascending. Empty: derived
+    from `cores_per_node` and `thread_efficiency` (`ratrain.cost.measured.compute_speed`)."""
     eager_kernels: bool = False
     """The runtime on this machine runs eager fp32 norms (the ledger counts what they keep,
     `ratrain.memory.activations`); False: fused norm kernels."""

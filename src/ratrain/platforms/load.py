@@ -182,6 +182,9 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
     }
     out["memory_bound_bytes_per_s"] = r.entries(compute, "memory_bound_bytes_per_s", "compute.")
     out["unit_time_factor"] = r.entries(compute, "unit_time_factor", "compute.")
+    if "rank_speed" in compute:
+        rows = r.table(compute, "rank_speed", "compute.", 2)
+        out["rank_speed"] = tuple((int(k), v) for k, v in rows)
     if "cores_per_node" in compute:
         out["cores_per_node"] = r.number(compute, "cores_per_node", "compute.", integer=True)
     if "thread_efficiency" in compute:

@@ -1,0 +1,97 @@
+"""How fast one rank computes when k ranks share the node, measured with the runtime's work.
+
+For each rank count k (1, 2, 4, ... up to `nproc`), `ratrain.runtime.launch.spawn` starts k
+ranks with the launcher's own thread policy (cores // k threads each, at least one) and
+every rank runs the model's own `Block` forward and backward (`ratrain.models.llama`, a
+calibration shape) over and over for the same wall-clock window, all starting together
+after a barrier. The speed of a rank is the time one iteration takes on one thread alone
+(measured first, in the k = 1 run) over the time it takes there. So the table holds what
+the cost model's `compute_speed` needs, measured rather than derived from one GEMM's
+thread scaling: memory-bound kernels, dispatch and the ranks' contention for the cores
+and the memory bus are in it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ratrain.models.llama import build_unit
+from ratrain.models.spec import ModelSpec
+from ratrain.runtime.grid import ParallelGrid, Rendezvous
+from ratrain.runtime.launch import spawn
+
+__all__ = ["rank_counts", "measure_rank_speed"]
+
+_SPEC = ModelSpec(
+    name="calib-share", n_layers=1, hidden=384, n_heads=6, n_kv_heads=6, ffn=1024, vocab=256
+)
+_MB, _SEQ = 2, 128
+
+
+def rank_counts(nproc: int) -> list[int]:
+    """1, 2, 4, ... up to nproc, and nproc itself."""
+    out, k = [], 1
+    while k < nproc:
+        out.append(k)
+        k *= 2
+    return [*out, nproc]
+
+
+def _iteration(block, x):
+    y = block(x)
+    y.backward(torch.ones_like(y))
+    x.grad = None
+    for p in block.parameters():
+        p.grad = None
+
+
+def _seconds_per_iteration(block, x, window_s: float, sync: bool) -> float:
+    _iteration(block, x)  # warm-up
+    if sync:
+        dist.barrier()
+    n, t0 = 0, time.perf_counter()
+    while True:
+        _iteration(block, x)
+        n += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= window_s and n >= 2:
+            return elapsed / n
+
+
+def _rank(rdzv: Rendezvous, window_s: float, reference: bool) -> dict:
+    grid = ParallelGrid.init(1, rdzv.world_size, rdzv, device="cpu")
+    try:
+        block = build_unit(_SPEC, 1)
+        x = torch.randn(_MB, _SEQ, _SPEC.hidden, requires_grad=True)
+        out = {"threads": torch.get_num_threads()}
+        if reference:  # one thread on a core of its own: the curves' speed
+            saved = torch.get_num_threads()
+            torch.set_num_threads(1)
+            out["one_thread_s"] = _seconds_per_iteration(block, x, window_s, sync=False)
+            torch.set_num_threads(saved)
+        out["s"] = _seconds_per_iteration(block, x, window_s, sync=True)
+        # The window ends at different times on different ranks; wait so that no rank's
+        # window ran while the others had already stopped.
+        dist.barrier()
+        return out
+    finally:
+        grid.destroy()
+
+
+def measure_rank_speed(nproc: int, quick: bool, progress=None) -> list[tuple[int, float, int]]:
+    """[(ranks k, speed of one rank relative to one thread alone, threads per rank)]."""
+    window_s = 0.6 if quick else 1.5
+    ref = None
+    out = []
+    for k in rank_counts(nproc):
+        if progress:
+            progress.step(f"{k} rank(s) sharing the cores")
+        res = spawn(_rank, k, window_s, k == 1, deadline_s=300)
+        if k == 1:
+            ref = res[0]["one_thread_s"]
+        mean_s = sum(r["s"] for r in res) / len(res)
+        out.append((k, ref / mean_s, res[0]["threads"]))
+    return out
