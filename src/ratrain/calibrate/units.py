@@ -7,8 +7,10 @@ measures slower than the sum of its kernels timed apart (on the 2-core reference
 a block's forward by ~15-30%, its backward by about nothing). This measures that
 directly: the model's own `Block` and `Head` modules (`ratrain.models.llama.build_unit`),
 forward with autograd recording (as the executor's F) and backward, one thread, at
-calibration shapes of their own (not a validation grid's), and at the overhead
-measurement's tiny shape, whose time is the modules' dispatch alone.
+calibration shapes of their own (not a validation grid's), cycling through copies whose
+weights together exceed the caches (a step runs every unit in turn, so none finds its
+weights cached), and at the overhead measurement's tiny shape, whose time is the modules'
+dispatch alone.
 
 `ratrain.calibrate.platform_file` turns these into `compute.unit_time_factor`: per unit
 kind, direction and dtype, the median over the shapes of
@@ -49,25 +51,45 @@ def unit_plan(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, int]]:
     return [("fp32", i) for i in range(n)] + [(dt, 0) for dt in dtypes if dt in ("bf16",)]
 
 
+_COLD_BYTES = 64 * 2**20
+"""derived: more weight bytes than a server CPU's last-level cache (tens of MB), so that a
+unit's weights come from main memory, as in a step that runs every unit in turn."""
+
+
 def _time_unit(timer: Timer, dev, dtype, spec: ModelSpec, kind: str, mb: int, seq: int):
     """(forward s, backward s) of one unit: forward with autograd recording, backward as
-    (forward + backward) - forward."""
+    (forward + backward) - forward. Calls cycle through copies of the unit (and inputs) of
+    together more than `_COLD_BYTES`, so that no call finds its weights in cache."""
     unit = 1 if kind == "block" else spec.n_layers + 1
-    m = build_unit(spec, unit, dtype=dtype).to(dev)
-    x = torch.randn(mb, seq, spec.hidden, device=dev, dtype=dtype, requires_grad=True)
+    one = build_unit(spec, unit, dtype=dtype).to(dev)
+    nbytes = sum(p.numel() * p.element_size() for p in one.parameters())
+    copies = [one] + [
+        build_unit(spec, unit, dtype=dtype, seed=None).to(dev)
+        for _ in range(min(7, _COLD_BYTES // max(nbytes, 1)))
+    ]
+    xs = [
+        torch.randn(mb, seq, spec.hidden, device=dev, dtype=dtype, requires_grad=True)
+        for _ in copies
+    ]
     targets = torch.randint(0, spec.vocab, (mb, seq), device=dev)
+    turn = [0]
 
     def fwd():
-        return m.loss(x, targets) if kind == "head" else m(x)
+        i = turn[0] = (turn[0] + 1) % len(copies)
+        m, x = copies[i], xs[i]
+        return (m.loss(x, targets) if kind == "head" else m(x)), m, x
+
+    def fwd_only():
+        return fwd()[0]
 
     def both():
-        y = fwd()
+        y, m, x = fwd()
         y.backward(None if y.ndim == 0 else torch.ones_like(y))
         x.grad = None
         for p in m.parameters():
             p.grad = None
 
-    t_f = timer.time_s(fwd)
+    t_f = timer.time_s(fwd_only)
     t_fb = timer.time_s(both)
     return t_f, max(t_fb - t_f, 0.05 * t_f)
 
