@@ -80,7 +80,7 @@ def _job(g: GridPlan, steps: int, **kw) -> Job:
     )
 
 
-def run_plan(g: GridPlan, platform: Platform, *, steps: int = 3, warmup: int = 1) -> PlanResult:
+def run_plan(g: GridPlan, platform: Platform, *, steps: int = 5, warmup: int = 1) -> PlanResult:
     sim = simulate(g.spec, g.plan, platform, memory_timeline=False)
     kind = g.plan.schedule
     trace_step = warmup + steps - 1
@@ -181,7 +181,7 @@ def validate(
     grid: list[GridPlan],
     platform: Platform,
     *,
-    steps: int = 3,
+    steps: int = 5,
     warmup: int = 1,
     progress=None,
     plan_picks: bool = True,

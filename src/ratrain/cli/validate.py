@@ -15,7 +15,7 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--platform", required=True, help="platform file (e.g. from ratrain calibrate)")
     p.add_argument("--grid", default="default", help="default, or a grid YAML/JSON file")
-    p.add_argument("--steps", type=positive_int, default=3, help="timed steps per plan")
+    p.add_argument("--steps", type=positive_int, default=5, help="timed steps per plan (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     p.add_argument(
         "--max-ranks", type=positive_int, default=4, help="skip default-grid plans with more ranks"
