@@ -89,10 +89,10 @@ def test_validate_two_plan_grid(tmp_path, capsys):
         assert len(r["step_times_s"]) == 3
         assert all(m > 0 for reps in r["measured_peak_bytes"] for m in reps)
         assert len(r["ledger_peak_bytes"]) == r["plan"]["pp"]
-        # The ledger is at most 10% over the measured peak. The target is never under; on
-        # this toy size (32-token microbatches) the head stage in bf16 is still ~1.5% under
-        # (bytes not yet accounted for, see docs/validation.md), so this bounds it at 2%.
-        assert all(-0.02 <= e <= 0.10 for e in r["memory_errors"]), (r["name"], r["memory_errors"])
+        # The ledger is never under the measured peak and at most 10% over it, on every
+        # rank, down to this toy size (32-token microbatches, where the step-long token ids
+        # and the held SEND buffers weigh most).
+        assert all(0.0 <= e <= 0.10 for e in r["memory_errors"]), (r["name"], r["memory_errors"])
     names = [r["name"] for r in doc["results"]]
     pick = s["planner_pick"]["tiny"]
     assert pick["pick"] in names and pick["sim_pick"] in names
