@@ -100,3 +100,42 @@ def test_validate_two_plan_grid(tmp_path, capsys):
     assert pick["within_5pct"] == (pick["slower_than_fastest"] <= 0.05)
     assert png.stat().st_size > 0 and (tmp_path / "v-worst.png").stat().st_size > 0
     assert (tmp_path / "v-worst-sim.json").exists()
+
+
+def test_step_breakdown_on_known_events():
+    from types import SimpleNamespace
+
+    from ratrain.calibrate.breakdown import kind_of, merge, step_breakdown
+    from ratrain.schedule.ir import Action, Op
+
+    assert kind_of("F", (0,), 2) == "F.emb" and kind_of("B", (3,), 2) == "B.head"
+    assert kind_of("F", (1,), 2) == "F.block" and kind_of("UPD", (1, 2), 2) == "UPD"
+
+    def rec(name, op, res, t0, t1, replica=0):
+        args = {"replica": replica}
+        return dict(name=name, stage=0, op=op, resource=res, start_s=t0, end_s=t1, args=args)
+
+    records = [
+        rec("0F0@1", "F", "compute", 10.0, 10.3),
+        rec("0B0@1", "B", "compute", 10.4, 11.0),
+        rec("0SYNC@1", "SYNC", "dp_net", 11.0, 11.2),
+        rec("0F0@1", "F", "compute", 10.0, 19.0, replica=1),  # other replicas are left out
+    ]
+    ev = SimpleNamespace
+    sim = SimpleNamespace(
+        step_time_s=1.0,
+        pp=1,
+        events=[
+            ev(action=Action(Op.F, 0, (1,), 0), resource="compute", start_s=0.0, end_s=0.2),
+            ev(action=Action(Op.B, 0, (1,), 0), resource="compute", start_s=0.2, end_s=0.6),
+            ev(action=Action(Op.GRAD_SYNC, 0, (1,)), resource="dp_net", start_s=0.6, end_s=0.7),
+        ],
+    )
+    out = step_breakdown(records, sim, n_layers=2)
+    assert out["F.block"] == pytest.approx([0.3, 0.2])
+    assert out["B.block"] == pytest.approx([0.6, 0.4])
+    assert out["SYNC"] == pytest.approx([0.2, 0.1])
+    assert out["step"] == pytest.approx([1.2, 1.0])
+    assert out["idle"] == pytest.approx([1.2 - 0.9, 1.0 - 0.6])
+    both = merge([out, out])
+    assert both["F.block"] == pytest.approx([0.6, 0.4])
