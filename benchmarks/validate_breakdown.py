@@ -61,7 +61,8 @@ def main(argv=None) -> int:
         grid = [g for g in grid if g.name in a.only.split(",")]
     if a.quick:
         grid, a.steps, a.warmup = grid[:4], 2, 1
-    platforms = [load(p) for p in (a.platform or ["cpu-local"])]
+    labels = a.platform or ["cpu-local"]
+    platforms = [load(p) for p in labels]
     if a.load:
         with open(a.load) as f:
             runs = {r["name"]: r for r in json.load(f)}
@@ -92,9 +93,9 @@ def main(argv=None) -> int:
         json.dump({"plans": rows, "total": total}, sys.stdout, indent=1)
         print()
         return 0
-    for i, p in enumerate(platforms):
+    for i, label in enumerate(labels):
         errs = [abs(r["predicted_s"][i] - r["measured_s"]) / r["measured_s"] for r in rows]
-        print(f"{p.name}: MAPE {sum(errs) / len(errs):.1%}, max {max(errs):.1%}")
+        print(f"{label}: MAPE {sum(errs) / len(errs):.1%}, max {max(errs):.1%}")
     print(f"\n{'kind':12s} {'measured s':>11s} {'simulated s':>12s} {'meas/sim':>9s}")
     for k, (m, s) in sorted(total.items(), key=lambda kv: -kv[1][0]):
         ratio = f"{m / s:9.2f}" if s else "        -"
