@@ -64,8 +64,8 @@ def _time_unit(timer: Timer, dev, dtype, spec: ModelSpec, kind: str, mb: int, se
     one = build_unit(spec, unit, dtype=dtype).to(dev)
     nbytes = sum(p.numel() * p.element_size() for p in one.parameters())
     copies = [one] + [
-        build_unit(spec, unit, dtype=dtype, seed=None).to(dev)
-        for _ in range(min(7, _COLD_BYTES // max(nbytes, 1)))
+        build_unit(spec, unit, dtype=dtype, seed=i).to(dev)  # initialised: no NaN paths
+        for i in range(1, 1 + min(7, _COLD_BYTES // max(nbytes, 1)))
     ]
     xs = [
         torch.randn(mb, seq, spec.hidden, device=dev, dtype=dtype, requires_grad=True)
