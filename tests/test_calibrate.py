@@ -41,6 +41,7 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys):
         "runtime.action_overhead_s.SEND_F",
         "runtime.sends_held_until_waited",
         "compute.rank_speed",
+        "compute.collective_compute_s_per_byte",
         "compute.memory_bound_bytes_per_s.grad_norm.fwd.fp32",
         "compute.unit_time_factor.block.fwd.fp32",
         "compute.unit_time_factor.block.bwd.fp32",

@@ -99,7 +99,7 @@ def calibrate(
             torch.device(device), dtypes, quick, budget, bar, _cores() if device == "cpu" else 1
         )
         units = measure_units(torch.device(device), dtypes, quick, budget, bar)
-        sharing = measure_rank_speed(nproc, quick, bar) if device == "cpu" else []
+        sharing = measure_rank_speed(nproc, quick, bar) if device == "cpu" else {}
         bar.step(f"p2p and collectives, {nproc} ranks")
         comm = measure_comm(nproc, quick, device) if nproc > 1 else {}
         bar.step("fixed cost per action (tiny training job)")
@@ -118,7 +118,7 @@ def calibrate(
         "quick": quick,
     }
     raw = {"kernels": kernels, "comm": comm, "overhead": overhead, "units": units}
-    raw["rank_speed"] = sharing
+    raw["sharing"] = sharing
     return build_platform(name, raw, ctx)
 
 

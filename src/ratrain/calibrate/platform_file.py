@@ -193,14 +193,22 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
         data["compute"]["cores_per_node"] = _v(
             cores, f"measured: CPUs this process may run on (sched_getaffinity), {on}"
         )
-    if raw.get("rank_speed"):
-        rows = raw["rank_speed"]
+    sharing = raw.get("sharing") or {}
+    if sharing.get("rank_speed"):
+        rows = sharing["rank_speed"]
         data["compute"]["rank_speed"] = _v(
             [[k, float(f"{v:.4g}")] for k, v, _ in rows],
             "measured: k ranks at once (the launcher's threads: "
             + ", ".join(f"{k} x {t}" for k, _, t in rows)
             + " threads), each running the model's Block forward+backward (hidden 384, "
             f"256 tokens) for the same window; [k, one thread alone's time / a rank's], {on}",
+        )
+    if sharing.get("collective_compute_s_per_byte") is not None:
+        data["compute"]["collective_compute_s_per_byte"] = _v(
+            float(f"{sharing['collective_compute_s_per_byte']:.4g}"),
+            "measured: 2 ranks' Block forward+backward with vs without an async "
+            "Comm.dp_all_reduce of 16 MB overlapping each iteration; extra seconds per "
+            f"iteration / bytes, {on}",
         )
     if raw.get("units"):
         data["compute"]["unit_time_factor"] = _unit_factors(data, raw["units"], timer, on)

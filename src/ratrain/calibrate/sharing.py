@@ -9,6 +9,13 @@ after a barrier. The speed of a rank is the time one iteration takes on one thre
 the cost model's `compute_speed` needs, measured rather than derived from one GEMM's
 thread scaling: memory-bound kernels, dispatch and the ranks' contention for the cores
 and the memory bus are in it.
+
+And what a collective's CPU work takes from compute (on a CPU, gloo's threads run on the
+cores the ranks compute on): the k = 2 ranks, one DP group, run the same loop again with
+one asynchronous `Comm.dp_all_reduce` of a gradient-sized buffer issued at the start of
+each iteration and waited at its end, as the executor overlaps a SYNC with the next
+backward; the extra time per iteration over the bytes all-reduced is the compute time a
+byte of collective costs (`compute.collective_compute_s_per_byte`).
 """
 
 from __future__ import annotations
@@ -20,10 +27,14 @@ import torch.distributed as dist
 
 from ratrain.models.llama import build_unit
 from ratrain.models.spec import ModelSpec
+from ratrain.runtime.comm import Comm
 from ratrain.runtime.grid import ParallelGrid, Rendezvous
 from ratrain.runtime.launch import spawn
 
-__all__ = ["rank_counts", "measure_rank_speed"]
+__all__ = ["rank_counts", "measure_rank_speed", "SYNC_BYTES"]
+
+SYNC_BYTES = 16 * 2**20
+"""derived: about one block's fp32 gradient at the grid's widths (4M parameters)."""
 
 _SPEC = ModelSpec(
     name="calib-share", n_layers=1, hidden=384, n_heads=6, n_kv_heads=6, ffn=1024, vocab=256
@@ -48,20 +59,23 @@ def _iteration(block, x):
         p.grad = None
 
 
-def _seconds_per_iteration(block, x, window_s: float, sync: bool) -> float:
+def _seconds_per_iteration(block, x, window_s: float, sync: bool, comm=None, buf=None) -> float:
     _iteration(block, x)  # warm-up
     if sync:
         dist.barrier()
     n, t0 = 0, time.perf_counter()
     while True:
+        handle = comm.dp_all_reduce(buf) if comm is not None else None
         _iteration(block, x)
+        if handle is not None:
+            handle.wait()
         n += 1
         elapsed = time.perf_counter() - t0
         if elapsed >= window_s and n >= 2:
             return elapsed / n
 
 
-def _rank(rdzv: Rendezvous, window_s: float, reference: bool) -> dict:
+def _rank(rdzv: Rendezvous, window_s: float, reference: bool, with_sync: bool = False) -> dict:
     grid = ParallelGrid.init(1, rdzv.world_size, rdzv, device="cpu")
     try:
         block = build_unit(_SPEC, 1)
@@ -73,6 +87,10 @@ def _rank(rdzv: Rendezvous, window_s: float, reference: bool) -> dict:
             out["one_thread_s"] = _seconds_per_iteration(block, x, window_s, sync=False)
             torch.set_num_threads(saved)
         out["s"] = _seconds_per_iteration(block, x, window_s, sync=True)
+        if with_sync:
+            dist.barrier()
+            buf = torch.ones(SYNC_BYTES // 4)
+            out["sync_s"] = _seconds_per_iteration(block, x, window_s, True, Comm(grid), buf)
         # The window ends at different times on different ranks; wait so that no rank's
         # window ran while the others had already stopped.
         dist.barrier()
@@ -81,17 +99,22 @@ def _rank(rdzv: Rendezvous, window_s: float, reference: bool) -> dict:
         grid.destroy()
 
 
-def measure_rank_speed(nproc: int, quick: bool, progress=None) -> list[tuple[int, float, int]]:
-    """[(ranks k, speed of one rank relative to one thread alone, threads per rank)]."""
+def measure_rank_speed(nproc: int, quick: bool, progress=None) -> dict:
+    """{"rank_speed": [(ranks k, speed of one rank relative to one thread alone, threads
+    per rank)], "collective_compute_s_per_byte": float | None (None: nproc < 2)}."""
     window_s = 0.6 if quick else 1.5
     ref = None
     out = []
+    per_byte = None
     for k in rank_counts(nproc):
         if progress:
             progress.step(f"{k} rank(s) sharing the cores")
-        res = spawn(_rank, k, window_s, k == 1, deadline_s=300)
+        res = spawn(_rank, k, window_s, k == 1, k == 2, deadline_s=300)
         if k == 1:
             ref = res[0]["one_thread_s"]
         mean_s = sum(r["s"] for r in res) / len(res)
         out.append((k, ref / mean_s, res[0]["threads"]))
-    return out
+        if k == 2:
+            extra_s = sum(r["sync_s"] for r in res) / len(res) - mean_s
+            per_byte = max(extra_s, 0.0) / SYNC_BYTES
+    return {"rank_speed": out, "collective_compute_s_per_byte": per_byte}

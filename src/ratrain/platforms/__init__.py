@@ -35,6 +35,7 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       unit_time_factor:       # a unit's kernels inside the unit vs timed apart
         block.fwd.fp32: {value, note}     # also block.bwd.*, head.fwd.*, head.bwd.*
       rank_speed: {value: [[k, speed], ...], note}   # one of k ranks sharing the node
+      collective_compute_s_per_byte: {value, note}   # compute a collective's CPU work takes
       cores_per_node: {value, note}       # cores the node's ranks share
       thread_efficiency: {value, note}    # speed-up of each extra thread of one rank
     runtime:
@@ -109,6 +110,11 @@ class Platform:
     """Cores shared by the compute of a node's ranks; None: each unit has its own."""
     thread_efficiency: float = 1.0
     """Speed-up each extra thread brings to one rank's kernels (1.0: linear)."""
+    collective_compute_s_per_byte: float = 0.0
+    """Compute time a byte of an overlapping all-reduce takes from the ranks (gloo's threads
+    run on the cores they compute on; `ratrain.calibrate.sharing`). Measured and reported,
+    not charged yet: the engine has no term for a compute action slowed by a collective in
+    flight beside it."""
     rank_speed: tuple[tuple[int, float], ...] = ()
     """Measured speed of one of k ranks sharing a node's cores (the launcher's threads each),
     relative to one thread on a core of its own: (k, speed), k ascending. Empty: derived

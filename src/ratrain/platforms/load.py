@@ -182,6 +182,10 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
     }
     out["memory_bound_bytes_per_s"] = r.entries(compute, "memory_bound_bytes_per_s", "compute.")
     out["unit_time_factor"] = r.entries(compute, "unit_time_factor", "compute.")
+    if "collective_compute_s_per_byte" in compute:
+        out["collective_compute_s_per_byte"] = r.number(
+            compute, "collective_compute_s_per_byte", "compute.", zero=True
+        )
     if "rank_speed" in compute:
         rows = r.table(compute, "rank_speed", "compute.", 2)
         out["rank_speed"] = tuple((int(k), v) for k, v in rows)
