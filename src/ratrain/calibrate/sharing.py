@@ -59,20 +59,29 @@ def _iteration(block, x):
         p.grad = None
 
 
-def _seconds_per_iteration(block, x, window_s: float, sync: bool, comm=None, buf=None) -> float:
+def _seconds_per_iteration(block, x, window_s: float, sync: bool) -> float:
     _iteration(block, x)  # warm-up
     if sync:
         dist.barrier()
     n, t0 = 0, time.perf_counter()
     while True:
-        handle = comm.dp_all_reduce(buf) if comm is not None else None
         _iteration(block, x)
-        if handle is not None:
-            handle.wait()
         n += 1
         elapsed = time.perf_counter() - t0
         if elapsed >= window_s and n >= 2:
             return elapsed / n
+
+
+def _seconds_with_sync(block, x, iterations: int, comm: Comm, buf: torch.Tensor) -> float:
+    """Seconds per iteration with an all-reduce in flight beside each. Every rank runs the
+    same count (agreed beforehand): collectives must match one for one."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        handle = comm.dp_all_reduce(buf)
+        _iteration(block, x)
+        handle.wait()
+    return (time.perf_counter() - t0) / iterations
 
 
 def _rank(rdzv: Rendezvous, window_s: float, reference: bool, with_sync: bool = False) -> dict:
@@ -88,9 +97,10 @@ def _rank(rdzv: Rendezvous, window_s: float, reference: bool, with_sync: bool = 
             torch.set_num_threads(saved)
         out["s"] = _seconds_per_iteration(block, x, window_s, sync=True)
         if with_sync:
-            dist.barrier()
+            n = torch.tensor([max(2, int(window_s / out["s"]))])
+            dist.all_reduce(n, op=dist.ReduceOp.MIN)
             buf = torch.ones(SYNC_BYTES // 4)
-            out["sync_s"] = _seconds_per_iteration(block, x, window_s, True, Comm(grid), buf)
+            out["sync_s"] = _seconds_with_sync(block, x, int(n.item()), Comm(grid), buf)
         # The window ends at different times on different ranks; wait so that no rank's
         # window ran while the others had already stopped.
         dist.barrier()
