@@ -255,3 +255,35 @@ def test_tied_embeddings_on_one_stage_are_stored_once():
     plan = plan_of(schedule="baseline", seq=32)
     stage = replay(build_schedule(spec, plan), spec, plan).stages[0]
     assert stage.static_bytes == (2 + 4 + 8) * total_params(spec)
+
+
+# -- the runtime's end-of-step holdings (eager kernels, gloo sends) -------------------------
+
+
+def test_norm_temporaries_and_held_sends():
+    from ratrain.memory.activations import boundary_bytes
+    from ratrain.memory.step_workspace import bookkeeping_bytes, norm_workspace_bytes
+
+    plan = plan_of(pp=2, m=4, schedule="baseline", clip_grad=1.0)
+    sch = build_schedule(TINY, plan)
+    plain = replay(sch, TINY, plan, eager_kernels=True)
+    held = replay(sch, TINY, plan, eager_kernels=True, sends_held=True)
+    for s, (a, b) in enumerate(zip(plain.stages, held.stages, strict=True)):
+        acts = sch.stages[s]
+        norm = next(i for i, x in enumerate(acts) if x.op is Op.GRAD_NORM)
+        before = dict(a.trace)[norm - 1]
+        at = dict(a.trace)[norm]
+        nws = max(norm_workspace_bytes(TINY, plan, u) for u in plan.stage_units(TINY, s))
+        assert at["workspace"] - before["workspace"] == nws  # transient, at the NORM only
+        # Every SEND of the step is still held at the NORM where sends complete only
+        # when waited (beside the reductions' bookkeeping); polled, fewer are.
+        sends = sum(1 for x in acts[:norm] if x.op in (Op.SEND_F, Op.SEND_B))
+        assert sends == 4
+        comm = bookkeeping_bytes(TINY, plan)
+        assert dict(b.trace)[norm]["comm_buffer"] == comm + sends * boundary_bytes(TINY, plan)
+        assert at["comm_buffer"] < dict(b.trace)[norm]["comm_buffer"]
+        assert b.peak_bytes >= a.peak_bytes
+    fused = replay(sch, TINY, plan)  # fused kernels: no NORM temporaries
+    for s, m in enumerate(fused.stages):
+        norm = next(i for i, x in enumerate(sch.stages[s]) if x.op is Op.GRAD_NORM)
+        assert dict(m.trace)[norm]["workspace"] == 0
