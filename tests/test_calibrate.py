@@ -55,6 +55,14 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys):
     assert all(0 < e <= 1 for pts in p.efficiency_curves.values() for _, e in pts)
     assert all(f > 0 for f in p.unit_time_factor.values())
     assert [k for k, _ in p.rank_speed] == [1, 2] and all(v > 0 for _, v in p.rank_speed)
+    # The peak stays a bound: no unit is charged less than its FLOPs at the peak.
+    from ratrain.models.presets import get_preset
+    from ratrain.planner.bounds import peak_unit_times, unit_times
+
+    tiny = get_preset("tiny")
+    fast, charged = peak_unit_times(tiny, p, 2, 64, "fp32"), unit_times(tiny, p, 2, 64, "fp32")
+    for f in ("f_block", "b_block", "f_head", "b_head"):
+        assert getattr(fast, f) <= getattr(charged, f), f
     assert p.overhead_s("F") > 0 and p.collectives["all_reduce"][0][0] == 2
 
 

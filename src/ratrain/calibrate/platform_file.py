@@ -212,7 +212,27 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
         )
     if raw.get("units"):
         data["compute"]["unit_time_factor"] = _unit_factors(data, raw["units"], timer, on)
+    _raise_peaks(data["compute"], speedup)
     return data
+
+
+def _raise_peaks(compute: dict, speedup: float) -> None:
+    """Keep the peaks above anything the cost model can charge: a measured rank speed above
+    the thread formula's, or a unit factor below 1, would let a unit run faster than its
+    FLOPs at the peak (the planner's lower bounds assume it cannot). Raises the peaks by
+    that much and rescales the efficiencies (achieved / peak), so that every time the
+    cost model computes is unchanged."""
+    speeds = [v for _, v in compute.get("rank_speed", {}).get("value", [])]
+    factors = [e["value"] for e in compute.get("unit_time_factor", {}).values()]
+    scale = max([speedup, *speeds]) / speedup / min([1.0, *factors])
+    if scale <= 1.0:
+        return
+    for entry in compute["peak_flops"].values():
+        entry["value"] = float(f"{entry['value'] * scale:.4g}")
+        entry["note"] += f"; x{scale:.3g}: above the measured rank speeds and unit factors"
+    compute["efficiency"]["value"] = float(f"{compute['efficiency']['value'] / scale:.4g}")
+    for entry in compute.get("efficiency_curves", {}).values():
+        entry["value"] = [[f, float(f"{e / scale:.4g}")] for f, e in entry["value"]]
 
 
 def _unit_factors(data: dict, units: dict, timer: str, on: str) -> dict:
