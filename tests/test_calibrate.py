@@ -71,3 +71,15 @@ def test_calibrate_bad_input_is_one_line(tmp_path, capsys):
     assert main(["calibrate", "--dtypes", "bf16", "-o", str(tmp_path / "x.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("ratrain calibrate: error") for line in err)
+
+
+def test_busy_machine_signs():
+    from dataclasses import replace
+
+    from ratrain.cli.calibrate import _busy_signs
+
+    p = replace(load("cpu-local"), cores_per_node=2, thread_efficiency=0.7, rank_speed=())
+    assert _busy_signs(p) == ""
+    assert _busy_signs(replace(p, rank_speed=((1, 1.5), (2, 0.8), (4, 0.4)))) == ""
+    assert "slower" in _busy_signs(replace(p, rank_speed=((1, 0.1), (2, 0.5))))
+    assert "second thread" in _busy_signs(replace(p, thread_efficiency=0.05))

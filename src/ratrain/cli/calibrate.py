@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
@@ -49,4 +50,23 @@ def run(args) -> int:
     plat = load(path)  # what we wrote must load
     measured = sum(n.startswith("measured") for n in plat.notes.values())
     print(f"wrote {path}: {measured} of {len(plat.notes)} values measured")
+    busy = _busy_signs(plat)
+    if busy:
+        print(
+            f"ratrain calibrate: warning: {busy}: the machine was probably busy while "
+            "measured; re-run calibrate when it is idle",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _busy_signs(plat) -> str:
+    """Why the measurements look taken on a loaded machine ('' when they do not): one rank
+    on all the cores slower per rank than several ranks sharing them, or a second thread
+    worth almost nothing."""
+    speeds = [v for _, v in plat.rank_speed]
+    if len(speeds) > 1 and speeds[0] < max(speeds[1:]):
+        return "one rank with all the threads measured slower than a rank sharing the node"
+    if plat.cores_per_node and plat.cores_per_node > 1 and plat.thread_efficiency < 0.2:
+        return f"a second thread measured worth {plat.thread_efficiency:.0%} of the first"
+    return ""
