@@ -76,7 +76,7 @@ def test_validate_two_plan_grid(tmp_path, capsys):
     png = tmp_path / "v.png"
     rc = main(
         [
-            "validate", "--platform", "cpu-local", "--grid", str(grid), "--steps", "2",
+            "validate", "--platform", "cpu-local", "--grid", str(grid), "--steps", "2", "--passes", "1",
             "--json", "--plot", str(png),
         ]
     )  # fmt: skip
@@ -139,3 +139,26 @@ def test_step_breakdown_on_known_events():
     assert out["idle"] == pytest.approx([1.2 - 0.9, 1.0 - 0.6])
     both = merge([out, out])
     assert both["F.block"] == pytest.approx([0.6, 0.4])
+
+
+@pytest.mark.timeout(180)
+def test_validate_passes_split_the_timed_steps(tmp_path):
+    import statistics
+
+    from ratrain.calibrate.validate import validate
+    from ratrain.platforms import load
+
+    grid_file = tmp_path / "g.yaml"
+    grid_file.write_text(GRID.split("  - {name: b")[0])  # plan a only (one rank)
+    grid = load_grid(grid_file)
+    results, summary = validate(
+        grid, load("cpu-local"), steps=3, warmup=1, plan_picks=False, passes=2
+    )
+    (r,) = results
+    # 3 timed steps over 2 passes: 2 per pass, each after its own warm-up step
+    assert len(r.step_times_s) == 2 * (1 + 2)
+    timed = r.step_times_s[1:3] + r.step_times_s[4:6]
+    assert r.measured_step_s == pytest.approx(statistics.median(timed))
+    assert summary["plans"] == 1
+    with pytest.raises(RatrainError, match="passes"):
+        validate(grid, load("cpu-local"), plan_picks=False, passes=0)

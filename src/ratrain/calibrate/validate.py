@@ -80,18 +80,32 @@ def _job(g: GridPlan, steps: int, **kw) -> Job:
     )
 
 
-def run_plan(g: GridPlan, platform: Platform, *, steps: int = 5, warmup: int = 1) -> PlanResult:
+def _timing(g: GridPlan, steps: int, warmup: int) -> tuple[list[list[float]], list[dict]]:
+    """One timing run: every rank's step times (warm-up included), rank order, and the
+    measured trace of the last step."""
+    kind = g.plan.schedule
+    ranks = run_job(_job(g, warmup + steps, trace_steps=(warmup + steps - 1,)))
+    times = [list(r.runs[kind].step_times_s) for r in ranks]
+    return times, [rec for r in ranks for rec in r.runs[kind].trace]
+
+
+def _assemble(
+    g: GridPlan, platform: Platform, runs: list[tuple[list[list[float]], list[dict]]], warmup: int
+) -> PlanResult:
+    """The plan's result from its timing runs (passes): per rank, the median of the timed
+    steps of every pass; the slowest rank's; the last pass's trace; a memory run."""
     sim = simulate(g.spec, g.plan, platform, memory_timeline=False)
     kind = g.plan.schedule
-    trace_step = warmup + steps - 1
-    ranks = run_job(_job(g, warmup + steps, trace_steps=(trace_step,)))
-    per_rank = [statistics.median(r.runs[kind].step_times_s[warmup:]) for r in ranks]
-    trace = [rec for r in ranks for rec in r.runs[kind].trace]
+    n_ranks = len(runs[0][0])
+    per_rank = [
+        statistics.median([t for times, _ in runs for t in times[r][warmup:]])
+        for r in range(n_ranks)
+    ]
     mem_ranks = run_job(_job(g, 2, measure_memory=True))
     peaks = [[0] * g.plan.dp for _ in range(g.plan.pp)]
     for r in mem_ranks:
         peaks[r.stage][r.replica] = int(r.runs[kind].peak_bytes or 0)
-    slowest = max(range(len(ranks)), key=per_rank.__getitem__)
+    slowest = max(range(n_ranks), key=per_rank.__getitem__)
     return PlanResult(
         g.name,
         g.model,
@@ -100,10 +114,14 @@ def run_plan(g: GridPlan, platform: Platform, *, steps: int = 5, warmup: int = 1
         per_rank[slowest],
         list(sim.peak_memory_bytes),
         peaks,
-        list(ranks[slowest].runs[kind].step_times_s),
-        trace,
+        [t for times, _ in runs for t in times[slowest]],
+        runs[-1][1],
         g,
     )
+
+
+def run_plan(g: GridPlan, platform: Platform, *, steps: int = 5, warmup: int = 1) -> PlanResult:
+    return _assemble(g, platform, [_timing(g, steps, warmup)], warmup)
 
 
 def planner_pick(grid: list[GridPlan], model: str, platform: Platform) -> GridPlan | None:
@@ -185,9 +203,15 @@ def validate(
     warmup: int = 1,
     progress=None,
     plan_picks: bool = True,
+    passes: int = 1,
 ) -> tuple[list[PlanResult], dict]:
     """Run every plan of `grid`, and `ratrain plan`'s pick per model when `plan_picks`;
-    (per-plan results, summary)."""
+    (per-plan results, summary).
+
+    `passes` > 1 splits the timed steps over that many passes through the grid, in
+    alternating order (forward, backward, ...), each plan a fresh job per pass: a machine
+    whose speed drifts over the minutes a grid takes (±10-25% on a shared VM) then slows
+    every plan's median alike instead of the plans that ran during a slow spell."""
     picks: dict[str, str] = {}
     todo = list(grid)
     if plan_picks:
@@ -197,14 +221,26 @@ def validate(
                 picks[model] = g.name
                 if g not in todo:
                     todo.append(g)
-    results = []
+    if passes < 1:
+        raise RatrainError(f"--passes must be >= 1, got {passes}")
+    per_pass = -(-steps // passes)
+    runs: dict[str, list] = {g.name: [] for g in todo}
+    total, i = len(todo) * (passes + 1), 0
     t0 = time.perf_counter()
-    for i, g in enumerate(todo):
+    for p in range(passes):
+        for g in todo if p % 2 == 0 else todo[::-1]:
+            if progress:
+                progress(i, total, f"{g.name} (pass {p + 1}/{passes})", time.perf_counter() - t0)
+            runs[g.name].append(_timing(g, per_pass, warmup))
+            i += 1
+    results = []
+    for g in todo:
         if progress:
-            progress(i, len(todo), g.name, time.perf_counter() - t0)
-        results.append(run_plan(g, platform, steps=steps, warmup=warmup))
+            progress(i, total, f"{g.name} (memory)", time.perf_counter() - t0)
+        results.append(_assemble(g, platform, runs[g.name], warmup))
+        i += 1
     if progress:
-        progress(len(todo), len(todo), "done", time.perf_counter() - t0)
+        progress(total, total, "done", time.perf_counter() - t0)
     return results, summarize(results, picks)
 
 

@@ -18,6 +18,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps per plan (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     p.add_argument(
+        "--passes",
+        type=positive_int,
+        default=2,
+        help="passes through the grid the timed steps are split over, in alternating order "
+        "(default 2: a drifting machine slows every plan alike)",
+    )
+    p.add_argument(
         "--max-ranks", type=positive_int, default=4, help="skip default-grid plans with more ranks"
     )
     p.add_argument(
@@ -71,7 +78,7 @@ def _table(results, summary) -> str:
 
 
 def _progress(i: int, n: int, name: str, elapsed_s: float) -> None:
-    sys.stderr.write(f"\rvalidate [{i}/{n}] {elapsed_s:6.0f}s {name:<24}")
+    sys.stderr.write(f"\rvalidate [{i}/{n}] {elapsed_s:6.0f}s {name:<40}")
     if i == n:
         sys.stderr.write("\n")
     sys.stderr.flush()
@@ -96,6 +103,7 @@ def run(args) -> int:
         warmup=args.warmup,
         progress=_progress,
         plan_picks=not args.no_plan_pick,
+        passes=args.passes,
     )
     if args.plot:
         _plots(args.plot, results, summary, platform)
