@@ -69,6 +69,8 @@ class Evaluator:
     req: Request
     shortcut: bool = True
     """Replay memory on the shortened step (exact; see the module docstring)."""
+    steady: bool = True
+    """Time a long step from three short ones (`ratrain.planner.steady`)."""
     n_memory: int = 0
     n_simulated: int = 0
     memory_s: float = 0.0
@@ -113,7 +115,14 @@ class Evaluator:
         if hit is not None:
             return hit
         t0 = time.perf_counter()
-        if self._schedule and self._schedule[0] == key:
+        res = None
+        if self.steady:
+            from ratrain.planner.steady import extrapolate
+
+            res = extrapolate(plan, self._simulate_short)
+        if res is not None:
+            pass
+        elif self._schedule and self._schedule[0] == key:
             # The step just replayed in full: time it with the same schedule and ledger.
             _, schedule, ledger = self._schedule
             cost = CostModel(self.req.spec, plan, self.req.platform)
@@ -124,6 +133,11 @@ class Evaluator:
         self.n_simulated += 1
         self._sim[key] = res
         return res
+
+    def _simulate_short(self, plan: Plan):
+        from ratrain.sim.simulate import simulate
+
+        return simulate(self.req.spec, plan, self.req.platform, memory_timeline=False)
 
 
 def _freeze(plan: Plan) -> tuple:

@@ -1,0 +1,147 @@
+"""A long step's simulation from three short ones: the 1F1B steady state repeats.
+
+A step of m microbatches costs the simulator O(m x units) events: at a global batch of
+4096 on 8 clusters that is millions of events and tens of seconds per candidate. Past its
+warm-up, a 1F1B step repeats: each further `d` microbatches (d = pp, so that any pattern
+whose period divides the pipeline depth repeats too) add the same time to every stage's
+clock, and the cool-down and the step's tail (syncs, update) are the same. So the step of
+m microbatches is simulated at m1, m1 + d and m1 + 2d, with m1 chosen so that m = m1 + k d,
+and, when the two increments are equal (to `REL_TOL`), the step time and each resource's
+busy time are extended by k - 2 more increments. When they differ, or when some stage's
+resource (an offload link, a collective stream) gets more work per increment than the step
+advances (its backlog would grow until it sets a longer period), the steady state is not
+reached and the caller simulates the full step. This is a check on the three steps, not a
+proof about the step of m: a backlog growing on a resource not itself over-loaded would
+escape it; the test compares against full simulations on every kind of schedule.
+
+Memory needs no extrapolation: every point has at least `memory_microbatches(plan)`
+microbatches, whose per-stage peak equals the full step's (`ratrain.planner.evaluate`).
+`tests/test_planner_steady.py` checks the extrapolation against full simulations. Pure
+Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ratrain.config import Plan
+from ratrain.planner.evaluate import memory_microbatches
+
+__all__ = ["MIN_MICROBATCHES", "REL_TOL", "points", "extrapolate"]
+
+MIN_MICROBATCHES = 48
+"""assumed: below this many microbatches a full simulation costs well under a second; the
+extrapolation's three short simulations pay off only above it."""
+
+REL_TOL = 1e-9
+"""derived: float rounding of sums over a step's events (about 1e5 terms at 1e-16 each),
+with margin; two increments that differ by more are not a repeated steady state."""
+
+
+def points(plan: Plan) -> tuple[int, int, int] | None:
+    """The three microbatch counts to simulate in place of `plan`'s, or None when the full
+    step is cheap enough (or not longer than the three)."""
+    m, d = plan.microbatches, max(1, plan.pp)
+    base = max(memory_microbatches(plan), 3 * plan.pp + 2)
+    m1 = base + (m - base) % d
+    if m < MIN_MICROBATCHES or m <= m1 + 3 * d:
+        return None
+    return m1, m1 + d, m1 + 2 * d
+
+
+def _with_microbatches(plan: Plan, m: int) -> Plan:
+    return plan.replace(global_batch=plan.micro_batch * plan.dp * m)
+
+
+def _busy_s(res) -> list[dict[str, float]]:
+    return [{r: u * res.step_time_s for r, u in util.items()} for util in res.utilization]
+
+
+def _close(a: float, b: float, scale_s: float) -> bool:
+    """Equal up to rounding of sums as large as `scale_s` (the step time)."""
+    return abs(a - b) <= REL_TOL * scale_s
+
+
+def _occurrences(events) -> dict[tuple, list[tuple[float, float]]]:
+    """Per (stage, op, units): the (start, end) of each occurrence, in schedule order."""
+    out: dict[tuple, list[tuple[float, float]]] = {}
+    for e in events:
+        a = e.action
+        out.setdefault((a.stage, a.op, a.units), []).append((e.start_s, e.end_s))
+    return out
+
+
+def _shifts_by(long_events, short_events, period_s: float, scale_s: float) -> bool:
+    """Whether, in the middle of the longer step, every action that repeats (d more
+    microbatches add q more of it) starts and ends `period_s` after its occurrence q before,
+    over two whole periods: the simulated state repeats, shifted, so the step's further
+    periods repeat too (the engine is deterministic and its dependencies reach back less
+    than two periods). A backlog still building on some resource fails it."""
+    short = _occurrences(short_events)
+    for key, times in _occurrences(long_events).items():
+        q = len(times) - len(short.get(key, ()))
+        if q <= 0:
+            continue
+        lo = (len(times) - 3 * q) // 2  # the middle 3q: clear of warm-up and cool-down
+        if lo < 0:
+            return False
+        for n in range(lo, lo + 2 * q):
+            (s0, e0), (s1, e1) = times[n], times[n + q]
+            if not (_close(s1 - s0, period_s, scale_s) and _close(e1 - e0, period_s, scale_s)):
+                return False
+    return True
+
+
+def extrapolate(plan: Plan, simulate: Callable[[Plan], object]):
+    """`plan`'s simulation result from three short steps (`simulate` runs one), or None
+    when the step is short or the short steps do not repeat. The result carries no events
+    and no memory timeline; its peaks are those of the longest short step."""
+    pts = points(plan)
+    if pts is None:
+        return None
+    m = plan.microbatches
+    r1, r2, r3 = (simulate(_with_microbatches(plan, k)) for k in pts)
+    d_s = r2.step_time_s - r1.step_time_s
+    scale_s = r3.step_time_s
+    if not _close(r3.step_time_s - r2.step_time_s, d_s, scale_s):
+        return None
+    b1, b2, b3 = _busy_s(r1), _busy_s(r2), _busy_s(r3)
+    for s in range(len(b1)):
+        for r in b3[s]:
+            inc_s = b3[s][r] - b2[s][r]
+            if not _close(inc_s, b2[s][r] - b1[s][r], scale_s):
+                return None
+            if inc_s > d_s + REL_TOL * scale_s:
+                # The resource gets more work per increment than the step's clock advances:
+                # its backlog grows, and once the slack is used up it sets a longer period.
+                return None
+    if not _shifts_by(r3.events, r2.events, d_s, scale_s):
+        return None
+    if r3.exposed != r2.exposed and not all(
+        _close(x[k], y[k], scale_s) for x, y in zip(r2.exposed, r3.exposed, strict=True) for k in x
+    ):
+        return None
+    k = (m - pts[2]) // (pts[1] - pts[0])  # further increments past the third point
+    step_s = r3.step_time_s + k * d_s
+    util = [
+        {r: (v + k * (v - b2[s][r])) / step_s for r, v in b3[s].items()} for s in range(len(b3))
+    ]
+    bubble = [1.0 - u["compute"] for u in util]
+    res = r3.__class__(
+        step_time_s=step_s,
+        tokens_per_s=plan.tokens_per_step / step_s,
+        bubble_fraction=sum(bubble) / len(bubble),
+        stage_bubble=bubble,
+        utilization=util,
+        exposed=[dict(e) for e in r3.exposed],
+        events=[],
+        peak_memory_bytes=list(r3.peak_memory_bytes),
+        memory_breakdown=[dict(b) for b in r3.memory_breakdown],
+        memory_cap_bytes=r3.memory_cap_bytes,
+        workspace_bytes=r3.workspace_bytes,
+        schedule=r3.schedule,
+        platform=r3.platform,
+        model=r3.model,
+        plan=plan.to_dict(),
+    )
+    return res
