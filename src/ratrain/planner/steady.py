@@ -38,11 +38,12 @@ REL_TOL = 1e-9
 with margin; two increments that differ by more are not a repeated steady state."""
 
 
-def points(plan: Plan) -> tuple[int, int, int] | None:
+def points(plan: Plan, attempt: int = 0) -> tuple[int, int, int] | None:
     """The three microbatch counts to simulate in place of `plan`'s, or None when the full
-    step is cheap enough (or not longer than the three)."""
+    step is cheap enough (or not longer than the three). Each further `attempt` doubles
+    the warm-up allowed before the steady state."""
     m, d = plan.microbatches, max(1, plan.pp)
-    base = max(memory_microbatches(plan), 3 * plan.pp + 2)
+    base = max(memory_microbatches(plan), 3 * plan.pp + 2) * 2**attempt
     m1 = base + (m - base) % d
     if m < MIN_MICROBATCHES or m <= m1 + 3 * d:
         return None
@@ -94,11 +95,20 @@ def _shifts_by(long_events, short_events, period_s: float, scale_s: float) -> bo
 
 def extrapolate(plan: Plan, simulate: Callable[[Plan], object]):
     """`plan`'s simulation result from three short steps (`simulate` runs one), or None
-    when the step is short or the short steps do not repeat. The result carries no events
-    and no memory timeline; its peaks are those of the longest short step."""
-    pts = points(plan)
-    if pts is None:
-        return None
+    when the step is short or no short steps found to repeat. A step whose short steps do
+    not repeat yet (a backlog still building) is tried again with twice the warm-up, while
+    that stays shorter than the step. The result carries no events and no memory timeline;
+    its peaks are those of the longest short step."""
+    attempt = 0
+    while (pts := points(plan, attempt)) is not None:
+        res = _from_points(plan, pts, simulate)
+        if res is not None:
+            return res
+        attempt += 1
+    return None
+
+
+def _from_points(plan: Plan, pts: tuple[int, int, int], simulate):
     m = plan.microbatches
     r1, r2, r3 = (simulate(_with_microbatches(plan, k)) for k in pts)
     d_s = r2.step_time_s - r1.step_time_s
