@@ -119,7 +119,8 @@ class Evaluator:
         if self.steady:
             from ratrain.planner.steady import extrapolate
 
-            res = extrapolate(plan, self._simulate_short)
+            rep = self.memory(plan)  # the shortened replay: the full step's peaks
+            res = extrapolate(plan, self._simulate_short, (rep.peak_bytes, rep.breakdown))
         if res is not None:
             pass
         elif self._schedule and self._schedule[0] == key:
@@ -135,9 +136,13 @@ class Evaluator:
         return res
 
     def _simulate_short(self, plan: Plan):
-        from ratrain.sim.simulate import simulate
+        """A shortened step's timing alone (no ledger: its memory is the plan's replay)."""
+        from ratrain.cost.model import CostModel
+        from ratrain.schedule import build_schedule
+        from ratrain.sim.simulate import simulate_schedule
 
-        return simulate(self.req.spec, plan, self.req.platform, memory_timeline=False)
+        cost = CostModel(self.req.spec, plan, self.req.platform)
+        return simulate_schedule(build_schedule(self.req.spec, plan), cost)
 
 
 def _freeze(plan: Plan) -> tuple:

@@ -124,6 +124,13 @@ class SearchResult:
     floor_step_s: float | None = None
     """When cut: a lower bound on the step of every plan not examined (the smallest
     step-time bound left), so no plan of the space is faster than min(floor, best)."""
+    structures_left: int = 0
+    """When cut: structures not examined."""
+
+    @property
+    def unfinished(self) -> bool:
+        """Cut before any plan was found to fit: not a proof that none does."""
+        return self.cut and not self.ranked
 
     @property
     def gap(self) -> float:
@@ -213,12 +220,14 @@ def search(
     progress: Callable[[str], None] | None = None,
     evaluator: Evaluator | None = None,
     time_budget_s: float | None = None,
+    hard_budget_s: float | None = None,
 ) -> SearchResult:
     """The `top` fastest feasible plans for `req` (all families in `req.families`).
 
     With `time_budget_s`, once that many seconds have passed and some plan fits, the search
     stops where it is (`SearchResult.cut`) and reports the smallest step-time bound left
-    (`floor_step_s`): the best plan is then within `gap` of the optimum over the space."""
+    (`floor_step_s`): the best plan is then within `gap` of the optimum over the space.
+    With `hard_budget_s`, it stops then even if no plan fits yet (`unfinished`)."""
     t0 = time.perf_counter()
     ev = evaluator or Evaluator(req)
     tasks = _tasks(req, req.families)
@@ -226,6 +235,8 @@ def search(
     best, state = _Top(max(1, top)), _State()
     if time_budget_s is not None:
         state.deadline = t0 + time_budget_s
+    if hard_budget_s is not None:
+        state.hard_deadline = t0 + hard_budget_s
     last_report, done = t0, 0
     while tasks:
         lb, order, seq, level, st, fam, kns, queue = heapq.heappop(tasks)
@@ -237,6 +248,9 @@ def search(
             # queues left are no smaller than their structure's).
             state.floor = lb if state.floor is None else min(state.floor, lb)
             state.pruned = len(tasks) + 1
+            break
+        if state.past_hard_deadline():  # nothing fits yet: stop without a floor
+            state.stopped, state.pruned = True, len(tasks) + 1
             break
         m = st.microbatches(req.global_batch)
         if level == _PEAK:
@@ -256,6 +270,9 @@ def search(
                 heapq.heappush(tasks, (queue[0][0], order, seq, _KNOBS, st, fam, kns, queue))
             continue
         _run_queue(ev, req, st, fam, ut, queue, best, state, prune)
+        if state.stopped:
+            state.pruned = len(tasks) + 1
+            break
         if state.floor is not None:  # cut inside the queue: the structures left bound too
             state.floor = min(state.floor, tasks[0][0]) if tasks else state.floor
             state.pruned = len(tasks)
@@ -278,8 +295,9 @@ def search(
         memory_replays=ev.n_memory,
         structures_pruned=state.pruned,
         near=None if best.items else state.nearest(req),
-        cut=state.floor is not None,
+        cut=state.floor is not None or state.stopped,
         floor_step_s=state.floor,
+        structures_left=state.pruned if state.floor is not None or state.stopped else 0,
     )
 
 
@@ -296,14 +314,20 @@ class _State:
     candidates ruled out by a quick bound: the model states alone overflow a stage (plan
     given), or a stage overflows under every recompute policy (plan None)."""
     deadline: float | None = None
+    hard_deadline: float | None = None
     floor: float | None = None
     """Set when the search is cut at `deadline`: the smallest step-time bound left."""
+    stopped: bool = False
+    """Set when the search stops at `hard_deadline` with no plan ranked."""
 
     def out_of_time(self, best: _Top) -> bool:
         """Past the deadline with some plan ranked (without one, the search goes on)."""
         return (
             self.deadline is not None and bool(best.items) and time.perf_counter() > self.deadline
         )
+
+    def past_hard_deadline(self) -> bool:
+        return self.hard_deadline is not None and time.perf_counter() > self.hard_deadline
 
     def nearest(self, req: Request) -> Near | None:
         """The closest miss: `near`, or one of `misses` ranked by its full bound, tried in
@@ -377,7 +401,10 @@ def _run_queue(ev, req, st, fam, ut, queue, best: _Top, state: _State, prune: bo
         if state.out_of_time(best):  # the queue is sorted: lb is its smallest bound left
             state.floor = lb
             return
-        ctx = _Ctx(ev, req, st, fam, kn, ut, over, m, best, state, prune)
+        if state.past_hard_deadline() and not best.items:
+            state.stopped = True
+            return
+        ctx = _Ctx(ev, req, st, fam, kn, ut, over, m, best, state, prune, lb)
         if "recompute" in req.pins:
             ctx.try_policy(_pinned(req.pins["recompute"], st.pp))
         elif fam.per_stage_recompute:
@@ -406,12 +433,20 @@ class _Ctx:
     best: _Top
     state: _State
     prune: bool
+    lb: float
+    """The knob combination's step-time bound: no policy of it is faster."""
 
     def try_policy(self, rec: tuple[str, ...] | None) -> str | list[int]:
-        """Simulate `rec` unless its bound cannot place: "pruned", "fits" (ranked), or the
-        stages the full replay finds over the cap."""
+        """Simulate `rec` unless its bound cannot place: "pruned", "fits" (ranked), "stop"
+        (out of time), or the stages the full replay finds over the cap."""
         if rec is None:
             return "pruned"
+        if self.state.out_of_time(self.best):
+            self.state.floor = self.lb
+            return "stop"
+        if self.state.past_hard_deadline() and not self.best.items:
+            self.state.stopped = True
+            return "stop"
         lb = step_time_lower_bound_s(self.st.layer_split, self.m, self.ut, rec, self.over)
         if self.prune and self.best.beaten(lb):
             return "pruned"
@@ -454,7 +489,10 @@ def _uniform(ctx: _Ctx, opts) -> None:
     for o in opts.uniform:
         if beaten_by(times, o, found):
             continue
-        if ctx.try_policy((o,) * ctx.st.pp) == "fits":
+        got = ctx.try_policy((o,) * ctx.st.pp)
+        if got == "stop":
+            return
+        if got == "fits":
             found.append(o)
 
 
