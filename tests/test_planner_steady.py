@@ -8,6 +8,7 @@ import pytest
 
 from ratrain.config import Plan
 from ratrain.models.presets import get_preset
+from ratrain.planner import steady
 from ratrain.planner.steady import MIN_MICROBATCHES, extrapolate, points
 from ratrain.platforms.load import load
 from ratrain.sim import simulate
@@ -44,7 +45,9 @@ def _plans(m: int):
 
 
 @pytest.mark.parametrize("platform", ["mt3000", "a100-80g"])
-def test_extrapolated_step_equals_the_full_simulation(platform):
+def test_extrapolated_step_equals_the_full_simulation(platform, monkeypatch):
+    # Extrapolate even where the saving is small (MIN_SAVING only decides when it pays).
+    monkeypatch.setattr(steady, "MIN_SAVING", 1)
     pl = load(platform)
 
     def short(p):
@@ -74,6 +77,7 @@ def test_extrapolated_step_equals_the_full_simulation(platform):
 def test_short_steps_are_simulated_in_full():
     plan = Plan(pp=4, dp=1, global_batch=MIN_MICROBATCHES - 1, seq=128)
     assert points(plan) is None
-    long = plan.replace(global_batch=4 * MIN_MICROBATCHES + 3)
+    assert points(plan.replace(global_batch=MIN_MICROBATCHES + 3)) is None  # saves too little
+    long = plan.replace(global_batch=8 * MIN_MICROBATCHES + 3)
     m1, m2 = points(long)
     assert m2 - m1 == 4 and (long.microbatches - m1) % 4 == 0

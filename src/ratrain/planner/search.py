@@ -354,6 +354,12 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
     (no kernel model needed): the model states fit, and every stage fits under some
     policy. The others are recorded as misses."""
     limit = usable_bytes(req)
+    lead = _dominant(kns)
+    if lead is not None and _ruled_out(req, st, fam, lead, limit, state):
+        # Every bound below is no smaller for the others: ruled out too (one miss recorded,
+        # the nearest of them).
+        state.evaluated += len(kns)
+        return []
     out = []
     for kn in kns:
         state.evaluated += 1
@@ -370,6 +376,43 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
             continue
         out.append(kn)  # the full per-stage options are worked out if it gets that far
     return out
+
+
+def _saves(a, b) -> bool:
+    """Whether knobs `a` hold no more memory than `b` by the quick bounds (model states,
+    `MemoryBound`), knob by knob: sharded states, transient views, gradients no wider,
+    offload. Not under fp32 compute, where sharding adds a gathered fp32 view."""
+    from ratrain.memory.states import DTYPE_BYTES
+
+    return (
+        a.compute_dtype == b.compute_dtype != "fp32"
+        and a.shard_optimizer >= b.shard_optimizer
+        and (a.view_policy == "transient") >= (b.view_policy == "transient")
+        and DTYPE_BYTES[a.grad_dtype] <= DTYPE_BYTES[b.grad_dtype]
+        and a.offload_activations >= b.offload_activations
+    )
+
+
+def _dominant(kns: list):
+    """A knob combination that saves no less than every other, if there is one."""
+    for a in kns:
+        if all(_saves(a, b) for b in kns):
+            return a
+    return None
+
+
+def _ruled_out(req, st, fam, kn, limit: int, state: _State) -> bool:
+    """`_memory_pass`'s test for one knob combination (a miss is recorded)."""
+    plan = make_plan(req, st, kn, ("full",) * st.pp)
+    persistent = max(persistent_lower_bound_bytes(req.spec, plan))
+    if persistent > limit:
+        state.misses.append((persistent - limit, len(state.misses), plan, st, kn, fam))
+        return True
+    over = first_overflow_bytes(req, st, kn)
+    if over is not None:
+        state.misses.append((over, len(state.misses), None, st, kn, fam))
+        return True
+    return False
 
 
 def _bound_knobs(req, st, fam, kns, ut, state: _State) -> list[tuple]:

@@ -29,11 +29,16 @@ from collections.abc import Callable
 from ratrain.config import Plan
 from ratrain.planner.evaluate import memory_microbatches
 
-__all__ = ["MIN_MICROBATCHES", "REL_TOL", "points", "extrapolate"]
+__all__ = ["MIN_MICROBATCHES", "MIN_SAVING", "REL_TOL", "points", "extrapolate"]
 
 MIN_MICROBATCHES = 48
 """assumed: below this many microbatches a full simulation costs well under a second; the
 extrapolation's two short simulations pay off only above it."""
+
+MIN_SAVING = 3
+"""assumed: the two short steps (2 m1 + pp microbatches together) are simulated only when the
+full step is at least 3x as long: each may need a second try with twice the warm-up, and a
+step found not to repeat is simulated in full after them."""
 
 REL_TOL = 1e-9
 """derived: float rounding of sums over a step's events (about 1e5 terms at 1e-16 each),
@@ -47,7 +52,7 @@ def points(plan: Plan, attempt: int = 0) -> tuple[int, int] | None:
     m, d = plan.microbatches, max(1, plan.pp)
     base = max(memory_microbatches(plan), 4 * plan.pp + 2) * 2**attempt
     m1 = base + (m - base) % d
-    if m < MIN_MICROBATCHES or m <= m1 + 3 * d:
+    if m < MIN_MICROBATCHES or m < MIN_SAVING * (2 * m1 + d):
         return None
     return m1, m1 + d
 

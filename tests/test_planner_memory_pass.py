@@ -1,0 +1,33 @@
+"""The memory pass's shortcut (a structure whose most memory-saving knob combination the
+quick bounds rule out is ruled out whole) keeps exactly the combinations that the test of
+each one alone keeps."""
+
+import pytest
+
+from ratrain.models.presets import get_preset
+from ratrain.planner.evaluate import usable_bytes
+from ratrain.planner.search import _memory_pass, _ruled_out, _State
+from ratrain.planner.space import ALL_FAMILIES, Request, family_of, knob_combos, structures
+from ratrain.platforms.load import load
+
+
+@pytest.mark.parametrize(
+    "model,platform,clusters,gb",
+    [("llama2-70b", "a100-80g", 16, 256), ("llama2-13b", "mt3000", 16, 256)],
+)
+def test_memory_pass_shortcut_keeps_what_each_test_keeps(model, platform, clusters, gb):
+    req = Request(get_preset(model), load(platform), clusters, gb, 4096)
+    limit = usable_bytes(req)
+    whole = kept = 0
+    for name in ALL_FAMILIES:
+        fam = family_of(name)
+        for st in structures(req, fam):
+            kns = knob_combos(req, fam, st)
+            if not kns:
+                continue
+            alone = [kn for kn in kns if not _ruled_out(req, st, fam, kn, limit, _State())]
+            got = _memory_pass(req, st, fam, kns, _State())
+            assert got == alone, st
+            whole += not alone
+            kept += bool(alone)
+    assert whole and kept  # both outcomes exercised
