@@ -43,6 +43,7 @@ from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
 __all__ = [
     "UnitTimes",
     "unit_times",
+    "unit_times_known",
     "peak_unit_times",
     "stage_times",
     "recompute_time_s",
@@ -85,6 +86,14 @@ def unit_times(
     ut = _unit_times(spec, platform, micro_batch, seq, dtype)
     _UNIT_TIMES[key] = (platform, ut)
     return ut
+
+
+def unit_times_known(
+    spec: ModelSpec, platform: Platform, micro_batch: int, seq: int, dtype: str
+) -> bool:
+    """Whether `unit_times` has these in its cache (no kernel model to run)."""
+    hit = _UNIT_TIMES.get((spec, id(platform), micro_batch, seq, dtype))
+    return hit is not None and hit[0] is platform
 
 
 def _unit_times(
