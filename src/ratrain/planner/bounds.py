@@ -422,11 +422,18 @@ _PERSISTENT: dict[tuple, tuple[int, ...]] = {}
 
 def _persistent(spec: ModelSpec, plan: Plan, most: int) -> tuple[int, ...]:
     per_param = MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM
+    every = _unit_params(spec)
     out = []
     for s in range(plan.pp):
-        params = [counts.unit_params(spec, u) for u in plan.stage_units(spec, s)]
+        params = [every[u] for u in plan.stage_units(spec, s)]
         out.append(sum(params) * per_param // shards(plan) + max(params) * most)
     return tuple(out)
+
+
+@lru_cache(maxsize=64)
+def _unit_params(spec: ModelSpec) -> tuple[int, ...]:
+    """Every unit's parameters, by unit (embedding, blocks, head)."""
+    return tuple(counts.unit_params(spec, u) for u in range(spec.n_layers + 2))
 
 
 class MemoryBound:
