@@ -18,17 +18,18 @@ from ratrain.platforms import PLATFORM_PRESETS
 
 __all__ = ["add_arguments", "run", "DEFAULT_BATCH_TOKENS", "DEFAULT_TIME_BUDGET_S"]
 
-DEFAULT_TIME_BUDGET_S = 1.5
-"""assumed: an interactive answer within about 2 s of a fresh process; the exact search is one
-flag away (--time-budget 0)."""
+DEFAULT_TIME_BUDGET_S = 1.2
+"""assumed: an interactive answer within about 2 s of a fresh process (start-up about 0.3 s,
+a fifth of the budget more to tighten the gap after a cut); the exact search is one flag away
+(--time-budget 0)."""
 
 NO_FIT_BUDGET_FACTOR = 2.5
-"""assumed: with no plan fitting yet, the search goes on to 2.5x the budget (3.75 s by default)
+"""assumed: with no plan fitting yet, the search goes on to 2.5x the budget (3 s by default)
 before it answers that none was found in time: the whole call stays within about 5 s."""
 
 EXPLAIN_BUDGET_FACTOR = 0.4
 """assumed: the explanation of an infeasible request searches for its suggested changes for
-0.4x the budget (0.6 s by default), so that "this cannot fit" comes within about 1 s."""
+0.4x the budget (0.48 s by default), so that "this cannot fit" comes within about 1 s."""
 
 DEFAULT_BATCH_TOKENS = 4 * 2**20
 """LLaMA 2's global batch, 4M tokens (Touvron et al. 2023, §2.2): 1024 sequences of 4096."""
