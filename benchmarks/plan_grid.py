@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             search = "-" if r.get("search_s") is None else f"{r['search_s']:.2f}"
             cpu = "-" if r.get("cpu_s") is None else f"{r['cpu_s']:.2f}"
             cut = "" if r.get("exact", True) else f" [cut, within {r.get('gap') or 0.0:.1%}]"
+            cut = "" if r["result"] == "no fit yet" else cut
             print(
                 f"{r['platform']:10} {r['model']:14} {r['clusters']:>5} {r['global_batch']:>5} "
                 f"{r['wall_s']:>7.2f} {cpu:>7} {search:>7}  {r['result']:10} {r['plan']}{cut}",

@@ -75,6 +75,8 @@ class Evaluator:
     n_simulated: int = 0
     memory_s: float = 0.0
     simulate_s: float = 0.0
+    last_simulate_s: float = 0.0
+    """How long the last simulation took (with its memory replay): what the next may cost."""
     _mem: dict = field(default_factory=dict)
     _sim: dict = field(default_factory=dict)
     _schedule: tuple | None = None
@@ -130,7 +132,8 @@ class Evaluator:
             res = simulate_schedule(schedule, cost, ledger=ledger)
         else:
             res = simulate(self.req.spec, plan, self.req.platform)
-        self.simulate_s += time.perf_counter() - t0
+        self.last_simulate_s = time.perf_counter() - t0
+        self.simulate_s += self.last_simulate_s
         self.n_simulated += 1
         self._sim[key] = res
         return res

@@ -364,10 +364,13 @@ class _State:
     stopped: bool = False
     """Set when the search stops at `hard_deadline` with no plan ranked."""
 
-    def out_of_time(self, best: _Top) -> bool:
-        """Past the deadline with some plan ranked (without one, the search goes on)."""
+    def out_of_time(self, best: _Top, ahead_s: float = 0.0) -> bool:
+        """Past the deadline with some plan ranked (without one, the search goes on), or
+        past it after `ahead_s` more seconds of work (a simulation about to start)."""
         return (
-            self.deadline is not None and bool(best.items) and time.perf_counter() > self.deadline
+            self.deadline is not None
+            and bool(best.items)
+            and time.perf_counter() + ahead_s > self.deadline
         )
 
     def past_hard_deadline(self) -> bool:
@@ -528,7 +531,9 @@ class _Ctx:
         (out of time), or the stages the full replay finds over the cap."""
         if rec is None:
             return "pruned"
-        if self.state.out_of_time(self.best):
+        # A simulation is not interrupted: stop before one that would overrun the deadline
+        # (expected to cost what the last one did).
+        if self.state.out_of_time(self.best, self.ev.last_simulate_s):
             self.state.floor = self.lb
             return "stop"
         if self.state.past_hard_deadline() and not self.best.items:
