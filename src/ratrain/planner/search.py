@@ -501,6 +501,8 @@ def _run_queue(ev, req, st, fam, ut, queue, best: _Top, state: _State, prune: bo
             _per_stage(ctx, opts)
         else:
             _uniform(ctx, opts)
+        if state.floor is not None or state.stopped:  # stopped inside: its floor stands
+            return
 
 
 def _pinned(rec, pp: int) -> tuple[str, ...] | None:
@@ -534,7 +536,8 @@ class _Ctx:
         # A simulation is not interrupted: stop before one that would overrun the deadline
         # (expected to cost what the last one did).
         if self.state.out_of_time(self.best, self.ev.last_simulate_s):
-            self.state.floor = self.lb
+            floor = self.state.floor
+            self.state.floor = self.lb if floor is None else min(floor, self.lb)
             return "stop"
         if self.state.past_hard_deadline() and not self.best.items:
             self.state.stopped = True
