@@ -399,14 +399,20 @@ class _State:
 def _memory_pass(req, st, fam, kns, state: _State) -> list:
     """The knob combinations of a structure that the quick memory bounds do not rule out
     (no kernel model needed): the model states fit, and every stage fits under some
-    policy. The others are recorded as misses."""
+    policy. The others are recorded as misses. With a combination that saves no less
+    memory than every other: none if the bounds rule it out, else all of them."""
     limit = usable_bytes(req)
     lead = _dominant(kns)
-    if lead is not None and _ruled_out(req, st, fam, lead, limit, state):
-        # Every bound below is no smaller for the others: ruled out too (one miss recorded,
-        # the nearest of them).
+    if lead is not None:
         state.evaluated += len(kns)
-        return []
+        if _ruled_out(req, st, fam, lead, limit, state):
+            # Every bound below is no smaller for the others: ruled out too (one miss
+            # recorded, the nearest of them).
+            return []
+        # Some combination may fit: the others are tested when the structure is worked on
+        # (`_bound_knobs` rules out those no policy fits), not before its kernel times are
+        # known, for a structure that may never be reached.
+        return list(kns)
     out = []
     for kn in kns:
         state.evaluated += 1
