@@ -6,6 +6,8 @@ models (and llama2-13b) x clusters x global batch, at seq 4096, each case a fres
     PYTHONPATH=src python benchmarks/plan_grid.py --quick    # 16 cases
     PYTHONPATH=src python benchmarks/plan_grid.py --json out.json --jobs 1
     PYTHONPATH=src python benchmarks/plan_grid.py --quick --time-budget 0  # exact searches
+    PYTHONPATH=src python benchmarks/plan_grid.py --paper   # the paper's 4 models, 1024 mt3000
+    PYTHONPATH=src python benchmarks/plan_grid.py --case h100-80g:qwen2.5-32b:8:4096
 
 Prints one row per case (wall seconds, the child's CPU seconds, search seconds, plan or
 infeasible) and the p50, p95 and max of the wall times (and of the CPU times), the slowest
@@ -13,7 +15,9 @@ infeasible answer and the paper's four models on 1024 mt3000 clusters, against t
 (p95 <= 2 s, max <= 5 s, infeasible <= 1 s, paper cases <= 2 s). Wall times on a loaded
 machine are inflated; the CPU times much less so. A case whose search was cut at
 `ratrain plan --time-budget` is marked with its gap (how much longer the best step may be
-than the optimum, by the smallest step-time bound left); `not_exact` counts them.
+than the optimum, by the smallest step-time bound left); `not_exact` counts them. A case
+whose search stopped at the budget before any plan fitted is "no fit yet" (`unfinished`),
+not infeasible.
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ SEQ = 4096
 TARGETS = {"p95_s": 2.0, "max_s": 5.0, "infeasible_max_s": 1.0, "paper_1024_max_s": 2.0}
 
 
-def grid(quick: bool) -> list[tuple[str, str, int, int]]:
+def grid(quick: bool, paper: bool = False) -> list[tuple[str, str, int, int]]:
+    if paper:  # the paper's four models at 1024 MT-3000 clusters, LLaMA 2's 4M-token batch
+        return [("mt3000", m, 1024, 1024) for m in PAPER_MODELS]
     if quick:
         return list(
             itertools.product(
@@ -100,6 +106,10 @@ def run_case(case: tuple[str, str, int, int], timeout_s: float, extra: list[str]
             f"{d.get('family')} pp={p['pp']} dp={p['dp']} mb={p['micro_batch']} "
             f"rec={_rec(p['recompute'])} views={p['view_policy']}"
         )
+    elif d.get("unfinished"):
+        row["result"] = "no fit yet"
+        ex = d.get("explanation") or {}
+        row["plan"] = (ex.get("text") or [""])[0][:100] if isinstance(ex, dict) else ""
     else:
         row["result"] = "infeasible"
         ex = d.get("explanation") or {}
@@ -141,14 +151,35 @@ def summary(rows: list[dict]) -> dict:
         "infeasible_max_s": max(infeasible, default=0.0),
         "paper_1024_max_s": max(paper, default=0.0),
         "not_answered": sum(r["result"] in ("timeout", "error") for r in rows),
+        "unfinished": sum(r["result"] == "no fit yet" for r in rows),
         "not_exact": sum(not r.get("exact", True) for r in rows),
         "max_gap": max((r.get("gap") or 0.0 for r in rows), default=0.0),
     }
 
 
+def _parse_case(text: str) -> tuple[str, str, int, int]:
+    try:
+        platform, model, clusters, gb = text.split(":")
+        return platform, model, int(clusters), int(gb)
+    except ValueError:
+        raise SystemExit(
+            f"plan_grid: --case wants PLATFORM:MODEL:CLUSTERS:GB, got {text!r}"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="16 cases instead of 300")
+    ap.add_argument(
+        "--paper", action="store_true", help="the paper's four models on 1024 mt3000 clusters"
+    )
+    ap.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        metavar="PLATFORM:MODEL:CLUSTERS:GB",
+        help="run only these cases (repeatable)",
+    )
     ap.add_argument("--jobs", type=int, default=1, help="cases run at once (default 1)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
     ap.add_argument("--json", metavar="OUT.json", help="also write the rows and summary")
@@ -159,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         help="passed to ratrain plan --time-budget (default: the CLI's; 0 = exact search)",
     )
     args = ap.parse_args(argv)
-    cases = grid(args.quick)
+    cases = [_parse_case(c) for c in args.case] or grid(args.quick, args.paper)
     env_note = os.environ.get("PYTHONPATH", "")
     print(f"{len(cases)} cases, seq {SEQ}, jobs {args.jobs} (PYTHONPATH={env_note or '-'})")
     hdr = (
@@ -180,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             search = "-" if r.get("search_s") is None else f"{r['search_s']:.2f}"
             cpu = "-" if r.get("cpu_s") is None else f"{r['cpu_s']:.2f}"
             cut = "" if r.get("exact", True) else f" [cut, within {r.get('gap') or 0.0:.1%}]"
+            cut = "" if r["result"] == "no fit yet" else cut
             print(
                 f"{r['platform']:10} {r['model']:14} {r['clusters']:>5} {r['global_batch']:>5} "
                 f"{r['wall_s']:>7.2f} {cpu:>7} {search:>7}  {r['result']:10} {r['plan']}{cut}",

@@ -18,9 +18,18 @@ from ratrain.platforms import PLATFORM_PRESETS
 
 __all__ = ["add_arguments", "run", "DEFAULT_BATCH_TOKENS", "DEFAULT_TIME_BUDGET_S"]
 
-DEFAULT_TIME_BUDGET_S = 1.5
-"""assumed: an interactive answer within about 2 s of a fresh process; the exact search is one
-flag away (--time-budget 0)."""
+DEFAULT_TIME_BUDGET_S = 1.2
+"""assumed: an interactive answer within about 2 s of a fresh process (start-up about 0.3 s,
+a fifth of the budget more to tighten the gap after a cut); the exact search is one flag away
+(--time-budget 0)."""
+
+NO_FIT_BUDGET_FACTOR = 2.5
+"""assumed: with no plan fitting yet, the search goes on to 2.5x the budget (3 s by default)
+before it answers that none was found in time: the whole call stays within about 5 s."""
+
+EXPLAIN_BUDGET_FACTOR = 0.4
+"""assumed: the explanation of an infeasible request searches for its suggested changes for
+0.4x the budget (0.48 s by default), so that "this cannot fit" comes within about 1 s."""
 
 DEFAULT_BATCH_TOKENS = 4 * 2**20
 """LLaMA 2's global batch, 4M tokens (Touvron et al. 2023, §2.2): 1024 sequences of 4096."""
@@ -88,8 +97,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_TIME_BUDGET_S,
         metavar="SECONDS",
         help="stop the search after this long once a plan fits, and report how far the best "
-        f"may be from the optimum; 0 searches until proven optimal (default "
-        f"{DEFAULT_TIME_BUDGET_S:g})",
+        f"may be from the optimum; with none fitting yet, after {NO_FIT_BUDGET_FACTOR:g}x this "
+        "long, and say so; an infeasible request's suggested changes are searched for "
+        f"{EXPLAIN_BUDGET_FACTOR:g}x this long; 0 searches until proven optimal or infeasible "
+        f"(default {DEFAULT_TIME_BUDGET_S:g})",
     )
 
 
@@ -134,7 +145,13 @@ def _baselines(req, progress, budget) -> dict:
     for name in BASELINE_FAMILIES:
         if req.pins.get("schedule") not in (None, _schedule_of(name)):
             continue
-        res = search(req.with_(families=(name,)), top=1, progress=progress, time_budget_s=budget)
+        res = search(
+            req.with_(families=(name,)),
+            top=1,
+            progress=progress,
+            time_budget_s=budget,
+            hard_budget_s=None if budget is None else budget * NO_FIT_BUDGET_FACTOR,
+        )
         out[name] = res.best
     return out
 
@@ -155,9 +172,20 @@ def run(args: argparse.Namespace) -> int:
     req = _request(args)
     progress = _progress(args)
     budget = _budget(args)
-    res = search(req, top=args.top, progress=progress, time_budget_s=budget)
+    res = search(
+        req,
+        top=args.top,
+        progress=progress,
+        time_budget_s=budget,
+        hard_budget_s=None if budget is None else budget * NO_FIT_BUDGET_FACTOR,
+    )
     if not res.feasible:
-        ex = explain(req, res.near)
+        ex = explain(
+            req,
+            res.near,
+            budget_s=None if budget is None else budget * EXPLAIN_BUDGET_FACTOR,
+            unexamined=res.structures_left if res.unfinished else None,
+        )
         if args.json:
             print(json.dumps(result_json(res, explanation=ex)))
         else:

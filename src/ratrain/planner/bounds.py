@@ -23,6 +23,7 @@ Memory: `MemoryBound`, a lower bound on each stage's ledger peak. Pure Python.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ratrain.config import Plan
 from ratrain.cost.model import CostModel
@@ -36,17 +37,19 @@ from ratrain.memory.states import (
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import Platform
-from ratrain.schedule.ir import Action, Op
+from ratrain.schedule.ir import Action, Op, Resource
 from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
 
 __all__ = [
     "UnitTimes",
     "unit_times",
+    "unit_times_known",
     "peak_unit_times",
     "stage_times",
     "recompute_time_s",
     "step_time_lower_bound_s",
     "Overheads",
+    "StageLoad",
     "overheads",
     "persistent_lower_bound_bytes",
     "MemoryBound",
@@ -83,6 +86,14 @@ def unit_times(
     ut = _unit_times(spec, platform, micro_batch, seq, dtype)
     _UNIT_TIMES[key] = (platform, ut)
     return ut
+
+
+def unit_times_known(
+    spec: ModelSpec, platform: Platform, micro_batch: int, seq: int, dtype: str
+) -> bool:
+    """Whether `unit_times` has these in its cache (no kernel model to run)."""
+    hit = _UNIT_TIMES.get((spec, id(platform), micro_batch, seq, dtype))
+    return hit is not None and hit[0] is platform
 
 
 def _unit_times(
@@ -180,6 +191,10 @@ class Overheads:
     forward_pass_s: tuple[float, ...] = ()
     """Per stage (or empty): fetch time that one microbatch's forward pass waits for before
     its last-fetched block's F, when every use fetches its view (`_fetched_forward_s`)."""
+    loads: tuple[StageLoad, ...] = ()
+    """Per stage (or empty): work the step surely puts on its non-compute resources
+    (`StageLoad`). A resource runs its actions one at a time, so the step lasts at least
+    as long as its busiest one is busy."""
 
     @staticmethod
     def none(pp: int) -> Overheads:
@@ -220,7 +235,84 @@ def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
     fwd = (
         _fetched_forward_s(spec, plan, cm, units) if per_use and view_bytes_per_param(plan) else ()
     )
-    return Overheads(upd, send_f, send_b, sync + after, start, fwd)
+    load = _stage_loads(spec, plan, platform, cm, units, fwd)
+    return Overheads(upd, send_f, send_b, sync + after, start, fwd, load)
+
+
+@lru_cache(maxsize=4096)
+def _offloaded_count(pp: int, m: int, s: int) -> int:
+    from ratrain.schedule.lowering import _offloaded_mbs  # the lowering's own choice
+
+    return len(_offloaded_mbs(pp, m, s))
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """One stage's non-compute work that its recompute policy leaves (seconds): with
+    offload, each offloaded microbatch's OFFLOAD and RELOAD of every unit (`_add_offload`);
+    with views fetched per use, the forward passes' fetches `_fetched_forward_s` counts, on
+    the copy engine (a cast) or the DP network (an all-gather)."""
+
+    offloaded_mbs: int
+    other_units_s: float
+    """One microbatch's offload round trip of the stage's non-block units (never recomputed)."""
+    block_s: tuple[tuple[str, float], ...]
+    """One block's round trip per policy (none, selective, full)."""
+    n_blocks: int
+    fetch_copy_s: float
+    fetch_other_s: float
+
+    def blocks_s(self, policy: str) -> float:
+        t = dict(self.block_s)
+        if policy.startswith("first:"):
+            k = min(int(policy.split(":", 1)[1]), self.n_blocks)
+            return k * t["full"] + (self.n_blocks - k) * t["none"]
+        return self.n_blocks * t[policy]
+
+    def busiest_s(self, policies) -> float:
+        """The busiest resource's work, at least, under any of `policies`."""
+        off = 0.0
+        if self.offloaded_mbs:
+            least = min(self.blocks_s(p) for p in policies)
+            off = self.offloaded_mbs * (self.other_units_s + least)
+        return max(off + self.fetch_copy_s, self.fetch_other_s)
+
+
+def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> tuple:
+    if not plan.offload_activations and not fetched:
+        return ()
+    m = plan.microbatches
+    models = {
+        pol: CostModel(spec, plan.replace(recompute=(pol,) * plan.pp), platform)
+        for pol in (("none", "selective", "full") if plan.offload_activations else ())
+    }
+    out = []
+    for s in range(plan.pp):
+        copy_s = other_s = 0.0
+        if fetched and fetched[s]:
+            vf = Action(Op.VIEW_FETCH, s, (units[s][-1],))
+            if cm.resource(vf) is Resource.COPY:  # where OFFLOAD and RELOAD run too
+                copy_s = m * fetched[s]
+            else:
+                other_s = m * fetched[s]
+        blocks = [u for u in units[s] if counts.is_block(spec, u)]
+        others = [u for u in units[s] if not counts.is_block(spec, u)]
+        if models:
+            n_off = _offloaded_count(plan.pp, m, s)
+            other_units = sum(_round_trip_s(models["none"], s, u) for u in others)
+            alike = {counts.unit_params(spec, u): u for u in blocks}
+            block = tuple(
+                (pol, min((_round_trip_s(c, s, u) for u in alike.values()), default=0.0))
+                for pol, c in models.items()
+            )
+        else:
+            n_off, other_units, block = 0, 0.0, ()
+        out.append(StageLoad(n_off, other_units, block, len(blocks), copy_s, other_s))
+    return tuple(out)
+
+
+def _round_trip_s(cm: CostModel, s: int, u: int) -> float:
+    return cm.time_s(Action(Op.OFFLOAD, s, (u,), 0)) + cm.time_s(Action(Op.RELOAD, s, (u,), 0))
 
 
 def _fetched_forward_s(spec: ModelSpec, plan: Plan, cm: CostModel, units) -> tuple[float, ...]:
@@ -267,8 +359,11 @@ def step_time_lower_bound_s(
     ut: UnitTimes,
     recompute: tuple[str, ...] | None = None,
     over: Overheads | None = None,
+    load_policies: tuple | None = None,
 ) -> float:
-    """The bound above; no recompute and no overheads when not given."""
+    """The bound above; no recompute and no overheads when not given. `load_policies`
+    (per stage, the recompute policies left) bounds the resource loads below all of them;
+    by default they are `recompute`'s."""
     m, pp = microbatches, len(split)
     over = over or Overheads.none(pp)
     fb = stage_times(split, ut)
@@ -298,6 +393,9 @@ def step_time_lower_bound_s(
         end_b = max(fill + m * (f + b + r), first_b + (m - w - 1) * f + m * (b + r) - (r - rcp[s]))
         last_b0 = max(last_b0, end_b + drain)
         best = max(best, end_b + over.update_s[s])
+        if over.loads:
+            pols = load_policies[s] if load_policies else (recompute[s] if recompute else "full",)
+            best = max(best, over.loads[s].busiest_s(pols))
         fill += f + sf[s]
         drain += b + rcp[s] + (sb[s + 1] if s + 1 < pp else 0.0)
     return max(best, last_b0 + over.tail_s)
@@ -324,11 +422,18 @@ _PERSISTENT: dict[tuple, tuple[int, ...]] = {}
 
 def _persistent(spec: ModelSpec, plan: Plan, most: int) -> tuple[int, ...]:
     per_param = MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM
+    every = _unit_params(spec)
     out = []
     for s in range(plan.pp):
-        params = [counts.unit_params(spec, u) for u in plan.stage_units(spec, s)]
+        params = [every[u] for u in plan.stage_units(spec, s)]
         out.append(sum(params) * per_param // shards(plan) + max(params) * most)
     return tuple(out)
+
+
+@lru_cache(maxsize=64)
+def _unit_params(spec: ModelSpec) -> tuple[int, ...]:
+    """Every unit's parameters, by unit (embedding, blocks, head)."""
+    return tuple(counts.unit_params(spec, u) for u in range(spec.n_layers + 2))
 
 
 class MemoryBound:

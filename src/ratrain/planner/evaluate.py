@@ -69,10 +69,14 @@ class Evaluator:
     req: Request
     shortcut: bool = True
     """Replay memory on the shortened step (exact; see the module docstring)."""
+    steady: bool = True
+    """Time a long step from three short ones (`ratrain.planner.steady`)."""
     n_memory: int = 0
     n_simulated: int = 0
     memory_s: float = 0.0
     simulate_s: float = 0.0
+    last_simulate_s: float = 0.0
+    """How long the last simulation took (with its memory replay): what the next may cost."""
     _mem: dict = field(default_factory=dict)
     _sim: dict = field(default_factory=dict)
     _schedule: tuple | None = None
@@ -113,17 +117,35 @@ class Evaluator:
         if hit is not None:
             return hit
         t0 = time.perf_counter()
-        if self._schedule and self._schedule[0] == key:
+        res = None
+        if self.steady:
+            from ratrain.planner.steady import extrapolate
+
+            rep = self.memory(plan)  # the shortened replay: the full step's peaks
+            res = extrapolate(plan, self._simulate_short, (rep.peak_bytes, rep.breakdown))
+        if res is not None:
+            pass
+        elif self._schedule and self._schedule[0] == key:
             # The step just replayed in full: time it with the same schedule and ledger.
             _, schedule, ledger = self._schedule
             cost = CostModel(self.req.spec, plan, self.req.platform)
             res = simulate_schedule(schedule, cost, ledger=ledger)
         else:
             res = simulate(self.req.spec, plan, self.req.platform)
-        self.simulate_s += time.perf_counter() - t0
+        self.last_simulate_s = time.perf_counter() - t0
+        self.simulate_s += self.last_simulate_s
         self.n_simulated += 1
         self._sim[key] = res
         return res
+
+    def _simulate_short(self, plan: Plan):
+        """A shortened step's timing alone (no ledger: its memory is the plan's replay)."""
+        from ratrain.cost.model import CostModel
+        from ratrain.schedule import build_schedule
+        from ratrain.sim.simulate import simulate_schedule
+
+        cost = CostModel(self.req.spec, plan, self.req.platform)
+        return simulate_schedule(build_schedule(self.req.spec, plan), cost)
 
 
 def _freeze(plan: Plan) -> tuple:

@@ -15,6 +15,7 @@ the memory bound allows, and confirms with the ledger. Pure Python.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from ratrain.config import Plan
@@ -56,6 +57,15 @@ _LINEAR_STEPS = 3
 _MIN_SEQ = 128
 
 
+class _OutOfTime(Exception):
+    """The explanation's deadline passed; what was confirmed so far is reported."""
+
+
+def _check(deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() > deadline:
+        raise _OutOfTime
+
+
 @dataclass
 class Change:
     """One change that makes a plan fit, with the plan that shows it."""
@@ -82,6 +92,9 @@ class Explanation:
     breakdown: dict[str, int]
     changes: list[Change] = field(default_factory=list)
     note: str = ""
+    unexamined: int | None = None
+    """Set when the search stopped at its time budget before any plan fit: the structures
+    it did not examine (so this is not a proof that none fits)."""
 
     @property
     def over_bytes(self) -> int:
@@ -93,12 +106,25 @@ class Explanation:
 
     def lines(self) -> list[str]:
         gb = 1e9
-        if self.closest is None:
+        if self.unexamined is not None:
+            head = (
+                f"no plan found to fit {self.limit_bytes / gb:.2f} GB per stage within the time "
+                f"budget ({self.unexamined} structures not examined; --time-budget 0 searches "
+                "them all)."
+            )
+            if self.closest is None:
+                return [head]
+        elif self.closest is None:
             return [f"no candidate plan exists for this request: {self.note}"]
+        else:
+            head = (
+                f"no plan fits {self.limit_bytes / gb:.2f} GB per stage (usable memory less the "
+                "workspace)."
+            )
         p = self.closest
         out = [
-            f"no plan fits {self.limit_bytes / gb:.2f} GB per stage (usable memory less the workspace).",
-            f"closest: {self.family} pp={p.pp} dp={p.dp} micro_batch={p.micro_batch} "
+            head,
+            f"closest{' examined' if self.unexamined is not None else ''}: {self.family} pp={p.pp} dp={p.dp} micro_batch={p.micro_batch} "
             f"split={list(p.layer_split or ())} recompute={_rec(p)} shard_optimizer={p.shard_optimizer} "
             f"views={p.view_policy} grad={p.grad_dtype} offload={p.offload_activations}",
             f"stage {self.stage} peaks at {self.peak_bytes / gb:.2f} GB, over by {self.over_bytes / gb:.2f} GB "
@@ -131,6 +157,7 @@ class Explanation:
             "largest_class": self.largest_class,
             "changes": [c.to_json() for c in self.changes],
             "note": self.note,
+            "unexamined_structures": self.unexamined,
             "text": self.lines(),
         }
 
@@ -156,16 +183,20 @@ def find_feasible(
     *,
     confirm: bool = True,
     max_replays: int | None = None,
+    deadline: float | None = None,
 ) -> tuple[Plan, MemoryReport | None] | None:
     """Some plan that fits, if any: per structure, the most memory-saving knobs and per
     stage the cheapest recompute the bound allows, confirmed (and raised) by the ledger.
     `confirm=False`: the first candidate the memory bound does not rule out (no ledger;
     its report is None), a cheap necessary condition for `find_feasible` to find one.
     `max_replays`: give up (None) after that many structures the bound allows but the
-    ledger rejects (a scan of many sizes stays quick; what it returns still fits)."""
+    ledger rejects (a scan of many sizes stays quick; what it returns still fits).
+    `deadline`: raises `_OutOfTime` past it."""
     ev = ev or Evaluator(req)
     rejected = 0
     limit = usable_bytes(req)
+    if "micro_batch" not in req.pins:  # only the smallest is tried (below): skip the others
+        req = req.with_(pins={**req.pins, "micro_batch": 1})
     allowed = []  # (largest stage bound, order, structure, knobs, options, family)
     for name in req.families:
         fam = family_of(name)
@@ -174,8 +205,9 @@ def find_feasible(
         for st in structures(req, fam):
             # The smallest micro-batch holds the fewest activations and, with the largest
             # dp, the smallest optimizer shards: the others cannot fit where it does not.
-            if st.micro_batch != req.pins.get("micro_batch", 1):
+            if st.micro_batch != req.pins["micro_batch"]:
                 continue
+            _check(deadline)
             kns = sorted(knob_combos(req, fam, st), key=_saving_order)
             if not kns:
                 continue
@@ -193,6 +225,7 @@ def find_feasible(
     # The most room under the cap by the bound first: the likeliest to fit by the ledger,
     # so a scan of sizes rarely pays for a rejected replay.
     for _, _, st, kn, opts, fam in sorted(allowed, key=lambda a: a[:2]):
+        _check(deadline)
         found = _confirm(ev, req, st, kn, opts, fam.per_stage_recompute)
         if found is not None:
             return found
@@ -225,12 +258,24 @@ def _confirm(ev, req, st, kn, opts, per_stage: bool):
     return (plan, rep) if rep.fits else None
 
 
-def explain(req: Request, near: Near | None, ev: Evaluator | None = None) -> Explanation:
-    """The explanation of an infeasible request (`near`: the search's closest miss)."""
+def explain(
+    req: Request,
+    near: Near | None,
+    ev: Evaluator | None = None,
+    budget_s: float | None = None,
+    unexamined: int | None = None,
+) -> Explanation:
+    """The explanation of an infeasible request (`near`: the search's closest miss). With
+    `budget_s`, the changes it suggests are searched for that long, and what could not be
+    confirmed in time is said so. `unexamined`: the search stopped at its time budget with
+    that many structures left and none fitting; the closest miss examined is described and
+    no change is suggested (the request may well fit)."""
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
     ev = ev or Evaluator(req)
     limit = usable_bytes(req)
     if near is None:
-        return Explanation(None, None, None, 0, limit, {}, note=_no_candidate_note(req))
+        note = "" if unexamined is not None else _no_candidate_note(req)
+        return Explanation(None, None, None, 0, limit, {}, note=note, unexamined=unexamined)
     breakdown: tuple[dict[str, int], ...] = near.breakdown
     peaks = near.peak_bytes
     if not near.measured:
@@ -238,7 +283,10 @@ def explain(req: Request, near: Near | None, ev: Evaluator | None = None) -> Exp
         peaks, breakdown = rep.peak_bytes, rep.breakdown
     stage = max(range(len(peaks)), key=lambda s: peaks[s])
     ex = Explanation(near.plan, near.family, stage, peaks[stage], limit, dict(breakdown[stage]))
-    ex.changes, notes = _changes(req, ev)
+    if unexamined is not None:
+        ex.unexamined = unexamined
+        return ex
+    ex.changes, notes = _changes(req, ev, deadline)
     states = sum(v for k, v in ex.breakdown.items() if k in ("master", "optimizer", "view", "grad"))
     if states > limit:
         notes.append(
@@ -267,13 +315,24 @@ _PIN_CHANGE = {
 }
 
 
-def _changes(req: Request, ev: Evaluator) -> tuple[list[Change], list[str]]:
+_NOT_IN_TIME = "not checked within the time budget (--time-budget 0 checks all)"
+
+
+def _changes(
+    req: Request, ev: Evaluator, deadline: float | None = None
+) -> tuple[list[Change], list[str]]:
     """Changes that fit, cheapest first, and notes on the ones that do not."""
     out: list[Change] = []
     notes: list[str] = []
     pinned = [k for k in _SAVING_PINS if k in req.pins]
     for k in pinned:  # one pin at a time: the smallest departure from the request
-        hit = find_feasible(req.with_(pins={f: v for f, v in req.pins.items() if f != k}))
+        try:
+            hit = find_feasible(
+                req.with_(pins={f: v for f, v in req.pins.items() if f != k}), deadline=deadline
+            )
+        except _OutOfTime:
+            notes.append(f"dropping --pin {k}: {_NOT_IN_TIME}")
+            continue
         if hit is not None:
             what = _PIN_CHANGE.get(k, "allow other values")
             out.append(
@@ -283,16 +342,28 @@ def _changes(req: Request, ev: Evaluator) -> tuple[list[Change], list[str]]:
             )
     if len(pinned) > 1 and not out:
         free = req.with_(pins={k: v for k, v in req.pins.items() if k not in pinned})
-        hit = find_feasible(free)
+        try:
+            hit = find_feasible(free, deadline=deadline)
+        except _OutOfTime:
+            hit = None
+            notes.append(f"dropping the pins {', '.join(pinned)}: {_NOT_IN_TIME}")
         if hit is not None:
             out.append(Change(f"drop the pins {', '.join(pinned)}", hit[0], hit[1].peak_bytes))
-    clusters = _more_clusters(req)
-    if clusters is not None:
-        n, plan, rep = clusters
+    clusters = _more_clusters(req, deadline)
+    if isinstance(clusters, str):
+        notes.append(clusters)
+    elif clusters is not None:
+        n, plan, rep, note = clusters
         out.append(Change(f"use {n} clusters instead of {req.clusters}", plan, rep.peak_bytes))
+        if note:
+            notes.append(note)
     else:
         notes.append(f"no cluster count up to {req.clusters * _MAX_CLUSTER_FACTOR} fits")
-    seq = _shorter_seq(req)
+    try:
+        seq = _shorter_seq(req, deadline)
+    except _OutOfTime:
+        notes.append(f"a shorter sequence: {_NOT_IN_TIME}")
+        return out, notes
     if seq is not None:
         s, plan, rep = seq
         out.append(
@@ -311,18 +382,42 @@ def _pin_text(v) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def _more_clusters(req: Request):
+def _more_clusters(req: Request, deadline: float | None = None):
     """The smallest cluster count with a plan the ledger confirms. Bisection runs on the
-    memory bound alone (no ledger); the ledger then confirms upwards from the count found."""
-    n = _smallest_clusters(req, lambda n: find_feasible(req.with_(clusters=n), confirm=False))
+    memory bound alone (no ledger); the ledger then confirms upwards from the count found.
+    Returns (count, plan, report, note), None when no count fits, or, out of time, a note:
+    then the smallest count the ledger confirmed so far is returned with the bound's count
+    in the note, or the note says the bound's count alone."""
+    try:
+        n = _smallest_clusters(
+            req,
+            lambda n: find_feasible(req.with_(clusters=n), confirm=False, deadline=deadline),
+        )
+    except _OutOfTime:
+        return f"more clusters: {_NOT_IN_TIME}"
     if n is None:
         return None
     found: dict[int, tuple] = {}
 
     def fits(n: int) -> bool:
         if n not in found:
-            found[n] = find_feasible(req.with_(clusters=n), max_replays=_SCAN_REPLAYS)
+            found[n] = find_feasible(
+                req.with_(clusters=n), max_replays=_SCAN_REPLAYS, deadline=deadline
+            )
         return found[n] is not None
+
+    try:
+        return _confirm_clusters(req, n, fits, found)
+    except _OutOfTime:
+        ok = sorted(k for k, v in found.items() if v is not None)
+        bound = f"the memory bound needs at least {n} clusters"
+        if not ok:
+            return f"{bound}; no count confirmed by the ledger within the time budget"
+        hit = found[ok[0]]
+        return ok[0], hit[0], hit[1], f"{bound}; fewer than {ok[0]}: {_NOT_IN_TIME}"
+
+
+def _confirm_clusters(req: Request, n: int, fits, found: dict):
 
     # No count below n fits (the bound says so). The bound is usually tight: step up one
     # count at a time for a few counts (each a replay or so), then gallop up from there
@@ -340,7 +435,7 @@ def _more_clusters(req: Request):
         mid = (lo + n) // 2
         lo, n = (lo, mid) if fits(mid) else (mid, n)
     hit = found[n]
-    return n, hit[0], hit[1]
+    return n, hit[0], hit[1], ""
 
 
 def _smallest_clusters(req: Request, fits):
@@ -366,12 +461,12 @@ def _smallest_clusters(req: Request, fits):
     return hi
 
 
-def _shorter_seq(req: Request):
+def _shorter_seq(req: Request, deadline: float | None = None):
     s = req.seq // 2
     while s >= _MIN_SEQ:
         # The bound rules most lengths out without the ledger.
-        if find_feasible(req.with_(seq=s), confirm=False) is not None:
-            hit = find_feasible(req.with_(seq=s), max_replays=_SCAN_REPLAYS)
+        if find_feasible(req.with_(seq=s), confirm=False, deadline=deadline) is not None:
+            hit = find_feasible(req.with_(seq=s), max_replays=_SCAN_REPLAYS, deadline=deadline)
             if hit is not None:
                 return s, hit[0], hit[1]
         s //= 2

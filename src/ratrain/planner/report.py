@@ -134,8 +134,9 @@ def result_json(res: SearchResult, explanation=None, baselines: dict | None = No
         "candidates_total": res.candidates_total,
         "memory_replays": res.memory_replays,
         "cut": res.cut,
+        "unfinished": res.unfinished,
     }
-    if res.cut:
+    if res.cut and not res.unfinished:
         d.update(floor_step_s=res.floor_step_s, gap=res.gap)
     if res.best is not None:
         b = res.best

@@ -31,6 +31,7 @@ from ratrain.planner.bounds import (
     recompute_time_s,
     step_time_lower_bound_s,
     unit_times,
+    unit_times_known,
 )
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.fit import (
@@ -124,6 +125,13 @@ class SearchResult:
     floor_step_s: float | None = None
     """When cut: a lower bound on the step of every plan not examined (the smallest
     step-time bound left), so no plan of the space is faster than min(floor, best)."""
+    structures_left: int = 0
+    """When cut: structures not examined."""
+
+    @property
+    def unfinished(self) -> bool:
+        """Cut before any plan was found to fit: not a proof that none does."""
+        return self.cut and not self.ranked
 
     @property
     def gap(self) -> float:
@@ -213,12 +221,14 @@ def search(
     progress: Callable[[str], None] | None = None,
     evaluator: Evaluator | None = None,
     time_budget_s: float | None = None,
+    hard_budget_s: float | None = None,
 ) -> SearchResult:
     """The `top` fastest feasible plans for `req` (all families in `req.families`).
 
     With `time_budget_s`, once that many seconds have passed and some plan fits, the search
     stops where it is (`SearchResult.cut`) and reports the smallest step-time bound left
-    (`floor_step_s`): the best plan is then within `gap` of the optimum over the space."""
+    (`floor_step_s`): the best plan is then within `gap` of the optimum over the space.
+    With `hard_budget_s`, it stops then even if no plan fits yet (`unfinished`)."""
     t0 = time.perf_counter()
     ev = evaluator or Evaluator(req)
     tasks = _tasks(req, req.families)
@@ -226,7 +236,10 @@ def search(
     best, state = _Top(max(1, top)), _State()
     if time_budget_s is not None:
         state.deadline = t0 + time_budget_s
+    if hard_budget_s is not None:
+        state.hard_deadline = t0 + hard_budget_s
     last_report, done = t0, 0
+    queue_floor = None
     while tasks:
         lb, order, seq, level, st, fam, kns, queue = heapq.heappop(tasks)
         if prune and best.beaten(lb):
@@ -234,9 +247,14 @@ def search(
             break
         if state.out_of_time(best):
             # The heap's smallest bound is below every bound left (those of the knob
-            # queues left are no smaller than their structure's).
+            # queues left are no smaller than their structure's). Back in the heap, to be
+            # tightened below.
+            heapq.heappush(tasks, (lb, order, seq, level, st, fam, kns, queue))
             state.floor = lb if state.floor is None else min(state.floor, lb)
-            state.pruned = len(tasks) + 1
+            state.pruned = len(tasks)
+            break
+        if state.past_hard_deadline():  # nothing fits yet: stop without a floor
+            state.stopped, state.pruned = True, len(tasks) + 1
             break
         m = st.microbatches(req.global_batch)
         if level == _PEAK:
@@ -256,7 +274,11 @@ def search(
                 heapq.heappush(tasks, (queue[0][0], order, seq, _KNOBS, st, fam, kns, queue))
             continue
         _run_queue(ev, req, st, fam, ut, queue, best, state, prune)
+        if state.stopped:
+            state.pruned = len(tasks) + 1
+            break
         if state.floor is not None:  # cut inside the queue: the structures left bound too
+            queue_floor = state.floor  # the rest of this structure's queue: no smaller
             state.floor = min(state.floor, tasks[0][0]) if tasks else state.floor
             state.pruned = len(tasks)
             break
@@ -268,6 +290,14 @@ def search(
                 f"{done}/{n_tasks} structures, {ev.n_memory} memory replays, "
                 f"{ev.n_simulated} simulated; best {tps}"
             )
+    if state.floor is not None and time_budget_s:
+        # Cut: refine the bounds left (no simulation) for a little longer, for a smaller
+        # gap; a structure's queue cut midway keeps its own bound.
+        until = time.perf_counter() + FLOOR_BUDGET_FRACTION * time_budget_s
+        left = _tighten(req, tasks, until)
+        floors = [f for f in (left, queue_floor) if f is not None]
+        # Nothing left that may fit: the ranking is the search's to the end.
+        state.floor = max(state.floor, min(floors)) if floors else best.items[0].step_time_s
     return SearchResult(
         request=req,
         ranked=list(best.items),
@@ -278,12 +308,44 @@ def search(
         memory_replays=ev.n_memory,
         structures_pruned=state.pruned,
         near=None if best.items else state.nearest(req),
-        cut=state.floor is not None,
+        cut=state.floor is not None or state.stopped,
         floor_step_s=state.floor,
+        structures_left=state.pruned if state.floor is not None or state.stopped else 0,
     )
 
 
 _NEAR_TRIES = 64
+
+FLOOR_BUDGET_FRACTION = 0.2
+"""assumed: after a cut, a fifth of the budget more for tightening the bounds left (no
+simulation), which shrinks the gap reported."""
+
+
+def _tighten(req: Request, tasks: list, until: float) -> float | None:
+    """Refine the heap's smallest bounds (memory pass, kernel times, then per knob
+    combination) until `until` or until the smallest is refined as far as bounds go; the
+    smallest bound left then (None if nothing is left). Stops at a micro-batch size whose
+    kernel times are not known yet (the kernel model may take a second)."""
+    scratch = _State()  # a plan fits: the misses and near misses are not needed
+    while tasks and time.perf_counter() < until:
+        lb, order, seq, level, st, fam, kns, queue = tasks[0]
+        if level == _KNOBS:
+            break
+        args = (req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
+        if level == _PEAK and not unit_times_known(*args):
+            break
+        heapq.heappop(tasks)
+        if level == _PEAK:
+            kns = _memory_pass(req, st, fam, kns, scratch)
+            if kns:
+                m = st.microbatches(req.global_batch)
+                lb = step_time_lower_bound_s(st.layer_split, m, unit_times(*args))
+                heapq.heappush(tasks, (lb, order, seq, _KERNELS, st, fam, kns, None))
+            continue
+        q = _bound_knobs(req, st, fam, kns, unit_times(*args), scratch)
+        if q:
+            heapq.heappush(tasks, (q[0][0], order, seq, _KNOBS, st, fam, kns, q))
+    return tasks[0][0] if tasks else None
 
 
 @dataclass
@@ -296,14 +358,23 @@ class _State:
     candidates ruled out by a quick bound: the model states alone overflow a stage (plan
     given), or a stage overflows under every recompute policy (plan None)."""
     deadline: float | None = None
+    hard_deadline: float | None = None
     floor: float | None = None
     """Set when the search is cut at `deadline`: the smallest step-time bound left."""
+    stopped: bool = False
+    """Set when the search stops at `hard_deadline` with no plan ranked."""
 
-    def out_of_time(self, best: _Top) -> bool:
-        """Past the deadline with some plan ranked (without one, the search goes on)."""
+    def out_of_time(self, best: _Top, ahead_s: float = 0.0) -> bool:
+        """Past the deadline with some plan ranked (without one, the search goes on), or
+        past it after `ahead_s` more seconds of work (a simulation about to start)."""
         return (
-            self.deadline is not None and bool(best.items) and time.perf_counter() > self.deadline
+            self.deadline is not None
+            and bool(best.items)
+            and time.perf_counter() + ahead_s > self.deadline
         )
+
+    def past_hard_deadline(self) -> bool:
+        return self.hard_deadline is not None and time.perf_counter() > self.hard_deadline
 
     def nearest(self, req: Request) -> Near | None:
         """The closest miss: `near`, or one of `misses` ranked by its full bound, tried in
@@ -328,8 +399,20 @@ class _State:
 def _memory_pass(req, st, fam, kns, state: _State) -> list:
     """The knob combinations of a structure that the quick memory bounds do not rule out
     (no kernel model needed): the model states fit, and every stage fits under some
-    policy. The others are recorded as misses."""
+    policy. The others are recorded as misses. With a combination that saves no less
+    memory than every other: none if the bounds rule it out, else all of them."""
     limit = usable_bytes(req)
+    lead = _dominant(kns)
+    if lead is not None:
+        state.evaluated += len(kns)
+        if _ruled_out(req, st, fam, lead, limit, state):
+            # Every bound below is no smaller for the others: ruled out too (one miss
+            # recorded, the nearest of them).
+            return []
+        # Some combination may fit: the others are tested when the structure is worked on
+        # (`_bound_knobs` rules out those no policy fits), not before its kernel times are
+        # known, for a structure that may never be reached.
+        return list(kns)
     out = []
     for kn in kns:
         state.evaluated += 1
@@ -346,6 +429,43 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
             continue
         out.append(kn)  # the full per-stage options are worked out if it gets that far
     return out
+
+
+def _saves(a, b) -> bool:
+    """Whether knobs `a` hold no more memory than `b` by the quick bounds (model states,
+    `MemoryBound`), knob by knob: sharded states, transient views, gradients no wider,
+    offload. Not under fp32 compute, where sharding adds a gathered fp32 view."""
+    from ratrain.memory.states import DTYPE_BYTES
+
+    return (
+        a.compute_dtype == b.compute_dtype != "fp32"
+        and a.shard_optimizer >= b.shard_optimizer
+        and (a.view_policy == "transient") >= (b.view_policy == "transient")
+        and DTYPE_BYTES[a.grad_dtype] <= DTYPE_BYTES[b.grad_dtype]
+        and a.offload_activations >= b.offload_activations
+    )
+
+
+def _dominant(kns: list):
+    """A knob combination that saves no less than every other, if there is one."""
+    for a in kns:
+        if all(_saves(a, b) for b in kns):
+            return a
+    return None
+
+
+def _ruled_out(req, st, fam, kn, limit: int, state: _State) -> bool:
+    """`_memory_pass`'s test for one knob combination (a miss is recorded)."""
+    plan = make_plan(req, st, kn, ("full",) * st.pp)
+    persistent = max(persistent_lower_bound_bytes(req.spec, plan))
+    if persistent > limit:
+        state.misses.append((persistent - limit, len(state.misses), plan, st, kn, fam))
+        return True
+    over = first_overflow_bytes(req, st, kn)
+    if over is not None:
+        state.misses.append((over, len(state.misses), None, st, kn, fam))
+        return True
+    return False
 
 
 def _bound_knobs(req, st, fam, kns, ut, state: _State) -> list[tuple]:
@@ -377,13 +497,18 @@ def _run_queue(ev, req, st, fam, ut, queue, best: _Top, state: _State, prune: bo
         if state.out_of_time(best):  # the queue is sorted: lb is its smallest bound left
             state.floor = lb
             return
-        ctx = _Ctx(ev, req, st, fam, kn, ut, over, m, best, state, prune)
+        if state.past_hard_deadline() and not best.items:
+            state.stopped = True
+            return
+        ctx = _Ctx(ev, req, st, fam, kn, ut, over, m, best, state, prune, lb)
         if "recompute" in req.pins:
             ctx.try_policy(_pinned(req.pins["recompute"], st.pp))
         elif fam.per_stage_recompute:
             _per_stage(ctx, opts)
         else:
             _uniform(ctx, opts)
+        if state.floor is not None or state.stopped:  # stopped inside: its floor stands
+            return
 
 
 def _pinned(rec, pp: int) -> tuple[str, ...] | None:
@@ -406,12 +531,23 @@ class _Ctx:
     best: _Top
     state: _State
     prune: bool
+    lb: float
+    """The knob combination's step-time bound: no policy of it is faster."""
 
     def try_policy(self, rec: tuple[str, ...] | None) -> str | list[int]:
-        """Simulate `rec` unless its bound cannot place: "pruned", "fits" (ranked), or the
-        stages the full replay finds over the cap."""
+        """Simulate `rec` unless its bound cannot place: "pruned", "fits" (ranked), "stop"
+        (out of time), or the stages the full replay finds over the cap."""
         if rec is None:
             return "pruned"
+        # A simulation is not interrupted: stop before one that would overrun the deadline
+        # (expected to cost what the last one did).
+        if self.state.out_of_time(self.best, self.ev.last_simulate_s):
+            floor = self.state.floor
+            self.state.floor = self.lb if floor is None else min(floor, self.lb)
+            return "stop"
+        if self.state.past_hard_deadline() and not self.best.items:
+            self.state.stopped = True
+            return "stop"
         lb = step_time_lower_bound_s(self.st.layer_split, self.m, self.ut, rec, self.over)
         if self.prune and self.best.beaten(lb):
             return "pruned"
@@ -454,7 +590,10 @@ def _uniform(ctx: _Ctx, opts) -> None:
     for o in opts.uniform:
         if beaten_by(times, o, found):
             continue
-        if ctx.try_policy((o,) * ctx.st.pp) == "fits":
+        got = ctx.try_policy((o,) * ctx.st.pp)
+        if got == "stop":
+            return
+        if got == "fits":
             found.append(o)
 
 

@@ -1,0 +1,160 @@
+"""A long step's simulation from two short ones: the 1F1B steady state repeats.
+
+A step of m microbatches costs the simulator O(m x units) events: at a global batch of
+4096 on 8 clusters that is millions of events and tens of seconds per candidate. Past its
+warm-up, a 1F1B step repeats: each further `d` microbatches (d = pp, so that any pattern
+whose period divides the pipeline depth repeats too) shift every later action by the same
+time, and the cool-down and the step's tail (syncs, update) are the same.
+
+So the step of m microbatches is simulated at m1 and m2 = m1 + d, with m1 chosen so that
+m = m2 + k d, and the longer one is checked to have reached its steady state: in the
+middle of it, over two whole periods, every repeated action starts and ends exactly one
+increment (T(m2) - T(m1), to `REL_TOL`) after its occurrence one period earlier, and no
+resource gets more work per period than the increment (a backlog that would grow). The
+engine is deterministic and an action's dependencies reach back less than two periods, so
+the state of the step repeats, shifted: k more periods add k increments to the step time
+and to each resource's busy time. A step found not to repeat yet is tried again with twice
+the warm-up, and then simulated in full. `tests/test_planner_steady.py` compares the
+result against full simulations over schedules, recompute, views and offload.
+
+Memory needs no extrapolation: every point has at least `memory_microbatches(plan)`
+microbatches, whose per-stage peak equals the full step's (`ratrain.planner.evaluate`);
+the evaluator passes the shortened replay's peaks. Pure Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ratrain.config import Plan
+from ratrain.planner.evaluate import memory_microbatches
+
+__all__ = ["MIN_MICROBATCHES", "MIN_SAVING", "REL_TOL", "points", "extrapolate"]
+
+MIN_MICROBATCHES = 48
+"""assumed: below this many microbatches a full simulation costs well under a second; the
+extrapolation's two short simulations pay off only above it."""
+
+MIN_SAVING = 3
+"""assumed: the two short steps (2 m1 + pp microbatches together) are simulated only when the
+full step is at least 3x as long: each may need a second try with twice the warm-up, and a
+step found not to repeat is simulated in full after them."""
+
+REL_TOL = 1e-9
+"""derived: float rounding of sums over a step's events (about 1e5 terms at 1e-16 each),
+with margin; two increments that differ by more are not a repeated steady state."""
+
+
+def points(plan: Plan, attempt: int = 0) -> tuple[int, int] | None:
+    """The two microbatch counts to simulate in place of `plan`'s, or None when the full
+    step is cheap enough (or not longer than the three). Each further `attempt` doubles
+    the warm-up allowed before the steady state."""
+    m, d = plan.microbatches, max(1, plan.pp)
+    base = max(memory_microbatches(plan), 4 * plan.pp + 2) * 2**attempt
+    m1 = base + (m - base) % d
+    if m < MIN_MICROBATCHES or m < MIN_SAVING * (2 * m1 + d):
+        return None
+    return m1, m1 + d
+
+
+def _with_microbatches(plan: Plan, m: int) -> Plan:
+    return plan.replace(global_batch=plan.micro_batch * plan.dp * m)
+
+
+def _busy_s(res) -> list[dict[str, float]]:
+    return [{r: u * res.step_time_s for r, u in util.items()} for util in res.utilization]
+
+
+def _close(a: float, b: float, scale_s: float) -> bool:
+    """Equal up to rounding of sums as large as `scale_s` (the step time)."""
+    return abs(a - b) <= REL_TOL * scale_s
+
+
+def _occurrences(events) -> dict[tuple, list[tuple[float, float]]]:
+    """Per (stage, op, units): the (start, end) of each occurrence, in schedule order."""
+    out: dict[tuple, list[tuple[float, float]]] = {}
+    for e in events:
+        a = e.action
+        out.setdefault((a.stage, a.op, a.units), []).append((e.start_s, e.end_s))
+    return out
+
+
+def _shifts_by(long_events, short_events, period_s: float, scale_s: float) -> bool:
+    """Whether, in the middle of the longer step, every action that repeats (d more
+    microbatches add q more of it) starts and ends `period_s` after its occurrence q before,
+    over two whole periods: the simulated state repeats, shifted, so the step's further
+    periods repeat too (the engine is deterministic and its dependencies reach back less
+    than two periods). A backlog still building on some resource fails it."""
+    short = _occurrences(short_events)
+    for key, times in _occurrences(long_events).items():
+        q = len(times) - len(short.get(key, ()))
+        if q <= 0:
+            continue
+        lo = (len(times) - 3 * q) // 2  # the middle 3q: clear of warm-up and cool-down
+        if lo < 0:
+            return False
+        for n in range(lo, lo + 2 * q):
+            (s0, e0), (s1, e1) = times[n], times[n + q]
+            if not (_close(s1 - s0, period_s, scale_s) and _close(e1 - e0, period_s, scale_s)):
+                return False
+    return True
+
+
+def extrapolate(plan: Plan, simulate: Callable[[Plan], object], memory=None):
+    """`plan`'s simulation result from three short steps (`simulate` runs one), or None
+    when the step is short or no short steps found to repeat. A step whose short steps do
+    not repeat yet (a backlog still building) is tried again with twice the warm-up, while
+    that stays shorter than the step. The result carries no events and no memory timeline;
+    its peaks and breakdowns are `memory` ((peaks, breakdowns) of the plan, from the
+    shortened replay) or else the longer short step's."""
+    attempt = 0
+    while (pts := points(plan, attempt)) is not None:
+        res = _from_points(plan, pts, simulate, memory)
+        if res is not None:
+            return res
+        attempt += 1
+    return None
+
+
+def _from_points(plan: Plan, pts: tuple[int, int], simulate, memory):
+    m = plan.microbatches
+    r2, r3 = (simulate(_with_microbatches(plan, k)) for k in pts)
+    d_s = r3.step_time_s - r2.step_time_s
+    scale_s = r3.step_time_s
+    if not _shifts_by(r3.events, r2.events, d_s, scale_s):
+        return None
+    b2, b3 = _busy_s(r2), _busy_s(r3)
+    for s in range(len(b3)):
+        for r in b3[s]:
+            if b3[s][r] - b2[s][r] > d_s + REL_TOL * scale_s:
+                # The resource gets more work per increment than the step's clock advances:
+                # its backlog grows, and once the slack is used up it sets a longer period.
+                return None
+    if r3.exposed != r2.exposed and not all(
+        _close(x[k], y[k], scale_s) for x, y in zip(r2.exposed, r3.exposed, strict=True) for k in x
+    ):
+        return None
+    k = (m - pts[1]) // (pts[1] - pts[0])  # further increments past the second point
+    step_s = r3.step_time_s + k * d_s
+    util = [
+        {r: (v + k * (v - b2[s][r])) / step_s for r, v in b3[s].items()} for s in range(len(b3))
+    ]
+    bubble = [1.0 - u["compute"] for u in util]
+    peaks, parts = memory if memory is not None else (r3.peak_memory_bytes, r3.memory_breakdown)
+    return r3.__class__(
+        step_time_s=step_s,
+        tokens_per_s=plan.tokens_per_step / step_s,
+        bubble_fraction=sum(bubble) / len(bubble),
+        stage_bubble=bubble,
+        utilization=util,
+        exposed=[dict(e) for e in r3.exposed],
+        events=[],
+        peak_memory_bytes=list(peaks),
+        memory_breakdown=[dict(b) for b in parts],
+        memory_cap_bytes=r3.memory_cap_bytes,
+        workspace_bytes=r3.workspace_bytes,
+        schedule=r3.schedule,
+        platform=r3.platform,
+        model=r3.model,
+        plan=plan.to_dict(),
+    )

@@ -1,0 +1,71 @@
+"""`ratrain plan` keeps to its time budget when no plan fits yet, and an infeasible
+request's explanation says what it could not check in time."""
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from ratrain.cli import main
+from ratrain.models.presets import get_preset
+from ratrain.planner import Request, explain, search
+from ratrain.planner.evaluate import Evaluator
+from ratrain.platforms.load import load
+
+
+@pytest.mark.timeout(60)
+def test_no_fit_within_the_budget_is_said_not_claimed_infeasible(capsys):
+    t0 = time.perf_counter()
+    rc = main(
+        ["plan", "--model", "llama2-70b", "--clusters", "64", "--quiet", "--time-budget", "0.001"]
+    )
+    wall_s = time.perf_counter() - t0
+    assert rc == 2
+    text = capsys.readouterr().out
+    assert "no plan found to fit" in text and "structures not examined" in text
+    assert "no plan fits" not in text and "cheapest change" not in text
+    assert wall_s < 10  # a budget of 1 ms: one structure's work at most, not the search
+
+
+@pytest.mark.timeout(120)
+def test_explanation_out_of_time_says_what_it_did_not_check():
+    req = Request(get_preset("llama2-70b"), load("mt3000"), 8, 1024, 4096)
+    res = search(req, top=1)
+    assert not res.feasible and not res.unfinished and res.near is not None
+    ex = explain(req, res.near, budget_s=0.0)
+    assert ex.unexamined is None and ex.over_bytes > 0
+    assert not ex.changes
+    assert "more clusters: not checked within the time budget" in ex.note
+    assert "a shorter sequence: not checked within the time budget" in ex.note
+
+
+class _SlowToSimulate(Evaluator):
+    """An evaluator whose every simulation looks long: a search with a budget stops before
+    the next one as soon as a plan is ranked (the path a deep pipeline takes)."""
+
+    @property
+    def last_simulate_s(self) -> float:
+        return 1e9 if self.n_simulated else 0.0
+
+    @last_simulate_s.setter
+    def last_simulate_s(self, value: float) -> None:
+        pass
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("platform", ["mt3000", "a100-80g"])
+def test_every_cut_floor_bounds_the_optimum(platform):
+    pl = replace(load(platform), usable_memory_bytes=3_000_000, workspace_bytes=500_000)
+    cases = 0
+    for clusters, gb in ((4, 8), (8, 16), (4, 4)):
+        req = Request(get_preset("tiny"), pl, clusters, gb, 128)
+        exact = search(req, top=1)
+        if not exact.feasible:
+            continue
+        for budget, ev in ((0.0, None), (1e-4, None), (1e-4, _SlowToSimulate(req))):
+            cut = search(req, top=1, time_budget_s=budget, evaluator=ev)
+            assert cut.ranked and cut.best.step_time_s >= exact.best.step_time_s
+            if cut.cut:
+                assert cut.floor_step_s <= exact.best.step_time_s * (1 + 1e-12)
+                cases += 1
+    assert cases
