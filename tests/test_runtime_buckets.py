@@ -139,3 +139,13 @@ def test_bucket_units_share_one_gradient_buffer():
     model.release_grads(2)
     with pytest.raises(AssertionError):
         model.bucket_grad((1, 2))
+
+
+def test_core_of_one_core_each_then_mixed_stages():
+    from ratrain.runtime.distributed_train import core_of
+
+    assert [core_of(r, 2, 2, [0, 1]) for r in range(2)] == [0, 1]
+    assert [core_of(r, 2, 2, [4, 6, 7]) for r in range(2)] == [4, 6]
+    # 4 ranks (pp=2 x dp=2) on 2 cores: each core runs one stage-0 and one stage-1 rank
+    cores = [core_of(r, 4, 2, [0, 1]) for r in range(4)]
+    assert cores == [0, 1, 1, 0]
