@@ -141,11 +141,19 @@ def test_bucket_units_share_one_gradient_buffer():
         model.bucket_grad((1, 2))
 
 
-def test_core_of_one_core_each_then_mixed_stages():
-    from ratrain.runtime.distributed_train import core_of
+def test_cores_of_an_equal_share_each_then_mixed_stages():
+    from ratrain.runtime.distributed_train import cores_of
 
-    assert [core_of(r, 2, 2, [0, 1]) for r in range(2)] == [0, 1]
-    assert [core_of(r, 2, 2, [4, 6, 7]) for r in range(2)] == [4, 6]
+    assert [cores_of(r, 2, 2, [0, 1]) for r in range(2)] == [{0}, {1}]
+    assert [cores_of(r, 2, 2, [4, 5, 6, 7]) for r in range(2)] == [{4, 5}, {6, 7}]
     # 4 ranks (pp=2 x dp=2) on 2 cores: each core runs one stage-0 and one stage-1 rank
-    cores = [core_of(r, 4, 2, [0, 1]) for r in range(4)]
-    assert cores == [0, 1, 1, 0]
+    assert [cores_of(r, 4, 2, [0, 1]) for r in range(4)] == [{0}, {1}, {1}, {0}]
+
+
+@pytest.mark.timeout(120)
+def test_pinned_ranks_train_the_same():
+    plan = PLAN.replace(dp=1, global_batch=2, sync_bucket_bytes=0, loss_chunk_tokens=None)
+    cfg = TrainConfig(steps=2, warmup_steps=1)
+    pinned = _run(plan, cfg, [("ratrain", {})], pin_cores=True)
+    free = _run(plan, cfg, [("ratrain", {})])
+    assert _losses(pinned, "ratrain") == _losses(free, "ratrain")

@@ -14,11 +14,12 @@ thread per rank:
   lowerings place such actions where nothing else is left to issue before the actions
   that need their result, so the wait costs no overlap.
 
-Autograd is per unit: F(u, mb) runs unit u on a leaf copy of its input (`requires_grad`)
-and keeps (input, output); B(u, mb) calls `torch.autograd.backward(output, grad)` with
+Autograd is per unit: F(u, mb) runs unit u on a detached view of its input made a leaf
+(`requires_grad`, no copy) and keeps (input, output); B(u, mb) calls `torch.autograd.backward(output, grad)` with
 the gradient of the next unit's input (or the received one, or none for the head's
 loss), then adds the parameters' gradients to the unit's flat gradient exactly as the
-reference trainer does. So the arithmetic of every F and B, of every gradient sum and of
+reference trainer does. GRAD_SYNC reduces whole sync buckets (`StageModel.sync_buckets`,
+the schedule's `meta["sync_buckets"]`), one collective on each bucket's shared buffer. So the arithmetic of every F and B, of every gradient sum and of
 every update is the same whatever the order the schedule gives them, and Baseline-1F1B
 and RATrain agree bit for bit.
 
