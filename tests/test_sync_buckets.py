@@ -116,3 +116,20 @@ def test_simulator_costs_one_collective_per_bucket():
             PLAN, e.action.stage, e.action.units
         )
         assert e.end_s > e.start_s
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"compute_dtype": "bf16", "view_policy": "transient"},
+        {"compute_dtype": "fp16", "offload_activations": True, "recompute": "full"},
+        {"compute_dtype": "bf16", "recompute": "selective", "view_lookahead": 2},
+    ],
+)
+def test_bucketed_ratrain_checks_with_the_lifecycle_options(kw):
+    plan = PLAN.replace(**kw)
+    sch = build_schedule(SPEC, plan)
+    check_schedule(sch, SPEC, plan)
+    replay(sch, SPEC, plan)  # the ledger walks it
+    for s, acts in enumerate(sch.stages):
+        assert [a.units for a in acts if a.op is Op.GRAD_SYNC] == sync_buckets(SPEC, plan, s)
