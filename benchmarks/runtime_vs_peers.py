@@ -3,7 +3,8 @@
     python benchmarks/runtime_vs_peers.py [--quick] [--json out.json] [--layouts 2x1,2x2]
         [--repeats 3] [--steps 6] [--warmup 2] [--systems ratrain,torch-1f1b,deepspeed]
         [--compile | --no-compile] [--loss-chunk-tokens 256] [--platform FILE]
-        [--model bench-512]
+        [--model bench-512] [--ratrain-split planner|same|even|balanced|5,3]
+        [--layer-split even|balanced|4,4] [--no-peers-on-ratrain-split]
 
 The job (issue 12): a LLaMA with 8 layers, hidden 512, 8 heads, ffn 1376, vocab 8192;
 seq 256; fp32; micro-batch 2; 8 microbatches per pipeline; one thread per rank; no
@@ -13,6 +14,11 @@ Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as gi
 `ratrain-eager` (no compile, plain loss: the runtime before these two),
 `ratrain-compiled` (`ratrain` with compile forced on, to measure compile), `torch-1f1b`,
 `deepspeed` (skipped when not importable); see `peers.py`.
+
+Splits: ratrain (all its variants) runs the split `ratrain plan` picks for the job on
+`--split-platform` (cpu-local); the peers run `--layer-split` (their own default, even) and,
+when ratrain's differs, once more on ratrain's (`torch-1f1b@5,3`, `deepspeed@5,3`): "the
+better peer" is the fastest of all of them.
 
 Per layout, the systems run one after the other, A B C C B A A B C ..., `--repeats`
 times (the order reversed every other repeat, so a drifting load favours none), each on
