@@ -26,6 +26,7 @@ from ratrain.config import Plan, TrainConfig
 from ratrain.data.base import Batches
 from ratrain.models.llama import Block, Embedding, Head, build_unit, cross_entropy
 from ratrain.runtime.grid import ParallelGrid
+from ratrain.runtime.memory import PeakMemory
 from ratrain.runtime.profile import StepProfile
 
 __all__ = ["torch_1f1b_rank", "deepspeed_rank", "matmul_probe_rank", "deepspeed_available"]
@@ -75,34 +76,43 @@ def _timed(step, steps: int, profile: bool) -> dict:
     return out
 
 
-def torch_1f1b_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source, profile=False) -> dict:
+def torch_1f1b_rank(
+    rdzv, spec, plan: Plan, cfg: TrainConfig, source, profile=False, measure=False
+) -> dict:
+    """`measure`: also count the rank's peak tensor bytes (`ratrain.runtime.memory`, the
+    executor's own counter; slower on CPU) as "peak". On CUDA when one is available."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    grid = ParallelGrid.init(plan.pp, plan.dp, rdzv, device="cpu")
+    grid = ParallelGrid.init(
+        plan.pp, plan.dp, rdzv, device=None if torch.cuda.is_available() else "cpu"
+    )
     try:
-        module = nn.Sequential(
-            *(build_unit(spec, u, seed=cfg.seed) for u in plan.stage_units(spec, grid.stage))
-        )
-        stage = PipelineStage(module, grid.stage, plan.pp, grid.device, group=grid.pp_group)
-        sched = Schedule1F1B(stage, plan.microbatches, loss_fn=cross_entropy)
-        opt = _adamw(module.parameters(), cfg)
-        batches = Batches.from_plan(source(), plan)
+        with PeakMemory(grid.device, measure) as mem:
+            module = nn.Sequential(
+                *(build_unit(spec, u, seed=cfg.seed) for u in plan.stage_units(spec, grid.stage))
+            ).to(grid.device)
+            mem.track(module.parameters())
+            stage = PipelineStage(module, grid.stage, plan.pp, grid.device, group=grid.pp_group)
+            sched = Schedule1F1B(stage, plan.microbatches, loss_fn=cross_entropy)
+            opt = _adamw(module.parameters(), cfg)
+            batches = Batches.from_plan(source(), plan)
 
-        def step(k: int) -> None:
-            parts = [batches.batch(k, mb, grid.replica) for mb in range(plan.microbatches)]
-            x = torch.cat([p[0] for p in parts])  # (m * micro_batch, seq)
-            y = torch.cat([p[1] for p in parts])
-            if grid.is_first_stage:
-                sched.step(x, target=y if grid.is_last_stage else None)
-            elif grid.is_last_stage:
-                sched.step(target=y, losses=[])
-            else:
-                sched.step()
-            dp_mean_grads(grid, list(module.parameters()))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            def step(k: int) -> None:
+                parts = [batches.batch(k, mb, grid.replica) for mb in range(plan.microbatches)]
+                x = torch.cat([p[0] for p in parts]).to(grid.device)  # (m * micro_batch, seq)
+                y = torch.cat([p[1] for p in parts]).to(grid.device)
+                if grid.is_first_stage:
+                    sched.step(x, target=y if grid.is_last_stage else None)
+                elif grid.is_last_stage:
+                    sched.step(target=y, losses=[])
+                else:
+                    sched.step()
+                dp_mean_grads(grid, list(module.parameters()))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
 
-        return _timed(step, cfg.steps, profile) | {"rank": grid.rank, "stage": grid.stage}
+            out = _timed(step, cfg.steps, profile)
+        return out | {"rank": grid.rank, "stage": grid.stage, "peak": mem.peak_bytes()}
     finally:
         grid.destroy()
 

@@ -3,7 +3,8 @@
     python benchmarks/runtime_vs_peers.py [--quick] [--json out.json] [--layouts 2x1,2x2]
         [--repeats 3] [--steps 6] [--warmup 2] [--systems ratrain,torch-1f1b,deepspeed]
         [--compile | --no-compile] [--loss-chunk-tokens 256] [--platform FILE]
-        [--model bench-512]
+        [--model bench-512] [--ratrain-split planner|same|even|balanced|5,3]
+        [--layer-split even|balanced|4,4] [--no-peers-on-ratrain-split]
 
 The job (issue 12): a LLaMA with 8 layers, hidden 512, 8 heads, ffn 1376, vocab 8192;
 seq 256; fp32; micro-batch 2; 8 microbatches per pipeline; one thread per rank; no
@@ -13,6 +14,11 @@ Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as gi
 `ratrain-eager` (no compile, plain loss: the runtime before these two),
 `ratrain-compiled` (`ratrain` with compile forced on, to measure compile), `torch-1f1b`,
 `deepspeed` (skipped when not importable); see `peers.py`.
+
+Splits: ratrain (all its variants) runs the split `ratrain plan` picks for the job on
+`--split-platform` (cpu-local); the peers run `--layer-split` (their own default, even) and,
+when ratrain's differs, once more on ratrain's (`torch-1f1b@5,3`, `deepspeed@5,3`): "the
+better peer" is the fastest of all of them.
 
 Per layout, the systems run one after the other, A B C C B A A B C ..., `--repeats`
 times (the order reversed every other repeat, so a drifting load favours none), each on
@@ -95,6 +101,48 @@ def _split(arg: str, spec: ModelSpec, pp: int, seq: int) -> tuple[int, ...] | No
     return best[1]
 
 
+def planner_split(spec: ModelSpec, plan: Plan, platform: str) -> tuple[int, ...]:
+    """The layer split ratrain's planner picks for this job (its pp, dp, micro-batch, seq,
+    dtype, schedule and no recompute pinned) on `platform`: uneven splits are one of the
+    planner's mechanisms, so the benchmark's ratrain runs what `ratrain plan` would hand it."""
+    from ratrain.planner import search
+    from ratrain.planner.space import Request
+    from ratrain.platforms import load
+
+    pins = {
+        "pp": plan.pp,
+        "dp": plan.dp,
+        "micro_batch": plan.micro_batch,
+        "compute_dtype": plan.compute_dtype,
+        "schedule": "ratrain",
+        "clip_grad": plan.clip_grad,
+        "recompute": "none",
+        "shard_optimizer": False,
+        "view_policy": "persistent",
+    }
+    req = Request(
+        spec,
+        load(platform),
+        plan.pp * plan.dp,
+        plan.global_batch,
+        plan.seq,
+        pins=pins,
+        families=("ratrain",),
+    )
+    best = search(req, top=1).best
+    if best is None:
+        raise SystemExit(f"the planner found no feasible plan for {spec.name} on {platform}")
+    return tuple(best.plan.layer_split or plan.blocks_per_stage(spec))
+
+
+def _ratrain_split(a, spec: ModelSpec, plan: Plan) -> tuple[int, ...] | None:
+    if a.ratrain_split == "same":
+        return plan.layer_split
+    if a.ratrain_split == "planner":
+        return planner_split(spec, plan, a.split_platform)
+    return _split(a.ratrain_split, spec, plan.pp, plan.seq)
+
+
 def _median_tail(times: list[float], warmup: int) -> float:
     return statistics.median(times[warmup:] if len(times) > warmup else times)
 
@@ -167,8 +215,20 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
     if "deepspeed" in systems and not deepspeed_available():
         print("  deepspeed is not importable: skipped (pip install deepspeed torch==<yours>)")
         systems.remove("deepspeed")
+    # ratrain (all its variants) on its split; the peers on theirs and, when it differs,
+    # on ratrain's too ("<peer>@<split>"), so neither side gets a split the other lacks.
+    peer_split = plan.blocks_per_stage(spec)
+    own = plan.replace(layer_split=_ratrain_split(a, spec, plan))
+    own_split = own.blocks_per_stage(spec)
+    print(f"  split: ratrain {_fmt(own_split)}, peers {_fmt(peer_split)}", flush=True)
+    plans = {s: own if s.startswith("ratrain") else plan for s in systems}
+    if own_split != peer_split and a.peers_on_ratrain_split:
+        for s in [s for s in systems if not s.startswith("ratrain")]:
+            name = f"{s}@{_fmt(own_split)}"
+            systems.append(name)
+            plans[name] = own
     runs: dict[str, list[dict]] = {s: [] for s in systems}
-    fast = plan.replace(loss_chunk_tokens=a.loss_chunk_tokens or None)
+    fast = own.replace(loss_chunk_tokens=a.loss_chunk_tokens or None)
     probes = []
     for rep in range(a.repeats):
         # the probe is interleaved too: its median is the peak, taken under the same load
@@ -182,13 +242,13 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             elif s == "ratrain-compiled":  # ratrain with --compile whatever the flag says
                 r = run_ratrain(spec, fast, cfg, source, True, profile=rep == 0 and a.profile)
             elif s == "ratrain-eager":  # the runtime without compile or the chunked loss
-                r = run_ratrain(spec, plan, cfg, source, False, profile=rep == 0 and a.profile)
+                r = run_ratrain(spec, own, cfg, source, False, profile=rep == 0 and a.profile)
             else:
-                fn = torch_1f1b_rank if s == "torch-1f1b" else deepspeed_rank
-                r = run_peer(fn, spec, plan, cfg, source, profile=rep == 0 and a.profile)
+                fn = torch_1f1b_rank if s.startswith("torch-1f1b") else deepspeed_rank
+                r = run_peer(fn, spec, plans[s], cfg, source, profile=rep == 0 and a.profile)
             r["tokens_per_s"] = plan.tokens_per_step / _median_tail(r["times"], a.warmup)
             runs[s].append(r)
-            print(f"  repeat {rep}: {s:<11} {r['tokens_per_s']:>9,.0f} tokens/s", flush=True)
+            print(f"  repeat {rep}: {s:<16} {r['tokens_per_s']:>9,.0f} tokens/s", flush=True)
     flops_tok = model_flops_per_token(spec, plan.seq)
     peak = statistics.median(probes)
     rows = {}
@@ -197,6 +257,7 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         med = statistics.median(tps)
         rss = [max(r["rss"].values()) for r in rs]
         rows[s] = {
+            "layer_split": list(plans[s].blocks_per_stage(spec)),
             "tokens_per_s": med,
             "tokens_per_s_runs": tps,
             "mfu": med * flops_tok / peak,
@@ -234,6 +295,7 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         }
     return {
         "plan": plan.to_dict(),
+        "ratrain_plan": fast.to_dict(),
         "peak_flops": peak,
         "peak_source": peak_src,
         "peak_flops_per_repeat": probes,
@@ -243,18 +305,22 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
     }
 
 
+def _fmt(split) -> str:
+    return ",".join(str(n) for n in split)
+
+
 def print_layout(name: str, res: dict, warmup: int) -> None:
     print(
         f"\n{name}: peak {res['peak_flops'] / 1e9:,.0f} GFLOP/s ({res['peak_source']}); "
         f"{res['model_flops_per_token'] / 1e6:.0f} MFLOP/token; median of steps {warmup}.."
     )
-    print(f"{'system':<11} {'tokens/s':>9} {'range':>15} {'MFU':>6}  peak RSS MiB per rank")
+    print(f"{'system':<16} {'tokens/s':>9} {'range':>15} {'MFU':>6}  peak RSS MiB per rank")
     for s, r in res["rows"].items():
         lo, hi = min(r["tokens_per_s_runs"]), max(r["tokens_per_s_runs"])
         rss = " ".join(f"{b / 2**20:,.0f}" for b in r["peak_rss_bytes_per_rank"])
         extra = f"  (compile {r['compile_s']:.1f} s)" if r.get("compile_s") else ""
         print(
-            f"{s:<11} {r['tokens_per_s']:>9,.0f} {lo:>7,.0f}-{hi:<7,.0f} "
+            f"{s:<16} {r['tokens_per_s']:>9,.0f} {lo:>7,.0f}-{hi:<7,.0f} "
             f"{100 * r['mfu']:>5.1f}%  {rss}{extra}"
         )
     q = res["ratios"]
@@ -294,7 +360,21 @@ def main() -> None:
     ap.add_argument(
         "--layer-split",
         default="even",
-        help="even | balanced (by FLOPs) | blocks per stage, e.g. 5,3; the same for every system",
+        help="the peers' split: even (their own default: DeepSpeed's parameter-balanced "
+        "partition is the even one for this model) | balanced (by FLOPs) | blocks per stage",
+    )
+    ap.add_argument(
+        "--ratrain-split",
+        default="planner",
+        help="ratrain's split: planner (what `ratrain plan` picks on --split-platform) | same "
+        "(the peers') | even | balanced | blocks per stage, e.g. 5,3",
+    )
+    ap.add_argument("--split-platform", default="cpu-local", help="the planner's platform")
+    ap.add_argument(
+        "--peers-on-ratrain-split",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run every peer on ratrain's split when it differs from theirs",
     )
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)

@@ -9,7 +9,8 @@ Same model, same batch, same ranks (pp x dp local gloo ranks on the CPU, or NCCL
 - ratrain:   ratrain's executor, the lifecycle schedule (per-unit syncs and updates);
 - baseline:  ratrain's executor, Baseline-1F1B (stage-wide sync and update after the flush);
 - torch-1f1b: `torch.distributed.pipelining.Schedule1F1B` on the same units, then one
-  flat DP all-reduce of the stage's gradients and `torch.optim.AdamW` at the end of the step.
+  flat DP all-reduce of the stage's gradients and `torch.optim.AdamW` at the end of the step
+  (`peers.torch_1f1b_rank`, the same step loop as `runtime_vs_peers.py`).
 
 For each: tokens/s from the median step time over the steps after `--warmup` (the metrics
 rank's clock: last stage, replica 0), and each rank's peak tensor bytes, measured in a
@@ -29,79 +30,25 @@ import argparse
 import functools
 import json
 import statistics
-import time
 
-import torch
-from peers import dp_mean_grads
-from torch import nn
+from peers import torch_1f1b_rank
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
-from ratrain.data.base import Batches
-from ratrain.models.llama import build_unit, cross_entropy
 from ratrain.models.presets import get_preset
 from ratrain.runtime.distributed_train import Job, run_job
-from ratrain.runtime.grid import ParallelGrid
 from ratrain.runtime.launch import spawn
-from ratrain.runtime.memory import PeakMemory
 
 
 def _median_tail(xs: list[float], warmup: int) -> float:
     return statistics.median(xs[warmup:] if len(xs) > warmup else xs)
 
 
-# -- torch.distributed.pipelining ------------------------------------------------------------
-
-
-def _torch_1f1b(rdzv, spec, plan: Plan, cfg: TrainConfig, source, measure: bool) -> dict:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-    grid = ParallelGrid.init(
-        plan.pp, plan.dp, rdzv, device="cpu" if not torch.cuda.is_available() else None
-    )
-    try:
-        with PeakMemory(grid.device, measure) as mem:
-            module = nn.Sequential(
-                *(build_unit(spec, u, seed=cfg.seed) for u in plan.stage_units(spec, grid.stage))
-            ).to(grid.device)
-            mem.track(module.parameters())
-            stage = PipelineStage(module, grid.stage, plan.pp, grid.device, group=grid.pp_group)
-            sched = Schedule1F1B(stage, plan.microbatches, loss_fn=cross_entropy)
-            decay = [p for p in module.parameters() if p.ndim >= 2]
-            no_decay = [p for p in module.parameters() if p.ndim < 2]
-            opt = torch.optim.AdamW(
-                [
-                    {"params": decay, "weight_decay": cfg.weight_decay},
-                    {"params": no_decay, "weight_decay": 0.0},
-                ],
-                lr=cfg.lr,
-                betas=(cfg.beta1, cfg.beta2),
-                eps=cfg.eps,
-            )
-            batches = Batches.from_plan(source(), plan)
-            times = []
-            for k in range(cfg.steps):
-                t0 = time.perf_counter()
-                parts = [batches.batch(k, mb, grid.replica) for mb in range(plan.microbatches)]
-                x = torch.cat([p[0] for p in parts]).to(grid.device)  # (m * micro_batch, seq)
-                y = torch.cat([p[1] for p in parts]).to(grid.device)
-                if grid.is_first_stage:
-                    sched.step(x, target=y if grid.is_last_stage else None)
-                elif grid.is_last_stage:
-                    sched.step(target=y, losses=[])
-                else:
-                    sched.step()
-                dp_mean_grads(grid, list(module.parameters()))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                times.append(time.perf_counter() - t0)
-        return {"rank": grid.rank, "stage": grid.stage, "times": times, "peak": mem.peak_bytes()}
-    finally:
-        grid.destroy()
+# -- torch.distributed.pipelining (the step loop of `peers.py`) ---------------------------------
 
 
 def run_torch(spec, plan, cfg, source, measure: bool) -> list[dict]:
-    return spawn(_torch_1f1b, plan.pp * plan.dp, spec, plan, cfg, source, measure)
+    return spawn(torch_1f1b_rank, plan.pp * plan.dp, spec, plan, cfg, source, False, measure)
 
 
 # -- ratrain's executor ---------------------------------------------------------------------

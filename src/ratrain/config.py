@@ -104,6 +104,11 @@ class Plan:
     loss_chunk_tokens: int | None = None
     """Head loss: fused chunked cross-entropy over this many tokens at a time (the logits
     of a whole microbatch never exist at once); None: the plain loss on full logits."""
+    sync_bucket_bytes: int = 0
+    """Gradient syncs: a stage's units, in backward order, are grouped into buckets of at
+    least this many gradient bytes, one collective per bucket, the same buckets in every
+    schedule (ratrain syncs and updates per bucket); 0: one bucket per unit. Unsharded
+    optimizer only (sharded, each unit is reduce-scattered alone)."""
 
     def __post_init__(self) -> None:
         for f in ("pp", "dp", "micro_batch", "global_batch", "seq", "bucket_bytes"):
@@ -118,6 +123,14 @@ class Plan:
             raise RatrainError(
                 f"plan: loss_chunk_tokens must be a positive integer or None, "
                 f"got {self.loss_chunk_tokens!r}"
+            )
+        if (
+            not isinstance(self.sync_bucket_bytes, int)
+            or isinstance(self.sync_bucket_bytes, bool)
+            or self.sync_bucket_bytes < 0
+        ):
+            raise RatrainError(
+                f"plan: sync_bucket_bytes must be an integer >= 0, got {self.sync_bucket_bytes!r}"
             )
         if not isinstance(self.view_lookahead, int) or self.view_lookahead < 0:
             raise RatrainError(f"plan: view_lookahead must be >= 0, got {self.view_lookahead!r}")

@@ -111,7 +111,24 @@ def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -
         help="fused chunked cross-entropy on the head, this many tokens at a time "
         "(default: the plain loss)",
     )
+    p.add_argument(
+        "--sync-bucket-bytes",
+        type=_bytes_or_zero,
+        help="coalesce gradient syncs into buckets of at least this many bytes, the same "
+        f"buckets in every schedule (default {d['sync_bucket_bytes']}: one per unit)",
+    )
     p.set_defaults(_plan_defaults=d)
+
+
+def _bytes_or_zero(text: str) -> int:
+    """argparse type: an integer >= 0 (a byte count; 0 turns the feature off)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
 
 
 _FLAG_NAMES = {"compute_dtype": "--dtype", "offload_activations": "--offload"}
@@ -130,6 +147,7 @@ _FIELDS = (
     "grad_dtype",
     "offload_activations",
     "loss_chunk_tokens",
+    "sync_bucket_bytes",
 )
 
 

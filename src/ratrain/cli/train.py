@@ -71,6 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "compile time is reported apart; default off, see docs/runtime.md)",
     )
     g.add_argument(
+        "--pin-cores",
+        action="store_true",
+        help="pin each locally spawned rank to one core (ranks outnumbering the cores share "
+        "them, stages mixed per core); torchrun and Slurm ranks keep their placement",
+    )
+    g.add_argument(
         "--threads",
         type=int,
         help="CPU threads per process (default: 1 for models under 50M parameters, whose "

@@ -262,10 +262,10 @@ def forward_workspace_bytes(
     """
     tokens, c = _tokens(plan), DTYPE_BYTES[plan.compute_dtype]
     if unit == head_unit(spec) and plan.loss_chunk_tokens:
-        # one chunk's fp32 logits and their log-softmax (the softmax is then built in
-        # place), and an fp32 copy of a 16-bit head weight
+        # one chunk's fp32 buffer (logits, log-softmax and softmax in turn, in place),
+        # and an fp32 copy of a 16-bit head weight
         chunk = min(plan.loss_chunk_tokens, tokens)
-        return 2 * chunk * spec.vocab * 4 + (spec.vocab * spec.hidden * 4 if c != 4 else 0)
+        return chunk * spec.vocab * 4 + (spec.vocab * spec.hidden * 4 if c != 4 else 0)
     if unit == head_unit(spec):
         return tokens * spec.vocab * (c + 4)
     if unit == 0:

@@ -196,6 +196,9 @@ class _StageReplay:
         self.view = {u: params[u] * vbp for u in units}
         self.grad_full = {u: params[u] * gbp for u in units}
         self.grad_shard = {u: shard_bytes(self.grad_full[u], plan) for u in units}
+        # A sync bucket's gradients are one buffer, allocated at its first backward.
+        buckets = sch.meta.get("sync_buckets", [[(u,) for u in units]] * (s + 1))[s]
+        self.bucket_of = {u: b for b in buckets for u in b}
         policy = {u: plan.recompute_of(spec, s, u) for u in units}
         kw = dict(flash=flash, eager_kernels=eager)
         self.keep = {u: activation_bytes(spec, plan, u, policy[u], **kw) for u in units}
@@ -244,8 +247,9 @@ class _StageReplay:
         if op is Op.B:
             u = a.units[0]
             if u not in self.grad:
-                self.grad[u] = self.grad_full[u]
-                st[_GRAD] += self.grad_full[u]
+                for v in self.bucket_of.get(u, (u,)):
+                    self.grad[v] = self.grad_full[v]
+                    st[_GRAD] += self.grad_full[v]
             if u == self.first_unit and self.recv_input:
                 st[_COMM] += self.boundary  # the input gradient, held until its SEND lands
             st[_WS] += self.bws[u]

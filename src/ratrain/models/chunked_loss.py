@@ -16,8 +16,10 @@ the sums (the loss is summed chunk by chunk, dL/dw accumulated over chunks), so 
 values agree to rounding (tests: within 1e-5 relative); not bit for bit.
 
 Memory, per microbatch (what `ratrain.memory.activations` counts): kept from F to B,
-dL/dh (c·H per token) and dL/dw (4·V·H bytes); transient, two fp32 (chunk, V) tensors
-(the logits and their log-softmax).
+dL/dh (c·H per token) and dL/dw (4·V·H bytes); transient, one fp32 (chunk, V) buffer
+that holds a chunk's logits, then their log-softmax, then the softmax's gradient, in place
+(`torch._log_softmax(..., out=)` on its own input: each row is reduced before it is
+written).
 """
 
 from __future__ import annotations
@@ -39,18 +41,23 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         n_valid = int(valid.sum())
         wf = w.float()  # (V, H); the same tensor when w is fp32
         grad_h = torch.empty_like(h)  # (N, H)
-        grad_w = torch.zeros_like(wf)  # (V, H) fp32
+        grad_w = None  # (V, H) fp32: the first chunk's product, then accumulated
         loss = torch.zeros((), dtype=torch.float32, device=h.device)
         inv = 1.0 / max(n_valid, 1)
+        # one (c, V) fp32 buffer for every chunk: logits, log-probabilities and the softmax's
+        # gradient each overwrite it (a fresh buffer per chunk costs page faults on CPU)
+        buf = torch.empty((min(chunk_tokens, n), wf.shape[0]), dtype=torch.float32, device=h.device)
         with torch.profiler.record_function("ratrain::loss"):
             for i in range(0, n, chunk_tokens):
                 hc = h[i : i + chunk_tokens].float()  # (c, H)
                 tc = targets[i : i + chunk_tokens]
                 vc = valid[i : i + chunk_tokens]
                 tgt = torch.where(vc, tc, 0).unsqueeze(1)  # (c, 1)
+                logp = buf[: hc.shape[0]]  # (c, V)
+                torch.mm(hc, wf.t(), out=logp)
                 # log-softmax in place of the logits, then the softmax in place of it: two
                 # passes over (c, V) besides the GEMMs
-                logp = torch.log_softmax(hc @ wf.t(), dim=-1)  # (c, V) fp32
+                torch._log_softmax(logp, 1, False, out=logp)
                 picked = logp.gather(1, tgt).squeeze(1)
                 loss -= torch.where(vc, picked, 0.0).sum()
                 # dL/dlogits = (softmax - onehot) / n_valid on valid rows; the 1/n_valid is
@@ -60,7 +67,12 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 if not bool(vc.all()):
                     probs[~vc] = 0.0
                 grad_h[i : i + chunk_tokens] = torch.mm(probs, wf).mul_(inv).to(h.dtype)
-                grad_w.addmm_(probs.t(), hc, alpha=inv)
+                if grad_w is None:  # no zero-filled (V, H) buffer to add the first one to
+                    grad_w = torch.mm(probs.t(), hc).mul_(inv)
+                else:
+                    grad_w.addmm_(probs.t(), hc, alpha=inv)
+        if grad_w is None:  # no tokens
+            grad_w = torch.zeros_like(wf)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.w_dtype = w.dtype
         return loss * inv

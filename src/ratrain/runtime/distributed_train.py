@@ -130,6 +130,9 @@ class Job:
     """Profile this step on every rank (`ratrain.runtime.profile`): `RunResult.profile`."""
     compile_units: bool = False
     """Run each block unit through `torch.compile` (`ratrain.runtime.compiled`)."""
+    pin_cores: bool = False
+    """Pin each locally spawned rank to one core of this process's affinity set
+    (`cores_of`); ranks launched by torchrun or Slurm keep the launcher's placement."""
 
 
 @dataclass
@@ -179,7 +182,27 @@ def run_job(job: Job) -> list[RankResult]:
     rdzv = rendezvous_from_env()
     if rdzv is not None:
         return [rank_main(rdzv, job)]
-    return spawn(rank_main, job.plan.pp * job.plan.dp, job, deadline_s=job.deadline_s)
+    return spawn(_local_rank_main, job.plan.pp * job.plan.dp, job, deadline_s=job.deadline_s)
+
+
+def cores_of(rank: int, world: int, pp: int, cpus: list[int]) -> set[int]:
+    """The cores a local rank is pinned to (`Job.pin_cores`): an equal share each while
+    there are enough (its threads stay on them); otherwise one, (stage + replica) mod the
+    cores, so that each core mixes stages and one rank's pipeline waits can be filled by
+    another stage's work."""
+    if world <= len(cpus):
+        k = len(cpus) // world
+        return set(cpus[rank * k : (rank + 1) * k])
+    stage, replica = rank % pp, rank // pp
+    return {cpus[(stage + replica) % len(cpus)]}
+
+
+def _local_rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
+    """A rank `run_job` spawned on this machine: pinned first when the job asks."""
+    if job.pin_cores and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cores_of(rdzv.rank, rdzv.world_size, job.plan.pp, cpus))
+    return rank_main(rdzv, job)
 
 
 def rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
@@ -482,6 +505,7 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         device=getattr(args, "device", None),
         backend=getattr(args, "backend", "torch"),
         compile_units=bool(getattr(args, "compile", False)),
+        pin_cores=bool(getattr(args, "pin_cores", False)),
         timeout_s=getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S,
         metrics_path=getattr(args, "metrics", None),
         tensorboard_dir=getattr(args, "tensorboard", None),

@@ -14,11 +14,12 @@ thread per rank:
   lowerings place such actions where nothing else is left to issue before the actions
   that need their result, so the wait costs no overlap.
 
-Autograd is per unit: F(u, mb) runs unit u on a leaf copy of its input (`requires_grad`)
-and keeps (input, output); B(u, mb) calls `torch.autograd.backward(output, grad)` with
+Autograd is per unit: F(u, mb) runs unit u on a detached view of its input made a leaf
+(`requires_grad`, no copy) and keeps (input, output); B(u, mb) calls `torch.autograd.backward(output, grad)` with
 the gradient of the next unit's input (or the received one, or none for the head's
 loss), then adds the parameters' gradients to the unit's flat gradient exactly as the
-reference trainer does. So the arithmetic of every F and B, of every gradient sum and of
+reference trainer does. GRAD_SYNC reduces whole sync buckets (`StageModel.sync_buckets`,
+the schedule's `meta["sync_buckets"]`), one collective on each bucket's shared buffer. So the arithmetic of every F and B, of every gradient sum and of
 every update is the same whatever the order the schedule gives them, and Baseline-1F1B
 and RATrain agree bit for bit.
 
@@ -133,6 +134,12 @@ class StageExecutor:
         self.spec, self.plan, self.cfg = spec, plan, cfg
         self.acts = schedule.stages[grid.stage]
         self.schedule = schedule
+        planned = schedule.meta.get("sync_buckets")
+        if planned is not None and [tuple(b) for b in planned[grid.stage]] != model.sync_buckets:
+            raise RatrainError(
+                f"stage {grid.stage}: the schedule's sync buckets {planned[grid.stage]} differ "
+                f"from the stage model's {model.sync_buckets}; build both from the same plan"
+            )
         self.rec = recorder or Recorder(grid.stage, grid.replica, time.perf_counter(), set())
         self.units = model.unit_ids
         self.head = spec.n_layers + 1
@@ -289,16 +296,24 @@ class StageExecutor:
 
     # -- gradients, global checks, update --------------------------------------------------
     def _grad_sync(self, a: Action) -> _Pending:
+        """One collective per sync bucket the action covers (a unit's bucket is the unit
+        alone when sharded), on the bucket's own buffer: the same buffers whatever the
+        schedule, so the same sums."""
         handles, keep = [], []
-        for u in a.units:
-            full = self.model.units[u].grad
-            assert full is not None, f"unit {u} synced before any backward"
+        covered = set(a.units)
+        for bucket in self.model.sync_buckets:
+            if not covered.intersection(bucket):
+                continue
+            assert covered.issuperset(bucket), f"{a} splits the sync bucket {bucket}"
             if self.model.sharded:
+                (u,) = bucket
+                full = self.model.units[u].grad
+                assert full is not None, f"unit {u} synced before any backward"
                 shard = self.model.new_grad_shard(u)
                 handles.append(self.comm.dp_reduce_scatter(shard, full))
                 keep.append(full)
             else:
-                handles.append(self.comm.dp_all_reduce(full))
+                handles.append(self.comm.dp_all_reduce(self.model.bucket_grad(bucket)))
         units = a.units
 
         def landed() -> None:

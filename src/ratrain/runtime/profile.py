@@ -9,7 +9,7 @@ the step goes to one bucket by name:
 
 | bucket | operators |
 | --- | --- |
-| gemm | mm, addmm, bmm, baddbmm, addmv, linear's own dispatch |
+| gemm | mm, addmm, bmm, baddbmm, addmv (and their in-place forms), linear's own dispatch |
 | attention | the fused attention kernels (SDPA, flash) and their backward |
 | loss | log-softmax, NLL, cross-entropy and their backward; every other operator inside the chunked loss (its GEMMs stay GEMMs) |
 | copies | copy_, clone, contiguous, to, cat, fill/zero (memory traffic with no arithmetic) |
@@ -47,7 +47,23 @@ BUCKETS = (
     "python",
 )
 
-_GEMM = {"mm", "addmm", "bmm", "baddbmm", "addmv", "mv", "matmul", "linear", "dot"}
+_GEMM = {
+    "mm",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "addmv",
+    "mv",
+    "matmul",
+    "linear",
+    "dot",
+    # in-place forms: the chunked loss accumulates the head weight's gradient with addmm_
+    "addmm_",
+    "baddbmm_",
+    "addbmm",
+    "addbmm_",
+    "addmv_",
+}
 _LOSS_PARTS = ("log_softmax", "nll_loss", "cross_entropy", "logsumexp", "ratrain::loss")
 _COPY = {
     "copy_",

@@ -12,7 +12,10 @@ values as inside `LlamaModel`) and keeps, as the ledger describes (`ratrain.memo
   live (`VIEW_FETCH` casts or all-gathers it, `VIEW_DROP` releases it);
 - the gradient: one flat buffer per unit in `grad_dtype`, allocated at the unit's first
   backward of the step and freed after its update (sharded: the reduce-scattered shard is
-  kept and the full buffer freed once the sync has landed).
+  kept and the full buffer freed once the sync has landed). The units of a sync bucket
+  (`ratrain.schedule.lowering.sync_buckets`) have their flat buffers side by side in one
+  bucket buffer, allocated at the bucket's first backward and freed with its last unit's
+  gradient, so a bucket's sync is one collective on it, with no copy.
 
 Optimizer work is described by *segments*: (master, m, v, grad, decay) slices that the
 element-wise AdamW of `ratrain.runtime.optim` updates one by one; unsharded, one segment
@@ -33,6 +36,7 @@ from ratrain.models.spec import ModelSpec
 from ratrain.runtime.memory import resize_storage
 from ratrain.runtime.optim import adamw_step_, decays, unit_sq_norm
 from ratrain.runtime.precision import torch_dtype
+from ratrain.schedule.lowering import sync_buckets as plan_sync_buckets
 
 __all__ = ["Segment", "UnitState", "StageModel", "check_tied"]
 
@@ -108,6 +112,9 @@ class StageModel:
             id(p): (st, i) for st in self.units.values() for i, p in enumerate(st.params)
         }
         self._install_hooks()
+        self.sync_buckets = [tuple(b) for b in plan_sync_buckets(spec, plan, stage)]
+        self._bucket_of = {u: b for b in self.sync_buckets for u in b}
+        self._bucket_grad: dict[tuple[int, ...], torch.Tensor] = {}
 
     # -- construction ---------------------------------------------------------------------
     def _init_unit(self, u: int, module: nn.Module, params: list[nn.Parameter]) -> UnitState:
@@ -216,12 +223,34 @@ class StageModel:
         """The parameter's slot in its owner's flat gradient (allocated on first use)."""
         st, i = self._owner[id(p)]
         if st.grad is None:
-            st.grad = torch.zeros(st.padded, dtype=self.grad_dtype, device=self.device)
+            self._alloc_bucket(self._bucket_of[st.unit])
+        return st.slots[i]
+
+    def _alloc_bucket(self, bucket: tuple[int, ...]) -> None:
+        """One zeroed buffer for the bucket; each unit's flat gradient is a slice of it."""
+        sts = [self.units[u] for u in bucket]
+        assert all(st.grad is None for st in sts), f"bucket {bucket} allocated twice in a step"
+        buf = torch.zeros(sum(st.padded for st in sts), dtype=self.grad_dtype, device=self.device)
+        start = 0
+        for st in sts:
+            st.grad = buf[start : start + st.padded]
+            start += st.padded
             st.slots = [
                 st.grad[off : off + q.numel()].view(q.shape)
                 for q, off in zip(st.params, st.offsets, strict=True)
             ]
-        return st.slots[i]
+        self._bucket_grad[bucket] = buf
+
+    def bucket_grad(self, bucket: tuple[int, ...]) -> torch.Tensor:
+        """The bucket's gradient buffer (its units' flat gradients, ascending)."""
+        buf = self._bucket_grad.get(bucket)
+        assert buf is not None, f"bucket {bucket} synced before any backward"
+        return buf
+
+    def _release_bucket(self, u: int) -> None:
+        bucket = self._bucket_of[u]
+        if all(self.units[v].grad is None for v in bucket):
+            self._bucket_grad.pop(bucket, None)
 
     def prepare_grads(self, u: int) -> None:
         """Before a backward of unit u: its parameters' gradients go straight into their
@@ -279,6 +308,7 @@ class StageModel:
             self.units[u].slots = []
             for p in self.units[u].params:
                 p.grad = None
+            self._release_bucket(u)
 
     @torch.no_grad()
     def update(self, u: int, *, step: int, lr: float, grad_scale: float) -> None:
@@ -306,6 +336,7 @@ class StageModel:
         st.slots = []
         for p in st.params:
             p.grad = None
+        self._release_bucket(u)
 
     def modules(self) -> dict[int, nn.Module]:
         return {u: st.module for u, st in self.units.items()}

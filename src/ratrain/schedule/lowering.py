@@ -38,7 +38,15 @@ What the simulator needs to cost an action:
   ``view_policy``: "persistent" | "transient" (what the schedule does, not what the plan
   asked: baseline and gpu-style are always persistent);
   ``global_checks``: the ops among (GRAD_NORM, OVERFLOW) present on every stage;
-  ``buckets`` (gpu-style): per stage, the units of each GRAD_SYNC bucket.
+  ``buckets`` (gpu-style): per stage, the units of each GRAD_SYNC bucket;
+  ``sync_buckets``: per stage, the units of each gradient-sync bucket (`sync_buckets`), the
+  same in every lowering: a GRAD_SYNC covers whole sync buckets, and the runtime reduces
+  each sync bucket as one flat buffer (one collective), which is what keeps the schedules'
+  sums identical.
+
+Sync buckets (``plan.sync_bucket_bytes`` > 0, unsharded optimizer): ``ratrain`` issues one
+GRAD_SYNC per sync bucket after the last B of the bucket's last unit in backward order, and
+one UPDATE (and refresh) per bucket; ``gpu-style`` fills its buckets with whole sync buckets.
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ __all__ = [
     "reads_view",
     "action_bytes",
     "RELOAD_AHEAD_UNITS",
+    "sync_buckets",
 ]
 
 RELOAD_AHEAD_UNITS = 2
@@ -111,6 +120,7 @@ def _base(spec: ModelSpec, plan: Plan, kind: str, view_policy: str) -> Schedule:
         view_fetch=None if vb == 0 else ("all-gather" if plan.shard_optimizer else "cast"),
         view_policy=view_policy,
         global_checks=global_checks(plan),
+        sync_buckets=[sync_buckets(spec, plan, s) for s in range(plan.pp)],
     )
     _add_recompute(sch, spec, plan)
     return sch
@@ -175,19 +185,41 @@ def lower_baseline(spec: ModelSpec, plan: Plan) -> Schedule:
     return sch
 
 
-def _buckets(spec: ModelSpec, plan: Plan, units: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Units in backward order, grouped until a bucket holds >= bucket_bytes of gradient."""
+def _group(
+    spec: ModelSpec, plan: Plan, units: tuple[int, ...], parts, min_bytes: int
+) -> list[tuple[int, ...]]:
+    """`parts` (groups of units, backward order) merged in that order until a group holds
+    >= min_bytes of gradient; each group's units ascending."""
     buckets, cur, cur_bytes = [], [], 0
     params = stored_params(spec, units)
-    for u in reversed(units):
-        cur.append(u)
-        cur_bytes += params[u] * grad_bytes_per_param(plan)
-        if cur_bytes >= plan.bucket_bytes:
+    for part in parts:
+        cur += part
+        cur_bytes += sum(params[u] for u in part) * grad_bytes_per_param(plan)
+        if cur_bytes >= min_bytes:
             buckets.append(tuple(sorted(cur)))
             cur, cur_bytes = [], 0
     if cur:
         buckets.append(tuple(sorted(cur)))
     return buckets
+
+
+def sync_buckets(spec: ModelSpec, plan: Plan, stage: int) -> list[tuple[int, ...]]:
+    """The stage's gradient-sync buckets, backward order: units from the last one down,
+    grouped until a bucket holds >= ``plan.sync_bucket_bytes`` of gradient (one unit each
+    when that is 0, or when the optimizer is sharded: a reduce-scatter of a bucket would
+    shard the bucket, not each unit as the optimizer states are)."""
+    units = tuple(plan.stage_units(spec, stage))
+    singles = [(u,) for u in reversed(units)]
+    if plan.sync_bucket_bytes == 0 or plan.shard_optimizer:
+        return singles
+    return _group(spec, plan, units, singles, plan.sync_bucket_bytes)
+
+
+def _buckets(
+    spec: ModelSpec, plan: Plan, units: tuple[int, ...], atoms: list[tuple[int, ...]]
+) -> list[tuple[int, ...]]:
+    """Sync buckets in backward order, grouped until a bucket holds >= bucket_bytes."""
+    return _group(spec, plan, units, atoms, plan.bucket_bytes)
 
 
 def lower_gpu_style(spec: ModelSpec, plan: Plan) -> Schedule:
@@ -197,7 +229,7 @@ def lower_gpu_style(spec: ModelSpec, plan: Plan) -> Schedule:
     for s, acts in enumerate(sch.stages):
         units = sch.meta["stage_units"][s]
         last_b = _last_b_index(acts, m)
-        buckets = _buckets(spec, plan, units)
+        buckets = _buckets(spec, plan, units, sch.meta["sync_buckets"][s])
         after: dict[int, list[Action]] = {}
         syncs = []
         for bucket in buckets:
@@ -227,6 +259,23 @@ def _per_unit_syncs(
     return after, syncs
 
 
+def _bucket_syncs(
+    sch: Schedule, s: int, acts: list[Action], m: int
+) -> tuple[dict[int, list[Action]], list[Action]]:
+    """One GRAD_SYNC per sync bucket of stage `s`, each placed right after the last
+    backward of the step of the bucket's last unit in backward order (its lowest), in
+    backward order: the actions to splice in after each index, and the syncs."""
+    last_b = _last_b_index(acts, m)
+    after: dict[int, list[Action]] = {}
+    syncs = []
+    for bucket in sch.meta["sync_buckets"][s]:
+        sync = Action(Op.GRAD_SYNC, s, bucket)
+        sch.deps[sync] = tuple(acts[last_b[u]] for u in reversed(bucket))
+        after.setdefault(last_b[bucket[0]], []).append(sync)
+        syncs.append(sync)
+    return after, syncs
+
+
 def lower_ratrain(spec: ModelSpec, plan: Plan) -> Schedule:
     view_policy = plan.view_policy if view_bytes_per_param(plan) else "persistent"
     sch = _base(spec, plan, "ratrain", view_policy)
@@ -236,7 +285,7 @@ def lower_ratrain(spec: ModelSpec, plan: Plan) -> Schedule:
         _add_transient_views(sch, plan.view_lookahead)
     m = plan.microbatches
     for s, acts in enumerate(sch.stages):
-        after, syncs = _per_unit_syncs(sch, s, acts, m)
+        after, syncs = _bucket_syncs(sch, s, acts, m)
         checks = _checks(sch, plan, s, syncs)
         tail = list(checks)
         for sync in syncs:
