@@ -240,6 +240,47 @@ def test_norm_pays_the_slowest_stage_sum_of_squares(tmp_path):
     assert sh.time_s(norm) - base.time_s(norm) == pytest.approx(per_replica)
 
 
+def test_collective_compute_is_charged_to_the_next_compute_action(tmp_path):
+    from ratrain.sim.simulate import simulate_schedule
+
+    per_byte = 1e-9
+    off, on = _with(tmp_path, collective_compute_s_per_byte=0.0), None
+    on = _with(tmp_path, collective_compute_s_per_byte=per_byte)
+    for plan, kind_share in (
+        (Plan(pp=1, dp=2, global_batch=4, seq=64, compute_dtype="fp32"), 1.0),
+        (Plan(pp=1, dp=2, global_batch=4, seq=64, compute_dtype="fp32", shard_optimizer=True), 0.5),
+    ):
+        sched = build_schedule(TINY, plan)
+        a, b = CostModel(TINY, plan, off), CostModel(TINY, plan, on)
+        syncs = [x for x in sched.stages[0] if x.op is Op.GRAD_SYNC]
+        assert syncs
+        for x in syncs:
+            assert b.stolen_compute_s(x) == pytest.approx(per_byte * kind_share * b.nbytes(x))
+            assert a.stolen_compute_s(x) == 0.0
+        # What the compute actions gain is what the collectives before each of them took;
+        # a collective with no compute after it in its stage's list is not charged.
+        acts = sched.stages[0]
+        expected, pending = 0.0, 0.0
+        for x in acts:
+            if x.resource.value == "compute":
+                expected, pending = expected + pending, 0.0
+            else:
+                pending += b.stolen_compute_s(x)
+        ra, rb = simulate_schedule(sched, a), simulate_schedule(sched, b)
+        busy = [
+            sum(e.end_s - e.start_s for e in r.events if e.resource == "compute") for r in (ra, rb)
+        ]
+        assert expected > 0
+        assert busy[1] - busy[0] == pytest.approx(expected)
+        assert rb.step_time_s >= ra.step_time_s
+    # One replica: no collective traffic, nothing charged.
+    solo = Plan(pp=2, dp=1, global_batch=4, seq=64, compute_dtype="fp32")
+    sched = build_schedule(TINY, solo)
+    assert simulate_schedule(sched, CostModel(TINY, solo, on)).step_time_s == pytest.approx(
+        simulate_schedule(sched, CostModel(TINY, solo, off)).step_time_s
+    )
+
+
 def test_overhead_and_measured_collectives(tmp_path):
     p = _measured(tmp_path)
     plan = Plan(pp=1, dp=2, global_batch=4, seq=64, compute_dtype="fp32")

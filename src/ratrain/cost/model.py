@@ -23,6 +23,9 @@ platform's memory tiers:
   local sum of squares over its gradients (its shard, sharded), the runtime's eager fp64
   pass, on the walk; the reduction completes when the slowest stage's pass has, so every
   stage's NORM is charged the largest.
+- A DP collective's own CPU work, on a platform that measured it
+  (`collective_compute_s_per_byte`), also slows the compute beside it: the simulator adds
+  `stolen_compute_s` to the next compute action its stage runs after issuing it.
 
 On a platform that measured them (`ratrain calibrate`): every action also pays the
 runtime's fixed cost per action of its op (`Platform.overhead_s`), the kernels of
@@ -82,6 +85,12 @@ def only(*categories: str) -> dict[str, float]:
     return {c: (1.0 if c in categories else 0.0) for c in COST_CATEGORIES}
 
 
+_RING_TRAFFIC = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5}
+"""derived: what a rank sends, receives and reduces in a ring reduce-scatter or all-gather
+is half of a ring all-reduce's (which is the two one after the other); the measured
+per-byte compute is an all-reduce's."""
+
+
 @dataclass(frozen=True)
 class ActionCost:
     time_s: float
@@ -125,6 +134,7 @@ class CostModel:
         self.speed = compute_speed(platform, ranks_on_node)
         """Kernel speed of one rank against one thread on a core of its own."""
         self._cache: dict[tuple, ActionCost] = {}
+        self._stolen: dict[tuple, float] = {}
 
     # -- sizes ------------------------------------------------------------------------------
     def params(self, units: tuple[int, ...]) -> int:
@@ -169,6 +179,31 @@ class CostModel:
 
     def time_s(self, a: Action) -> float:
         return self.action(a).time_s
+
+    def stolen_compute_s(self, a: Action) -> float:
+        """Compute time a DP collective's own CPU work takes from its rank's kernels while
+        it runs beside them (`Platform.collective_compute_s_per_byte`, measured by `ratrain
+        calibrate` for an all-reduce where the library's threads share the ranks' cores,
+        gloo on CPUs; 0 where not measured). `ratrain.sim.simulate` charges it to the next
+        compute action the stage's walk runs after issuing the collective."""
+        per_byte = self.platform.collective_compute_s_per_byte
+        if not per_byte or a.op not in (Op.GRAD_SYNC, Op.VIEW_FETCH):
+            return 0.0
+        if a.op is Op.VIEW_FETCH and not self.view_all_gather():
+            return 0.0
+        key = (a.op, a.stage, a.units)
+        t = self._stolen.get(key)
+        if t is None:
+            if self._dp(a).n <= 1:
+                t = 0.0
+            else:
+                if a.op is Op.VIEW_FETCH:
+                    kind = "all_gather"
+                else:
+                    kind = "reduce_scatter" if self.plan.shard_optimizer else "all_reduce"
+                t = per_byte * _RING_TRAFFIC[kind] * self.nbytes(a) * self.scale["collective"]
+            self._stolen[key] = t
+        return t
 
     def _cost(self, a: Action) -> ActionCost:
         c = self._raw_cost(a)

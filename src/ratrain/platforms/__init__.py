@@ -112,9 +112,9 @@ class Platform:
     """Speed-up each extra thread brings to one rank's kernels (1.0: linear)."""
     collective_compute_s_per_byte: float = 0.0
     """Compute time a byte of an overlapping all-reduce takes from the ranks (gloo's threads
-    run on the cores they compute on; `ratrain.calibrate.sharing`). Measured and reported,
-    not charged yet: the engine has no term for a compute action slowed by a collective in
-    flight beside it."""
+    run on the cores they compute on; `ratrain.calibrate.sharing`); the simulator charges it
+    to the compute action a stage runs while the collective is in flight
+    (`ratrain.cost.model.CostModel.stolen_compute_s`). 0: not charged."""
     rank_speed: tuple[tuple[int, float], ...] = ()
     """Measured speed of one of k ranks sharing a node's cores (the launcher's threads each),
     relative to one thread on a core of its own: (k, speed), k ascending. Empty: derived

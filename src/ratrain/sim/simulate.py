@@ -21,7 +21,10 @@ def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list
     acts = [a for stage in schedule.stages for a in stage]
     costs = [cost.action(a) for a in acts]
     resources = [cost.resource(a) for a in acts]
-    issue, start, end = run_flat(schedule, [c.time_s for c in costs], resources)
+    durations = [c.time_s for c in costs]
+    if cost.platform.collective_compute_s_per_byte:
+        _charge_stolen_compute(schedule, cost, durations, resources)
+    issue, start, end = run_flat(schedule, durations, resources)
     events = [
         SimEvent(a.stage, a, r.value, start[i], end[i], issue[i], c.bound, c.algorithm)
         for i, (a, c, r) in enumerate(zip(acts, costs, resources, strict=True))
@@ -38,6 +41,25 @@ def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list
         )
         k += len(stage)
     return events, starts
+
+
+def _charge_stolen_compute(
+    schedule: Schedule, cost: CostModel, durations: list[float], resources: list[Resource]
+) -> None:
+    """Add each DP collective's CPU work (`CostModel.stolen_compute_s`) to the next compute
+    action of its stage's list: the one the walk runs while the collective is in flight.
+    A collective with no compute after it slows nothing (its wall time is its own)."""
+    k = 0
+    for stage in schedule.stages:
+        pending = 0.0
+        for i, a in enumerate(stage, start=k):
+            if resources[i] is Resource.COMPUTE:
+                if pending:
+                    durations[i] += pending
+                    pending = 0.0
+            else:
+                pending += cost.stolen_compute_s(a)
+        k += len(stage)
 
 
 def _memory(ledger, starts: list[list[float]]):
