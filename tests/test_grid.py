@@ -108,3 +108,64 @@ def test_unreachable_rendezvous_is_a_clear_error():
     with pytest.raises(RatrainError, match="rendezvous at 127.0.0.1:.* failed"):
         ParallelGrid.init(1, 2, rdzv, device="cpu", timeout_s=2)
     assert time.monotonic() - t0 < 30
+
+
+_SLEEPER = """
+import os, time
+from ratrain.runtime.launch import spawn
+
+def rank(rdzv, out_dir):
+    tmp = os.path.join(out_dir, f"tmp{rdzv.rank}")
+    with open(tmp, "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(tmp, os.path.join(out_dir, f"pid{rdzv.rank}"))
+    time.sleep(600)
+
+def main(out_dir):
+    spawn(rank, 2, out_dir)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie may never be reaped in a container)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.timeout(90)
+def test_ranks_exit_when_the_launcher_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "sleeper.py").write_text(_SLEEPER)
+    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", "import sys, sleeper; sleeper.main(sys.argv[1])", str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("pid*"))) < 2:
+            assert launcher.poll() is None, "the launcher ended before its ranks started"
+            assert time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.1)
+        pids = [int(p.read_text()) for p in tmp_path.glob("pid*")]
+        assert all(_running(p) for p in pids)
+        launcher.kill()  # SIGKILL: no chance to stop its ranks itself
+        launcher.wait()
+        deadline = time.monotonic() + 15
+        while any(_running(p) for p in pids):
+            assert time.monotonic() < deadline, "ranks outlived their killed launcher"
+            time.sleep(0.2)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for p in pids:
+            if _running(p):
+                os.kill(p, signal.SIGKILL)

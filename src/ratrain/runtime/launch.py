@@ -8,7 +8,8 @@ Ranks are forked from a fork server that has imported torch once (the parent's o
 state is never inherited): a 4-rank job starts in well under a second after the first,
 instead of ~3 s of `import torch` per rank per job with the plain "spawn" method.
 
-No hangs: if any rank fails, the others are terminated; if the deadline passes, all are. A
+No hangs: if any rank fails, the others are terminated; if the deadline passes, all are;
+if the launcher itself dies, every rank notices within a second and exits. A
 `RatrainError` raised in a rank comes back as the same one-line `RatrainError` in the
 parent; any other failure as a `RuntimeError` carrying the failing rank's traceback tail.
 """
@@ -45,6 +46,7 @@ class RankFailure(RuntimeError):
         super().__init__(detail)
         self.rank, self.cause = rank, cause
 
+
 DEFAULT_DEADLINE_S = 3600.0
 # Imported once by the fork server, not by every rank. symbolic_shapes (and sympy, ~2 s) is
 # what autograd imports lazily at a process's first backward.
@@ -70,6 +72,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_WATCH_PERIOD_S = 1.0
+
+
+def _exit_with(launcher_pid: int) -> None:
+    """End this rank if the launcher is gone. Ranks are the fork server's children, not the
+    launcher's, so nothing else stops them when the launcher is killed (SIGKILL, a closed
+    terminal): they would run, or wait on a collective, forever."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(_WATCH_PERIOD_S)
+            try:
+                os.kill(launcher_pid, 0)
+            except ProcessLookupError:
+                os._exit(3)
+            except PermissionError:  # alive, owned by someone else: not ours to judge
+                pass
+
+    threading.Thread(target=watch, name="ratrain-launcher-watch", daemon=True).start()
+
+
 def _child(
     local_rank: int,
     fn: Callable[..., Any],
@@ -78,7 +102,10 @@ def _child(
     out_dir: str,
     threads: int,
     args: tuple,
+    launcher_pid: int | None = None,
 ) -> None:
+    if launcher_pid is not None:
+        _exit_with(launcher_pid)
     torch.set_num_threads(threads)
     rdzv = Rendezvous(local_rank, nprocs, local_rank, "127.0.0.1", port)
     out = Path(out_dir) / f"rank{local_rank}.pkl"
@@ -119,7 +146,7 @@ def spawn(
         threads = _threads_per_rank(nprocs)
         ctx = mp.start_processes(
             _child,
-            args=(fn, nprocs, port, out_dir, threads, args),
+            args=(fn, nprocs, port, out_dir, threads, args, os.getpid()),
             nprocs=nprocs,
             join=False,
             start_method=_start_method(),
