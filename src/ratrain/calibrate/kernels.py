@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ratrain.calibrate.timing import Progress, Timer
 from ratrain.cost.compute import attention_flops
+from ratrain.cost.measured import MEMORY_BOUND_OPS
 from ratrain.kernels import get_backend
 from ratrain.models.llama import RMSNorm, _apply_rope, cross_entropy, rope_cos_sin
 from ratrain.models.spec import ModelSpec
@@ -39,15 +40,7 @@ _GEMMS_QUICK = ((128, 256, 256), (512, 1376, 512), (1024, 2048, 512))
 # (batch, heads, seq, head_dim)
 _ATTN = ((1, 4, 128, 64), (2, 8, 256, 64), (2, 8, 512, 64))
 _ATTN_QUICK = ((1, 4, 128, 64), (2, 8, 256, 64))
-_MEM_OPS = (
-    "rmsnorm",
-    "rope",
-    "swiglu",
-    "add",
-    "cross_entropy",
-    "grad_accumulate",
-    "grad_norm",
-)
+_MEM_OPS = MEMORY_BOUND_OPS
 
 
 def kernel_plan(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, str, tuple]]:
