@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+import _runtime as harness
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
 from ratrain.errors import RatrainError
@@ -44,18 +45,11 @@ def _job(plan: Plan, cfg: TrainConfig, variants, **kw) -> Job:
     )
 
 
-def _losses(results: list[RankResult], name: str) -> list[float]:
-    (losses,) = [r.runs[name].losses for r in results if r.runs[name].losses]
-    return losses
+_losses, _max_rel = harness.losses, harness.max_rel
 
 
 def _reference(plan: Plan, cfg: TrainConfig) -> list[float]:
     return ReferenceTrainer(SPEC, plan, cfg, _source(plan, cfg)()).train()
-
-
-def _max_rel(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b)
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.fixture(scope="module")

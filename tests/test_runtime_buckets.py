@@ -5,17 +5,16 @@ gloo ranks (pp=2 x dp=2) of the tiny model."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import pytest
 
+import _runtime as harness
 from ratrain.config import Plan, TrainConfig
-from ratrain.data import make_source
 from ratrain.memory import replay
 from ratrain.models.presets import get_preset
 from ratrain.runtime.compiled import cxx_compiler
-from ratrain.runtime.distributed_train import Job, RankResult, run_job
+from ratrain.runtime.distributed_train import RankResult
 from ratrain.runtime.reference import ReferenceTrainer
 from ratrain.schedule import build_schedule
 from ratrain.schedule.lowering import sync_buckets
@@ -38,32 +37,14 @@ CFG = TrainConfig(steps=6, warmup_steps=2)
 
 
 def _source(plan: Plan, cfg: TrainConfig):
-    return functools.partial(make_source, "synthetic", SPEC, plan.seq, cfg.seed)
+    return harness.source(SPEC, plan, cfg)
 
 
 def _run(plan: Plan, cfg: TrainConfig, variants, **kw) -> list[RankResult]:
-    job = Job(
-        SPEC,
-        plan,
-        cfg,
-        _source(plan, cfg),
-        variants=tuple(variants),
-        device="cpu",
-        progress=False,
-        timeout_s=120,
-        deadline_s=400,
-        **kw,
-    )
-    return run_job(job)
+    return harness.run(SPEC, plan, cfg, variants, **kw)
 
 
-def _losses(results: list[RankResult], name: str) -> list[float]:
-    (losses,) = [r.runs[name].losses for r in results if r.runs[name].losses]
-    return losses
-
-
-def _max_rel(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
+_losses, _max_rel = harness.losses, harness.max_rel
 
 
 def test_plan_coalesces_the_tiny_blocks():
@@ -96,20 +77,7 @@ def test_bucketed_peak_memory_close_to_ledger():
     plan = PLAN.replace(micro_batch=2, global_batch=8, seq=64, loss_chunk_tokens=None)
     cfg = TrainConfig(steps=1, warmup_steps=1)
     variants = [(k, {"schedule": k}) for k in ("baseline", "ratrain")]
-    res = run_job(
-        Job(
-            SPEC,
-            plan,
-            cfg,
-            _source(plan, cfg),
-            variants=tuple(variants),
-            device="cpu",
-            progress=False,
-            timeout_s=60,
-            deadline_s=240,
-            measure_memory=True,
-        )
-    )
+    res = _run(plan, cfg, variants, timeout_s=60, deadline_s=240, measure_memory=True)
     for kind in ("baseline", "ratrain"):
         p = plan.replace(schedule=kind)
         ledger = replay(build_schedule(SPEC, p), SPEC, p)

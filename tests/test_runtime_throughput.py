@@ -4,16 +4,15 @@ local gloo ranks (pp=2 x dp=2) of the tiny model."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import pytest
 
+import _runtime as harness
 from ratrain.config import Plan, TrainConfig
-from ratrain.data import make_source
 from ratrain.models.presets import get_preset
 from ratrain.runtime.compiled import cxx_compiler
-from ratrain.runtime.distributed_train import Job, RankResult, run_job
+from ratrain.runtime.distributed_train import RankResult
 from ratrain.runtime.reference import ReferenceTrainer
 
 pytestmark = pytest.mark.dist
@@ -24,32 +23,14 @@ CFG = TrainConfig(steps=8, warmup_steps=2)
 
 
 def _source(plan: Plan, cfg: TrainConfig):
-    return functools.partial(make_source, "synthetic", SPEC, plan.seq, cfg.seed)
+    return harness.source(SPEC, plan, cfg)
 
 
 def _run(plan: Plan, variants, **kw) -> list[RankResult]:
-    job = Job(
-        SPEC,
-        plan,
-        CFG,
-        _source(plan, CFG),
-        variants=tuple(variants),
-        device="cpu",
-        progress=False,
-        timeout_s=120,
-        deadline_s=400,
-        **kw,
-    )
-    return run_job(job)
+    return harness.run(SPEC, plan, CFG, variants, **kw)
 
 
-def _losses(results: list[RankResult], name: str) -> list[float]:
-    (losses,) = [r.runs[name].losses for r in results if r.runs[name].losses]
-    return losses
-
-
-def _max_rel(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
+_losses, _max_rel = harness.losses, harness.max_rel
 
 
 VARIANTS = [
