@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if world > 1 or args.nproc is not None or args.save or args.resume or args.init_from:
         # Checkpoints and HF weights live in the distributed runtime (also on one process).
-        from ratrain.runtime.distributed_train import run_distributed
+        from ratrain.runtime.train_command import run_distributed
 
         return run_distributed(args, spec, plan, train_config_from_args(args))
     if getattr(args, "compile", False) or plan.loss_chunk_tokens:

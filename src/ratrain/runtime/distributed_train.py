@@ -16,28 +16,21 @@ step behind. The metrics rank (last stage, replica 0) turns it into the step's r
 global-batch loss summed in the reference trainer's order (replica-major), lr, grad norm,
 tokens/s, step time (the period between step ends), peak tensor bytes per rank (CUDA's
 allocator, or `LiveBytes` with `measure_memory`; else null) and peak RSS per rank; it
-writes the JSONL, TensorBoard and the progress bar.
+writes the JSONL, TensorBoard and the progress bar (`ratrain.runtime.step_log`). The
+`ratrain train` command's side (flags, launch, failures, summary) is
+`ratrain.runtime.train_command`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
 import os
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 
 from ratrain.checkpoint.hooks import (
-    is_rank0,
-    keep_records_before,
-    resume_dir,
     resume_stage,
     save_due,
     save_stage,
@@ -47,23 +40,19 @@ from ratrain.data.base import Batches, TokenSource
 from ratrain.errors import RatrainError
 from ratrain.memory import replay
 from ratrain.models.spec import ModelSpec
-from ratrain.runtime.comm import Comm, Handle
+from ratrain.runtime.comm import Comm
 from ratrain.runtime.compiled import compile_stage
-from ratrain.runtime.executor import StageExecutor, StepResult
+from ratrain.runtime.executor import StageExecutor
 from ratrain.runtime.faults import (
-    JobFailed,
     StepMarker,
-    current_step,
-    failure_message,
     fault_hook,
-    read_steps,
 )
 from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, rendezvous_from_env
-from ratrain.runtime.launch import RankFailure, spawn
+from ratrain.runtime.launch import spawn
 from ratrain.runtime.memory import PeakMemory
-from ratrain.runtime.metrics import JsonlWriter, Progress, TensorBoardWriter
 from ratrain.runtime.profile import StepProfile
 from ratrain.runtime.stage import StageModel, check_tied
+from ratrain.runtime.step_log import StepLog
 from ratrain.runtime.trace import Recorder, write_measured_trace
 from ratrain.schedule import build_schedule, check_schedule
 
@@ -76,8 +65,6 @@ __all__ = [
     "train_schedule",
     "job_variants",
     "check_fits",
-    "run_distributed",
-    "train_config_of",
 ]
 
 
@@ -296,9 +283,9 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
                 # (another dtype keeps its own initial scale: bf16/fp32 store a disabled one)
                 ex.scaler.load_state_dict(resumed["loss_scaler"])
         log = (
-            _StepLog(grid, comm, plan, spec, job, kind, start)
+            StepLog(grid, comm, plan, spec, job, kind, start)
             if is_metrics
-            else _StepLog(grid, comm, plan, spec)
+            else StepLog(grid, comm, plan, spec)
         )
         try:
             t_last = time.perf_counter()
@@ -363,235 +350,3 @@ def _gather_trace(grid: ParallelGrid, rec: Recorder, job: Job, kind: str) -> lis
 def _suffixed(path: str, kind: str) -> str:
     stem, dot, ext = path.rpartition(".")
     return f"{stem}.{kind}.{ext}" if dot else f"{path}.{kind}"
-
-
-def _max_rss_bytes() -> int:
-    """The process's peak resident set (Linux reports KiB): tensors plus the runtime itself."""
-    try:
-        import resource
-    except ImportError:  # not on POSIX
-        return -1
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-class _StepLog:
-    """The lagged per-step all-gather of (peak bytes, step time, losses) and, on the metrics
-    rank, the records made from it."""
-
-    def __init__(
-        self,
-        grid,
-        comm,
-        plan: Plan,
-        spec: ModelSpec,
-        job: Job | None = None,
-        kind: str = "",
-        start: int = 0,
-    ):
-        self.grid, self.comm, self.plan, self.spec = grid, comm, plan, spec
-        self.m = plan.microbatches
-        self.pending: tuple[StepResult, torch.Tensor, Handle] | None = None
-        self.losses: list[float] = []
-        self.records: list[dict] = []
-        self.jsonl = self.tb = self.bar = None
-        if job is not None:
-            if job.metrics_path and start:
-                keep_records_before(job.metrics_path, start)  # the resumed run continues it
-            self.jsonl = (
-                JsonlWriter(job.metrics_path, append=start > 0) if job.metrics_path else None
-            )
-            self.tb = TensorBoardWriter(job.tensorboard_dir) if job.tensorboard_dir else None
-            self.bar = Progress(job.cfg.steps, kind, quiet=not job.progress)
-
-    def push(self, res: StepResult, peak_bytes: int | None) -> None:
-        losses = res.losses if res.losses else [math.nan] * self.m
-        peak = peak_bytes if peak_bytes is not None else -1
-        vec = torch.tensor([peak, _max_rss_bytes(), res.time_s, *losses], dtype=torch.float64)
-        table, handle = self.comm.world_all_gather(vec.to(self.grid.device))
-        prev, self.pending = self.pending, (res, table, handle)
-        if prev is not None:
-            self._resolve(*prev)
-
-    def flush(self) -> None:
-        if self.pending is not None:
-            self._resolve(*self.pending)
-            self.pending = None
-
-    def _resolve(self, res: StepResult, table: torch.Tensor, handle: Handle) -> None:
-        handle.wait()
-        if self.bar is None:
-            return
-        table = table.cpu()  # (world, 3 + m): peak bytes, max RSS, step time, m losses
-        loss_sum = 0.0
-        for r in range(self.plan.dp):  # replica-major, microbatch order: the reference's sum
-            for v in table[self.grid.rank_of(self.plan.pp - 1, r), 3:].tolist():
-                loss_sum += v
-        loss = loss_sum / (self.plan.dp * self.m)
-        peaks = [int(p) if p >= 0 else None for p in table[:, 0].tolist()]
-        rss = [int(p) for p in table[:, 1].tolist()]
-        rec = {
-            "step": res.step,
-            "loss": loss,
-            "lr": res.lr,
-            "grad_norm": res.grad_norm,
-            "tokens_per_s": self.plan.tokens_per_step / res.time_s,
-            "step_time_s": res.time_s,
-            "peak_bytes_per_rank": peaks,
-            "max_rss_bytes_per_rank": rss,
-        }
-        if self.plan.compute_dtype == "fp16":
-            rec.update(loss_scale=res.loss_scale, skipped=res.skipped)
-        self.losses.append(loss)
-        self.records.append(rec)
-        if self.jsonl is not None:
-            self.jsonl.write(rec)
-        if self.tb is not None:
-            self.tb.write(res.step, {k: v for k, v in rec.items() if not k.endswith("_per_rank")})
-        self.bar.update(1, loss=loss, **{"tok/s": f"{rec['tokens_per_s']:,.0f}"})
-
-    def close(self) -> None:
-        for w in (self.jsonl, self.tb, self.bar):
-            if w is not None:
-                w.close()
-
-
-# -- command line ---------------------------------------------------------------------------
-
-
-def train_config_of(args) -> TrainConfig:
-    """`ratrain train`'s training flags (steps, lr, min_lr, warmup, weight_decay, seed) as a
-    TrainConfig, with its defaults: min_lr = lr / 10, warmup = steps / 15."""
-    steps, lr = args.steps, args.lr
-    min_lr = getattr(args, "min_lr", None)
-    warmup = getattr(args, "warmup", None)
-    return TrainConfig(
-        steps=steps,
-        lr=lr,
-        min_lr=lr / 10 if min_lr is None else min_lr,
-        warmup_steps=steps // 15 if warmup is None else warmup,
-        weight_decay=getattr(args, "weight_decay", 0.1),
-        seed=getattr(args, "seed", 0),
-    )
-
-
-def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None = None) -> int:
-    """`ratrain train` on pp x dp ranks: spawned locally (or this rank of a torchrun/Slurm
-    job), progress bar and metrics from the metrics rank, a summary line at the end."""
-    from ratrain.data import make_source
-
-    cfg = cfg or train_config_of(args)
-    world = plan.pp * plan.dp
-    nproc = getattr(args, "nproc", None)
-    if nproc is not None and nproc != world:
-        raise RatrainError(
-            f"--nproc {nproc} does not match pp x dp = {world}; drop --nproc or fix it"
-        )
-    source = functools.partial(
-        make_source,
-        getattr(args, "data", "synthetic"),
-        spec,
-        plan.seq,
-        cfg.seed,
-        tokenizer=getattr(args, "tokenizer", None),
-        dtype=getattr(args, "data_dtype", None),
-    )
-    cap = getattr(args, "memory_cap", None)
-    resume_from = resume_dir(args, spec, plan, cfg)
-    job = Job(
-        spec,
-        plan,
-        cfg,
-        source,
-        device=getattr(args, "device", None),
-        backend=getattr(args, "backend", "torch"),
-        compile_units=bool(getattr(args, "compile", False)),
-        pin_cores=bool(getattr(args, "pin_cores", False)),
-        timeout_s=getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S,
-        metrics_path=getattr(args, "metrics", None),
-        tensorboard_dir=getattr(args, "tensorboard", None),
-        trace_path=getattr(args, "trace", None),
-        trace_steps=(cfg.steps - 1,) if getattr(args, "trace", None) else (),
-        measure_memory=bool(getattr(args, "measure_memory", False)),
-        progress=not getattr(args, "quiet", False),
-        memory_cap_bytes=int(cap * 2**30) if cap else None,
-        memory_cap_label="--memory-cap",
-        save_dir=getattr(args, "save", None),
-        save_every=getattr(args, "save_every", None),
-        keep=getattr(args, "keep", None),
-        resume_from=str(resume_from) if resume_from else None,
-        init_from=getattr(args, "init_from", None),
-        run_steps=0 if getattr(args, "steps", None) == 0 else None,
-        fault=os.environ.get("RATRAIN_FAULT"),
-    )
-    launched = rendezvous_from_env() is not None
-    status = None if launched else tempfile.TemporaryDirectory(prefix="ratrain-status-")
-    if status is not None:
-        job = dataclasses.replace(job, status_dir=status.name)
-    src = source()
-    if not launched or int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0:
-        print(
-            f"training {spec.name} on {src.describe()}\n"
-            f"  {cfg.steps} steps x {plan.global_batch} seqs x {plan.seq} tokens, pp={plan.pp} "
-            f"dp={plan.dp} ({world} ranks), micro-batch {plan.micro_batch}, {plan.microbatches} "
-            f"microbatches per pipeline, {plan.compute_dtype}, schedule {plan.schedule}"
-        )
-        if resume_from:
-            print(f"  resuming from {resume_from}")
-        elif job.init_from:
-            print(f"  weights from {job.init_from}")
-        sys.stdout.flush()
-    try:
-        results = run_job(job)
-    except RatrainError:
-        raise
-    except RankFailure as e:
-        steps = read_steps(job.status_dir) if job.status_dir else {}
-        step = steps.get(e.rank) if e.rank is not None else None
-        if step is None and steps:
-            step = max(steps.values())
-        raise JobFailed(failure_message(e.rank, e.cause, step, job.save_dir)) from None
-    except Exception as e:  # launched by torchrun/Slurm: this rank saw the failure
-        if not launched:
-            raise
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        cause = f"stopped ({type(e).__name__}: {first}; a peer rank may have died)"
-        raise JobFailed(failure_message(rank, cause, current_step(), job.save_dir)) from None
-    finally:
-        if status is not None:
-            status.cleanup()
-    for r in results:
-        run = r.runs[plan.schedule]
-        if run.losses:
-            elapsed = sum(run.step_times_s)  # training only, not the ranks' start-up
-            print(_summary(run, src, elapsed, len(run.losses) * plan.tokens_per_step))
-            if run.compile_s:
-                print(f"compiled the block units in {run.compile_s:.1f} s (not in tokens/s)")
-    if job.save_dir and (not launched or is_rank0()):
-        from ratrain.checkpoint import complete_checkpoints
-
-        done = complete_checkpoints(job.save_dir)
-        if done:
-            print(f"checkpoint {done[-1]}")
-    return 0
-
-
-def _summary(run: RunResult, source: TokenSource, elapsed_s: float, tokens: int) -> str:
-    tail = run.losses[-10:]
-    final = sum(tail) / len(tail)
-    last = run.records[-1] if run.records else {}
-    mem = ""
-    if last.get("peak_bytes_per_rank") and None not in last["peak_bytes_per_rank"]:
-        mib = ", ".join(f"{p / 2**20:.1f}" for p in last["peak_bytes_per_rank"])
-        mem = f"; peak tensor memory per rank {mib} MiB"
-    elif last.get("max_rss_bytes_per_rank"):
-        mib = ", ".join(f"{p / 2**20:.0f}" for p in last["max_rss_bytes_per_rank"])
-        mem = f"; peak RSS per rank {mib} MiB"
-    rate = f"{len(run.losses)} steps in {elapsed_s:.1f} s ({tokens / elapsed_s:,.0f} tokens/s){mem}"
-    floor = getattr(source, "entropy_floor_nats", None)
-    head = f"final loss {final:.4f} (mean of the last {len(tail)} steps)"
-    if floor is None:
-        return f"{head}; {rate}"
-    return (
-        f"{head} vs entropy floor {floor:.4f} nats: {100 * (final - floor) / floor:+.1f}%; {rate}"
-    )

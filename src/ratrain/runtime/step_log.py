@@ -1,0 +1,108 @@
+"""The per-step log of a training run: a lagged all-gather of every rank's (peak bytes,
+peak RSS, step time, losses) each step, and on the metrics rank the records made from it
+(JSONL, TensorBoard, the progress bar)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ratrain.checkpoint.hooks import keep_records_before
+from ratrain.config import Plan
+from ratrain.models.spec import ModelSpec
+from ratrain.runtime.comm import Handle
+from ratrain.runtime.executor import StepResult
+from ratrain.runtime.metrics import JsonlWriter, Progress, TensorBoardWriter
+
+__all__ = ["StepLog", "max_rss_bytes"]
+
+
+def max_rss_bytes() -> int:
+    """The process's peak resident set (Linux reports KiB): tensors plus the runtime itself."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return -1
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class StepLog:
+    """The lagged per-step all-gather of (peak bytes, step time, losses) and, on the metrics
+    rank, the records made from it."""
+
+    def __init__(
+        self,
+        grid,
+        comm,
+        plan: Plan,
+        spec: ModelSpec,
+        job=None,
+        kind: str = "",
+        start: int = 0,
+    ):
+        self.grid, self.comm, self.plan, self.spec = grid, comm, plan, spec
+        self.m = plan.microbatches
+        self.pending: tuple[StepResult, torch.Tensor, Handle] | None = None
+        self.losses: list[float] = []
+        self.records: list[dict] = []
+        self.jsonl = self.tb = self.bar = None
+        if job is not None:
+            if job.metrics_path and start:
+                keep_records_before(job.metrics_path, start)  # the resumed run continues it
+            self.jsonl = (
+                JsonlWriter(job.metrics_path, append=start > 0) if job.metrics_path else None
+            )
+            self.tb = TensorBoardWriter(job.tensorboard_dir) if job.tensorboard_dir else None
+            self.bar = Progress(job.cfg.steps, kind, quiet=not job.progress)
+
+    def push(self, res: StepResult, peak_bytes: int | None) -> None:
+        losses = res.losses if res.losses else [math.nan] * self.m
+        peak = peak_bytes if peak_bytes is not None else -1
+        vec = torch.tensor([peak, max_rss_bytes(), res.time_s, *losses], dtype=torch.float64)
+        table, handle = self.comm.world_all_gather(vec.to(self.grid.device))
+        prev, self.pending = self.pending, (res, table, handle)
+        if prev is not None:
+            self._resolve(*prev)
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            self._resolve(*self.pending)
+            self.pending = None
+
+    def _resolve(self, res: StepResult, table: torch.Tensor, handle: Handle) -> None:
+        handle.wait()
+        if self.bar is None:
+            return
+        table = table.cpu()  # (world, 3 + m): peak bytes, max RSS, step time, m losses
+        loss_sum = 0.0
+        for r in range(self.plan.dp):  # replica-major, microbatch order: the reference's sum
+            for v in table[self.grid.rank_of(self.plan.pp - 1, r), 3:].tolist():
+                loss_sum += v
+        loss = loss_sum / (self.plan.dp * self.m)
+        peaks = [int(p) if p >= 0 else None for p in table[:, 0].tolist()]
+        rss = [int(p) for p in table[:, 1].tolist()]
+        rec = {
+            "step": res.step,
+            "loss": loss,
+            "lr": res.lr,
+            "grad_norm": res.grad_norm,
+            "tokens_per_s": self.plan.tokens_per_step / res.time_s,
+            "step_time_s": res.time_s,
+            "peak_bytes_per_rank": peaks,
+            "max_rss_bytes_per_rank": rss,
+        }
+        if self.plan.compute_dtype == "fp16":
+            rec.update(loss_scale=res.loss_scale, skipped=res.skipped)
+        self.losses.append(loss)
+        self.records.append(rec)
+        if self.jsonl is not None:
+            self.jsonl.write(rec)
+        if self.tb is not None:
+            self.tb.write(res.step, {k: v for k, v in rec.items() if not k.endswith("_per_rank")})
+        self.bar.update(1, loss=loss, **{"tok/s": f"{rec['tokens_per_s']:,.0f}"})
+
+    def close(self) -> None:
+        for w in (self.jsonl, self.tb, self.bar):
+            if w is not None:
+                w.close()
