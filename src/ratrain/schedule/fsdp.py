@@ -41,7 +41,13 @@ from __future__ import annotations
 from ratrain.config import Plan
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Schedule
-from ratrain.schedule.lowering import _add_transient_views, _base, _checks, _per_unit_syncs
+from ratrain.schedule.lowering import (
+    _add_transient_views,
+    _base,
+    _bucket_syncs,
+    _checks,
+    _view_uses,
+)
 from ratrain.schedule.onef1b import splice
 
 __all__ = ["lower_fsdp_pp"]
@@ -59,7 +65,7 @@ def lower_fsdp_pp(spec: ModelSpec, plan: Plan) -> Schedule:
     m = plan.microbatches
     for s, acts in enumerate(sch.stages):
         units = sch.meta["stage_units"][s]
-        after, syncs = _per_unit_syncs(sch, s, acts, m)  # the reduce-scatters
+        after, syncs = _bucket_syncs(sch, s, acts, m)  # the reduce-scatters, one per unit
         checks = _checks(sch, plan, s, syncs)
         upd = Action(Op.UPDATE, s, units)
         sch.add_dep(upd, *syncs, *checks)
@@ -72,11 +78,7 @@ def _add_step_views(sch: Schedule, lookahead: int) -> None:
     it after its last use (``reshard_after_forward=False``)."""
     deps = sch.deps
     for s, acts in enumerate(sch.stages):
-        uses = [
-            (i, a.units[0])
-            for i, a in enumerate(acts)
-            if a.op is Op.F or a.op is Op.RECOMPUTE or (a.op is Op.B and a.units[0] != 0)
-        ]
+        uses = _view_uses(acts)
         first: dict[int, int] = {}
         last: dict[int, int] = {}
         for k, (_, u) in enumerate(uses):

@@ -242,23 +242,6 @@ def lower_gpu_style(spec: ModelSpec, plan: Plan) -> Schedule:
     return sch
 
 
-def _per_unit_syncs(
-    sch: Schedule, s: int, acts: list[Action], m: int
-) -> tuple[dict[int, list[Action]], list[Action]]:
-    """One GRAD_SYNC per unit of stage `s`, each placed right after the unit's last
-    backward of the step, in backward order (the order they are issued in): the actions to
-    splice in after each index, and the syncs."""
-    last_b = _last_b_index(acts, m)
-    after: dict[int, list[Action]] = {}
-    syncs = []
-    for u in reversed(sch.meta["stage_units"][s]):
-        sync = Action(Op.GRAD_SYNC, s, (u,))
-        sch.deps[sync] = (acts[last_b[u]],)
-        after.setdefault(last_b[u], []).append(sync)
-        syncs.append(sync)
-    return after, syncs
-
-
 def _bucket_syncs(
     sch: Schedule, s: int, acts: list[Action], m: int
 ) -> tuple[dict[int, list[Action]], list[Action]]:
@@ -345,17 +328,23 @@ def _add_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
         sch.stages[s] = splice(acts, before, after)
 
 
+def _view_uses(acts: list[Action]) -> list[tuple[int, int]]:
+    """(index, unit) of every action of a stage's list that reads its unit's view: F,
+    RECOMPUTE, and B of any unit but the embedding (`reads_view`, inlined: this scan runs
+    over every action of the step)."""
+    return [
+        (i, a.units[0])
+        for i, a in enumerate(acts)
+        if a.op is Op.F or a.op is Op.RECOMPUTE or (a.op is Op.B and a.units[0] != 0)
+    ]
+
+
 def _add_transient_views(sch: Schedule, lookahead: int) -> None:
     """Fetch each view `lookahead` uses ahead of its use, drop it after the use unless the
     next use is close enough that the fetch would follow the drop at once."""
     deps = sch.deps
     for s, acts in enumerate(sch.stages):
-        # reads_view, inlined: this scan runs over every action of the step
-        uses = [
-            (i, a.units[0])
-            for i, a in enumerate(acts)
-            if a.op is Op.F or a.op is Op.RECOMPUTE or (a.op is Op.B and a.units[0] != 0)
-        ]
+        uses = _view_uses(acts)
         next_use: list[int | None] = [None] * len(uses)
         seen: dict[int, int] = {}
         for k in range(len(uses) - 1, -1, -1):
