@@ -187,23 +187,26 @@ class CostModel:
         gloo on CPUs; 0 where not measured). `ratrain.sim.simulate` charges it to the next
         compute action the stage's walk runs after issuing the collective."""
         per_byte = self.platform.collective_compute_s_per_byte
-        if not per_byte or a.op not in (Op.GRAD_SYNC, Op.VIEW_FETCH):
-            return 0.0
-        if a.op is Op.VIEW_FETCH and not self.view_all_gather():
+        kind = self._dp_collective(a) if per_byte else None
+        if kind is None:
             return 0.0
         key = (a.op, a.stage, a.units)
         t = self._stolen.get(key)
         if t is None:
-            if self._dp(a).n <= 1:
-                t = 0.0
-            else:
-                if a.op is Op.VIEW_FETCH:
-                    kind = "all_gather"
-                else:
-                    kind = "reduce_scatter" if self.plan.shard_optimizer else "all_reduce"
+            t = 0.0
+            if self._dp(a).n > 1:
                 t = per_byte * _RING_TRAFFIC[kind] * self.nbytes(a) * self.scale["collective"]
             self._stolen[key] = t
         return t
+
+    def _dp_collective(self, a: Action) -> str | None:
+        """The DP collective an action is, if any: a GRAD_SYNC's all-reduce (reduce-scatter
+        with a sharded optimizer), a VIEW_FETCH's all-gather when views are gathered."""
+        if a.op is Op.GRAD_SYNC:
+            return "reduce_scatter" if self.plan.shard_optimizer else "all_reduce"
+        if a.op is Op.VIEW_FETCH and self.view_all_gather():
+            return "all_gather"
+        return None
 
     def _cost(self, a: Action) -> ActionCost:
         c = self._raw_cost(a)
@@ -299,7 +302,7 @@ class CostModel:
 
     def _grad_sync(self, a: Action) -> ActionCost:
         nbytes = self.nbytes(a)
-        kind = "reduce_scatter" if self.plan.shard_optimizer else "all_reduce"
+        kind = self._dp_collective(a)
         t, algo = comm.collective_time_s(kind, nbytes, self._dp(a), self.platform)
         return ActionCost(t, "collective", algorithm=f"{kind}:{algo}", nbytes=nbytes)
 
