@@ -102,10 +102,9 @@ def _child(
     out_dir: str,
     threads: int,
     args: tuple,
-    launcher_pid: int | None = None,
+    launcher_pid: int,
 ) -> None:
-    if launcher_pid is not None:
-        _exit_with(launcher_pid)
+    _exit_with(launcher_pid)
     torch.set_num_threads(threads)
     rdzv = Rendezvous(local_rank, nprocs, local_rank, "127.0.0.1", port)
     out = Path(out_dir) / f"rank{local_rank}.pkl"
