@@ -3,7 +3,6 @@ reference trainer, on 4 local gloo ranks (pp=2 x dp=2) of the tiny model."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 
@@ -11,7 +10,6 @@ import pytest
 
 import _runtime as harness
 from ratrain.config import Plan, TrainConfig
-from ratrain.data import make_source
 from ratrain.errors import RatrainError
 from ratrain.memory import replay
 from ratrain.models.presets import get_preset
@@ -27,22 +25,11 @@ CFG = TrainConfig(steps=50, warmup_steps=5)
 
 
 def _source(plan: Plan, cfg: TrainConfig):
-    return functools.partial(make_source, "synthetic", SPEC, plan.seq, cfg.seed)
+    return harness.source(SPEC, plan, cfg)
 
 
 def _job(plan: Plan, cfg: TrainConfig, variants, **kw) -> Job:
-    return Job(
-        SPEC,
-        plan,
-        cfg,
-        _source(plan, cfg),
-        variants=tuple(variants),
-        device="cpu",
-        progress=False,
-        timeout_s=60,
-        deadline_s=240,
-        **kw,
-    )
+    return harness.job(SPEC, plan, cfg, variants, timeout_s=60, deadline_s=240, **kw)
 
 
 _losses, _max_rel = harness.losses, harness.max_rel
