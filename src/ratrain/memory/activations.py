@@ -73,6 +73,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratrain.config import DTYPE_BYTES, Plan
+from ratrain.memory.step_workspace import largest_tensor_elems
 from ratrain.models.counts import head_unit, is_block
 from ratrain.models.spec import ModelSpec
 
@@ -309,10 +310,4 @@ def update_workspace_bytes(spec: ModelSpec, plan: Plan, unit: int) -> int:
     """Transient bytes of the runtime's eager AdamW step (`ratrain.runtime.optim`) on one
     unit: per tensor, up to three fp32 temporaries at once (the scaled or cast gradient,
     sqrt(v) and its quotient), for the unit's largest tensor (its shard's, when sharded)."""
-    h = spec.hidden
-    largest = h * (spec.vocab if unit in (0, head_unit(spec)) else max(spec.ffn, h))
-    if plan.shard_optimizer and plan.dp > 1:
-        from ratrain.models.counts import unit_params
-
-        largest = min(largest, -(-unit_params(spec, unit) // plan.dp))
-    return 3 * 4 * largest
+    return 3 * 4 * largest_tensor_elems(spec, plan, unit)
