@@ -101,7 +101,7 @@ def _shifts_by(long_events, short_events, period_s: float, scale_s: float) -> bo
 
 
 def extrapolate(plan: Plan, simulate: Callable[[Plan], object], memory=None):
-    """`plan`'s simulation result from three short steps (`simulate` runs one), or None
+    """`plan`'s simulation result from two short steps (`simulate` runs one), or None
     when the step is short or no short steps found to repeat. A step whose short steps do
     not repeat yet (a backlog still building) is tried again with twice the warm-up, while
     that stays shorter than the step. The result carries no events and no memory timeline;
