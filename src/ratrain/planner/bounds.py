@@ -508,7 +508,16 @@ class MemoryBound:
             hit = self._memo[key] = self._stage(*key)
         return hit
 
-    def _stage(self, n_blocks: int, emb: bool, head: bool, w: int, policy: str) -> int:
+    def breakdown(self, stage: int, policy: str) -> dict[str, int]:
+        """The bound of `stage` under `policy` by state class (the ledger's classes), at
+        the moment that gives it: the parts sum to `stage(stage, policy)`."""
+        parts = self._stage(*self.stage_key(stage), policy, parts=True)
+        assert sum(parts.values()) == self.stage(stage, policy)
+        return parts
+
+    def _stage(
+        self, n_blocks: int, emb: bool, head: bool, w: int, policy: str, parts: bool = False
+    ):
         plan = self.plan
         # The stage's units as runs of units alike: (kind, policy, count).
         runs = [("emb", "none", 1)] if emb else []
@@ -522,8 +531,8 @@ class MemoryBound:
         runs = [r for r in runs if r[2] > 0]
         static = sum(c * int(self.params[k] * self.state_per_param) for k, _, c in runs)
         n_params = sum(c * self.params[k] for k, _, c in runs)
-        if not self.transient:
-            static += n_params * self.vbp
+        views = 0 if self.transient else n_params * self.vbp
+        static += views
         total_keep = sum(c * self.keep[(k, p)] for k, p, c in runs)
         all_grads = n_params * self.gbp
         starts, below0, met0 = [], [0], [0]  # per run: first unit, keep and params before it
@@ -549,7 +558,7 @@ class MemoryBound:
         for r, (_, _, c) in enumerate(runs):
             for j in sorted({*range(min(ahead, c - 1) + 1), c - 1}):
                 at.append((starts[r] + j, r, j))
-        best = 0
+        best, at_best = 0, None
         m = plan.microbatches
         # B(., i) runs after F(min(i + w, m - 1)): microbatches i .. i + w are in flight.
         # From i = 1 on every unit's gradient exists; i = m - 1 - w is the last steady pair.
@@ -567,8 +576,28 @@ class MemoryBound:
                 mine = upto - below(max(0, u - ahead)) if mine_off else upto
                 met = met0[r] + j * self.params[k]
                 grads = all_grads if grads_all else all_grads - met * self.gbp
-                best = max(best, static + grads + mine + others_b + running)
-        return best
+                total = static + grads + mine + others_b + running
+                if total > best:
+                    best, at_best = total, (grads, mine + others_b, running, k)
+        if not parts:
+            return best
+        return self._parts(static - views, views, at_best)
+
+    def _parts(self, states: int, views: int, at_best) -> dict[str, int]:
+        """`_stage`'s maximum split into the ledger's state classes."""
+        grads, kept, running, k = at_best or (0, 0, 0, "block")
+        fetched = self.params[k] * self.vbp if self.transient and k != "emb" else 0
+        workspace = self.bws[k] if at_best else 0
+        share = MASTER_BYTES_PER_PARAM / (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM)
+        master = int(states * share)  # each unit's states, rounded once: split by share
+        return {
+            "master": master,
+            "optimizer": states - master,
+            "view": views + fetched,
+            "grad": grads,
+            "activation": kept + running - fetched - workspace,
+            "workspace": workspace,
+        }
 
     def _offload(self, mb: int, others: int, m: int, w: int, total_keep: int) -> tuple[bool, int]:
         """Whether microbatch `mb` is offloaded at its backward, and the bytes the other

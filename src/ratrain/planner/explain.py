@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from ratrain.config import Plan
 from ratrain.planner.bounds import persistent_lower_bound_bytes
 from ratrain.planner.evaluate import Evaluator, MemoryReport, usable_bytes
-from ratrain.planner.fit import first_overflow_bytes, options
+from ratrain.planner.fit import first_overflow_bytes, memory_bound, options
 from ratrain.planner.search import Near
 from ratrain.planner.space import (
     Knobs,
@@ -95,6 +95,9 @@ class Explanation:
     unexamined: int | None = None
     """Set when the search stopped at its time budget before any plan fit: the structures
     it did not examine (so this is not a proof that none fits)."""
+    bound: bool = False
+    """`peak_bytes` and `breakdown` are the closest candidate's memory lower bound (its
+    ledger peak is no smaller), not its ledger replay."""
 
     @property
     def over_bytes(self) -> int:
@@ -127,8 +130,14 @@ class Explanation:
             f"closest{' examined' if self.unexamined is not None else ''}: {self.family} pp={p.pp} dp={p.dp} micro_batch={p.micro_batch} "
             f"split={list(p.layer_split or ())} recompute={_rec(p)} shard_optimizer={p.shard_optimizer} "
             f"views={p.view_policy} grad={p.grad_dtype} offload={p.offload_activations}",
-            f"stage {self.stage} peaks at {self.peak_bytes / gb:.2f} GB, over by {self.over_bytes / gb:.2f} GB "
-            f"({self.over_bytes:,} bytes); at its peak: "
+            (
+                f"stage {self.stage} needs at least {self.peak_bytes / gb:.2f} GB by the memory "
+                f"bound, over by at least {self.over_bytes / gb:.2f} GB ({self.over_bytes:,} "
+                "bytes; --time-budget 0 replays it with the ledger); at the bound's peak: "
+                if self.bound
+                else f"stage {self.stage} peaks at {self.peak_bytes / gb:.2f} GB, over by "
+                f"{self.over_bytes / gb:.2f} GB ({self.over_bytes:,} bytes); at its peak: "
+            )
             + ", ".join(f"{k} {v / gb:.2f} GB" for k, v in self.breakdown.items() if v)
             + (f"; {self.largest_class} is the largest class" if self.largest_class else ""),
         ]
@@ -155,6 +164,7 @@ class Explanation:
             "over_bytes": self.over_bytes,
             "breakdown_at_peak": self.breakdown,
             "largest_class": self.largest_class,
+            "peak_is_lower_bound": self.bound,
             "changes": [c.to_json() for c in self.changes],
             "note": self.note,
             "unexamined_structures": self.unexamined,
@@ -276,13 +286,20 @@ def explain(
     if near is None:
         note = "" if unexamined is not None else _no_candidate_note(req)
         return Explanation(None, None, None, 0, limit, {}, note=note, unexamined=unexamined)
-    breakdown: tuple[dict[str, int], ...] = near.breakdown
-    peaks = near.peak_bytes
-    if not near.measured:
-        rep = ev.memory(near.plan)
-        peaks, breakdown = rep.peak_bytes, rep.breakdown
-    stage = max(range(len(peaks)), key=lambda s: peaks[s])
-    ex = Explanation(near.plan, near.family, stage, peaks[stage], limit, dict(breakdown[stage]))
+    peaks, bounded = near.peak_bytes, not near.measured and deadline is not None
+    if bounded:
+        # Under a time budget the closest miss is described by its memory lower bound: a
+        # ledger replay of a deep pipeline costs as much as the rest of the answer.
+        stage = near.worst_stage
+        parts = memory_bound(req, near.plan).breakdown(stage, near.plan.recompute[stage])
+    else:
+        breakdown: tuple[dict[str, int], ...] = near.breakdown
+        if not near.measured:
+            rep = ev.memory(near.plan)
+            peaks, breakdown = rep.peak_bytes, rep.breakdown
+        stage = max(range(len(peaks)), key=lambda s: peaks[s])
+        parts = dict(breakdown[stage])
+    ex = Explanation(near.plan, near.family, stage, peaks[stage], limit, parts, bound=bounded)
     if unexamined is not None:
         ex.unexamined = unexamined
         return ex

@@ -47,6 +47,7 @@ from ratrain.planner.space import (
     Structure,
     family_of,
     knob_combos,
+    knobs_key,
     make_plan,
     structures,
 )
@@ -187,19 +188,39 @@ peak, the kernel model's times, then per knob combination with the recomputation
 memory bound forces and the communication and update overheads."""
 
 
-def _tasks(req: Request, families: tuple[str, ...]) -> list[tuple]:
-    """A heap of structures by their step-time bound. A micro-batch size whose kernel times
-    are not known yet is bounded at the dtype's peak first (no kernel-model cost); the
-    exact kernel times are computed when such a structure reaches the top of the heap."""
-    out, known, seen = [], {}, {}
+def _tasks(req: Request, families: tuple[str, ...], state: _State) -> tuple[list[tuple], int]:
+    """A heap of structures by their step-time bound, and the knob combinations of the
+    whole space. A micro-batch size whose kernel times are not known yet is bounded at the
+    dtype's peak first (no kernel-model cost); the exact kernel times are computed when
+    such a structure reaches the top of the heap.
+
+    A structure whose most memory-saving knob combination the quick memory bounds rule out
+    (`_memory_pass`) is left out here, before its step-time bound is computed: no
+    combination of it fits. A request the bounds rule out whole is then proved infeasible
+    without one step-time bound (most infeasible requests)."""
+    out, known, seen, total = [], {}, {}, 0
+    combos: dict[tuple, list] = {}  # by knobs_key: the same combinations
+    leads: dict[tuple, object] = {}
+    limit = usable_bytes(req)
     for order, name in enumerate(families):
         fam = family_of(name)
         if req.pins.get("schedule", fam.schedule) != fam.schedule:
             continue
         for st in structures(req, fam):
-            kns = knob_combos(req, fam, st)
+            ck = knobs_key(req, st)
+            kns = combos.get(ck)
+            if kns is None:
+                kns = combos[ck] = knob_combos(req, fam, st)
+                leads[ck] = _dominant(kns)
             if not kns:
                 continue
+            total += len(kns)
+            lead, mark = leads[ck], None
+            if lead is not None:
+                if _ruled_out(req, st, fam, lead, limit, state):
+                    state.evaluated += len(kns)
+                    continue
+                mark = _LEAD_FITS  # the memory pass at the top of the heap is done
             if st.micro_batch not in known:
                 known[st.micro_batch] = peak_unit_times(
                     req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype
@@ -208,9 +229,16 @@ def _tasks(req: Request, families: tuple[str, ...]) -> list[tuple]:
             if lb is None:  # families share structures: bound each once
                 m = st.microbatches(req.global_batch)
                 lb = seen[st] = step_time_lower_bound_s(st.layer_split, m, known[st.micro_batch])
-            out.append((lb, order, len(out), _PEAK, st, fam, kns, None))
+            out.append((lb, order, len(out), _PEAK, st, fam, kns, mark))
+        combos.clear()  # per family
+        leads.clear()
     heapq.heapify(out)
-    return out
+    return out, total
+
+
+_LEAD_FITS = "lead fits"
+"""Marks a structure in the heap whose most memory-saving knob combination `_tasks`
+found not ruled out: `_memory_pass` would keep all of its combinations."""
 
 
 def search(
@@ -231,9 +259,9 @@ def search(
     With `hard_budget_s`, it stops then even if no plan fits yet (`unfinished`)."""
     t0 = time.perf_counter()
     ev = evaluator or Evaluator(req)
-    tasks = _tasks(req, req.families)
-    n_tasks, total = len(tasks), sum(len(t[6]) for t in tasks)
     best, state = _Top(max(1, top)), _State()
+    tasks, total = _tasks(req, req.families, state)
+    n_tasks = len(tasks)
     if time_budget_s is not None:
         state.deadline = t0 + time_budget_s
     if hard_budget_s is not None:
@@ -259,7 +287,10 @@ def search(
         m = st.microbatches(req.global_batch)
         if level == _PEAK:
             # Memory first (no kernel model): the knobs whose memory bound may fit.
-            kns = _memory_pass(req, st, fam, kns, state)
+            if queue is _LEAD_FITS:
+                state.evaluated += len(kns)
+            else:
+                kns = _memory_pass(req, st, fam, kns, state)
             if not kns:
                 continue
             # Then the kernel model's times, and back in the heap.
@@ -336,7 +367,8 @@ def _tighten(req: Request, tasks: list, until: float) -> float | None:
             break
         heapq.heappop(tasks)
         if level == _PEAK:
-            kns = _memory_pass(req, st, fam, kns, scratch)
+            if queue is not _LEAD_FITS:
+                kns = _memory_pass(req, st, fam, kns, scratch)
             if kns:
                 m = st.microbatches(req.global_batch)
                 lb = step_time_lower_bound_s(st.layer_split, m, unit_times(*args))
@@ -447,11 +479,23 @@ def _saves(a, b) -> bool:
 
 
 def _dominant(kns: list):
-    """A knob combination that saves no less than every other, if there is one."""
+    """A knob combination that saves no less than every other, if there is one. Only the
+    one with the most saving settings can be (one that saves no less than every other has
+    each of them wherever any combination has it), so only it is checked."""
+    most = max(map(_n_saving, kns), default=0)
     for a in kns:
-        if all(_saves(a, b) for b in kns):
+        if _n_saving(a) == most and all(_saves(a, b) for b in kns):
             return a
     return None
+
+
+def _n_saving(kn) -> int:
+    return (
+        kn.shard_optimizer
+        + (kn.view_policy == "transient")
+        + (kn.grad_dtype != "fp32")
+        + kn.offload_activations
+    )
 
 
 def _ruled_out(req, st, fam, kn, limit: int, state: _State) -> bool:

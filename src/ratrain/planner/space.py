@@ -37,6 +37,7 @@ __all__ = [
     "balanced_split",
     "family_of",
     "knob_combos",
+    "knobs_key",
     "parse_pins",
     "pick_compute_dtype",
     "structures",
@@ -408,6 +409,12 @@ class Knobs:
 def _offload_matters(pp: int, microbatches: int) -> bool:
     """Offload only moves microbatches with another forward pass between their F and B."""
     return pp > 1 and microbatches > 1
+
+
+def knobs_key(req: Request, st: Structure) -> tuple[bool, bool]:
+    """All that `knob_combos` reads of a structure: equal keys, equal combinations (for
+    one request and family)."""
+    return (st.dp == 1, _offload_matters(st.pp, st.microbatches(req.global_batch)))
 
 
 def knob_combos(req: Request, family: Family, st: Structure) -> list[Knobs]:
