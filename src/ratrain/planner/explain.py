@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ratrain.config import Plan
 from ratrain.planner.bounds import persistent_lower_bound_bytes
-from ratrain.planner.evaluate import Evaluator, MemoryReport, usable_bytes
+from ratrain.planner.evaluate import Evaluator, MemoryReport, memory_microbatches, usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, memory_bound, options
 from ratrain.planner.search import Near
 from ratrain.planner.space import (
@@ -28,6 +28,7 @@ from ratrain.planner.space import (
     Request,
     family_of,
     knob_combos,
+    knobs_key,
     make_plan,
     structures,
 )
@@ -212,13 +213,17 @@ def find_feasible(
         fam = family_of(name)
         if req.pins.get("schedule", fam.schedule) != fam.schedule:
             continue
+        combos: dict[tuple, list[Knobs]] = {}  # by knobs_key: the same combinations
         for st in structures(req, fam):
             # The smallest micro-batch holds the fewest activations and, with the largest
             # dp, the smallest optimizer shards: the others cannot fit where it does not.
             if st.micro_batch != req.pins["micro_batch"]:
                 continue
             _check(deadline)
-            kns = sorted(knob_combos(req, fam, st), key=_saving_order)
+            ck = knobs_key(req, st)
+            kns = combos.get(ck)
+            if kns is None:
+                kns = combos[ck] = sorted(knob_combos(req, fam, st), key=_saving_order)
             if not kns:
                 continue
             plan = make_plan(req, st, kns[0], ("full",) * st.pp)
@@ -236,7 +241,7 @@ def find_feasible(
     # so a scan of sizes rarely pays for a rejected replay.
     for _, _, st, kn, opts, fam in sorted(allowed, key=lambda a: a[:2]):
         _check(deadline)
-        found = _confirm(ev, req, st, kn, opts, fam.per_stage_recompute)
+        found = _confirm(ev, req, st, kn, opts, fam.per_stage_recompute, deadline)
         if found is not None:
             return found
         rejected += 1
@@ -245,27 +250,67 @@ def find_feasible(
     return None
 
 
-def _confirm(ev, req, st, kn, opts, per_stage: bool):
+class _ReplayClock:
+    """What a ledger confirmation is expected to take: its work (microbatches of the
+    shortened replay x the model's units) at the slowest rate seen so far in this process,
+    or a default before the first one."""
+
+    DEFAULT_S_PER_WORK = 120e-6
+    """measured: 70-115 us per unit-microbatch (lowering and ledger replay, CPU time) over
+    seven 7B-70B plans on mt3000, a100-80g and cpu-local on the shared 2-core machine."""
+
+    def __init__(self) -> None:
+        self.s_per_work: float | None = None
+
+    @staticmethod
+    def work(req: Request, plan: Plan) -> int:
+        return memory_microbatches(plan) * (req.spec.n_layers + 2)
+
+    def expected_s(self, req: Request, plan: Plan) -> float:
+        rate = self.DEFAULT_S_PER_WORK if self.s_per_work is None else self.s_per_work
+        return rate * self.work(req, plan)
+
+    def record(self, req: Request, plan: Plan, seconds: float) -> None:
+        rate = seconds / self.work(req, plan)
+        self.s_per_work = rate if self.s_per_work is None else max(self.s_per_work, rate)
+
+
+_CLOCK = _ReplayClock()
+
+
+def _confirm(ev, req, st, kn, opts, per_stage: bool, deadline: float | None):
     if "recompute" in req.pins:
         rec = req.pins["recompute"]
         rec = (rec,) * st.pp if isinstance(rec, str) else tuple(rec)
         if len(rec) != st.pp:
             return None
         plan = make_plan(req, st, kn, rec)
-        rep = ev.memory(plan)
+        rep = _replay(ev, req, plan, deadline)
         return (plan, rep) if rep.fits else None
     if not per_stage:
         for o in opts.uniform[::-1][:1] + opts.uniform[:1]:
             plan = make_plan(req, st, kn, (o,) * st.pp)
-            rep = ev.memory(plan)
+            rep = _replay(ev, req, plan, deadline)
             if rep.fits:
                 return plan, rep
         return None
     # The most-saving policy each stage allows: if that does not fit, nothing does here.
     rec = tuple(o[-1] for o in opts.per_stage)
     plan = make_plan(req, st, kn, rec)
-    rep = ev.memory(plan)
+    rep = _replay(ev, req, plan, deadline)
     return (plan, rep) if rep.fits else None
+
+
+def _replay(ev: Evaluator, req: Request, plan: Plan, deadline: float | None) -> MemoryReport:
+    """The ledger's report of `plan`; not started when it is expected to end past the
+    deadline (a replay is not interrupted)."""
+    if deadline is not None:
+        _check(deadline - _CLOCK.expected_s(req, plan))
+    t0, n = time.perf_counter(), ev.n_memory
+    rep = ev.memory(plan)
+    if ev.n_memory > n:  # not a cached report
+        _CLOCK.record(req, plan, time.perf_counter() - t0)
+    return rep
 
 
 def explain(
