@@ -155,3 +155,15 @@ def test_explanation_under_a_budget_uses_the_bound_and_without_one_the_ledger():
     # The bound is a lower bound of the ledger's peak on the same stage.
     assert quick.peak_bytes <= rep.peak_bytes[quick.stage]
     assert [c.what for c in quick.changes] == [c.what for c in exact.changes]
+
+
+@pytest.mark.timeout(60)
+def test_a_request_the_bounds_rule_out_is_proved_infeasible_within_any_budget(capsys):
+    from ratrain.cli import main
+
+    rc = main(
+        ["plan", "--model", "llama2-70b", "--clusters", "64", "--quiet", "--time-budget", "0.001"]
+    )
+    text = capsys.readouterr().out
+    assert rc == 2 and "no plan fits" in text and "needs at least" in text
+    assert "no plan found to fit" not in text  # not a search stopped at its budget
