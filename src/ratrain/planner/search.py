@@ -194,10 +194,13 @@ def _tasks(req: Request, families: tuple[str, ...], state: _State) -> tuple[list
     dtype's peak first (no kernel-model cost); the exact kernel times are computed when
     such a structure reaches the top of the heap.
 
-    A structure whose most memory-saving knob combination the quick memory bounds rule out
-    (`_memory_pass`) is left out here, before its step-time bound is computed: no
-    combination of it fits. A request the bounds rule out whole is then proved infeasible
-    without one step-time bound (most infeasible requests)."""
+    A structure whose most memory-saving knob combination holds more model states than a
+    stage can (`persistent_lower_bound_bytes`, memoised per split and shard count: cheap)
+    is left out here, before its step-time bound is computed: no combination of it fits.
+    The fuller per-stage bound (`first_overflow_bytes`, a closed form per stage and
+    policy) is left to `_memory_pass`, when the structure reaches the top of the heap:
+    computed here for every structure it would cost a second on large spaces whose
+    searches end long before most structures are reached."""
     out, known, seen, total = [], {}, {}, 0
     combos: dict[tuple, list] = {}  # by knobs_key: the same combinations
     leads: dict[tuple, object] = {}
@@ -215,12 +218,10 @@ def _tasks(req: Request, families: tuple[str, ...], state: _State) -> tuple[list
             if not kns:
                 continue
             total += len(kns)
-            lead, mark = leads[ck], None
-            if lead is not None:
-                if _ruled_out(req, st, fam, lead, limit, state):
-                    state.evaluated += len(kns)
-                    continue
-                mark = _LEAD_FITS  # the memory pass at the top of the heap is done
+            lead = leads[ck]
+            if lead is not None and _states_overflow(req, st, fam, lead, limit, state):
+                state.evaluated += len(kns)
+                continue
             if st.micro_batch not in known:
                 known[st.micro_batch] = peak_unit_times(
                     req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype
@@ -229,16 +230,12 @@ def _tasks(req: Request, families: tuple[str, ...], state: _State) -> tuple[list
             if lb is None:  # families share structures: bound each once
                 m = st.microbatches(req.global_batch)
                 lb = seen[st] = step_time_lower_bound_s(st.layer_split, m, known[st.micro_batch])
-            out.append((lb, order, len(out), _PEAK, st, fam, kns, mark))
+            out.append((lb, order, len(out), _PEAK, st, fam, kns, None))
         combos.clear()  # per family
         leads.clear()
     heapq.heapify(out)
     return out, total
 
-
-_LEAD_FITS = "lead fits"
-"""Marks a structure in the heap whose most memory-saving knob combination `_tasks`
-found not ruled out: `_memory_pass` would keep all of its combinations."""
 
 
 def search(
@@ -287,10 +284,7 @@ def search(
         m = st.microbatches(req.global_batch)
         if level == _PEAK:
             # Memory first (no kernel model): the knobs whose memory bound may fit.
-            if queue is _LEAD_FITS:
-                state.evaluated += len(kns)
-            else:
-                kns = _memory_pass(req, st, fam, kns, state)
+            kns = _memory_pass(req, st, fam, kns, state)
             if not kns:
                 continue
             # Then the kernel model's times, and back in the heap.
@@ -367,8 +361,7 @@ def _tighten(req: Request, tasks: list, until: float) -> float | None:
             break
         heapq.heappop(tasks)
         if level == _PEAK:
-            if queue is not _LEAD_FITS:
-                kns = _memory_pass(req, st, fam, kns, scratch)
+            kns = _memory_pass(req, st, fam, kns, scratch)
             if kns:
                 m = st.microbatches(req.global_batch)
                 lb = step_time_lower_bound_s(st.layer_split, m, unit_times(*args))
@@ -498,12 +491,20 @@ def _n_saving(kn) -> int:
     )
 
 
-def _ruled_out(req, st, fam, kn, limit: int, state: _State) -> bool:
-    """`_memory_pass`'s test for one knob combination (a miss is recorded)."""
+def _states_overflow(req, st, fam, kn, limit: int, state: _State) -> bool:
+    """Whether the model states alone overflow a stage under knobs `kn` (a miss is
+    recorded)."""
     plan = make_plan(req, st, kn, ("full",) * st.pp)
     persistent = max(persistent_lower_bound_bytes(req.spec, plan))
     if persistent > limit:
         state.misses.append((persistent - limit, len(state.misses), plan, st, kn, fam))
+        return True
+    return False
+
+
+def _ruled_out(req, st, fam, kn, limit: int, state: _State) -> bool:
+    """`_memory_pass`'s test for one knob combination (a miss is recorded)."""
+    if _states_overflow(req, st, fam, kn, limit, state):
         return True
     over = first_overflow_bytes(req, st, kn)
     if over is not None:
