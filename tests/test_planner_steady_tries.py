@@ -1,0 +1,72 @@
+"""The steady-state shortcut's later tries (twice the warm-up, made while all the short
+steps stay no longer than the step) give the full simulation's step, and the tries stop
+where they would cost more than the step."""
+
+import pytest
+
+from ratrain.config import Plan
+from ratrain.models.presets import get_preset
+from ratrain.planner import steady
+from ratrain.planner.steady import MIN_SAVING, extrapolate, points
+from ratrain.platforms.load import load
+from ratrain.sim import simulate
+
+TINY = get_preset("tiny")
+
+
+def _plan(pp: int, m: int, view: str = "persistent") -> Plan:
+    return Plan(
+        pp=pp,
+        dp=2,
+        global_batch=2 * m,
+        seq=128,
+        schedule="ratrain",
+        recompute="none",
+        shard_optimizer=True,
+        view_policy=view,
+        compute_dtype="fp16",
+        grad_dtype="fp16",
+        offload_activations=True,
+    )
+
+
+def test_tries_stop_where_the_short_steps_would_outgrow_the_step():
+    for m in (60, 90, 130, 400):
+        plan, spent, attempt = _plan(2, m), 0, 0
+        while (pts := points(plan, attempt, spent)) is not None:
+            cost = sum(pts)
+            assert pts[1] - pts[0] == plan.pp
+            if attempt == 0:
+                assert MIN_SAVING * cost <= m
+            spent, attempt = spent + cost, attempt + 1
+            assert spent <= m  # at worst the short steps cost the step once more
+        assert attempt >= 1
+    assert points(_plan(2, 60), 1, sum(points(_plan(2, 60)))) is None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "platform,pp,m,view",
+    [
+        ("mt3000", 2, 90, "persistent"),
+        ("mt3000", 2, 130, "transient"),
+        ("a100-80g", 4, 130, "transient"),
+    ],
+)
+def test_a_second_try_equals_the_full_simulation(platform, pp, m, view):
+    pl = load(platform)
+    plan = _plan(pp, m, view)
+
+    def short(p):
+        return simulate(TINY, p, pl, memory_timeline=False)
+
+    first = points(plan)
+    assert first is not None
+    assert steady._from_points(plan, first, short, None) is None  # the first try fails here
+    got = extrapolate(plan, short)
+    assert got is not None  # the second one repeats
+    full = simulate(TINY, plan, pl, memory_timeline=False)
+    assert got.step_time_s == pytest.approx(full.step_time_s, rel=1e-9, abs=0)
+    assert got.bubble_fraction == pytest.approx(full.bubble_fraction, rel=1e-8, abs=1e-12)
+    for u, v in zip(got.utilization, full.utilization, strict=True):
+        assert u == pytest.approx(v, rel=1e-8, abs=1e-12)
