@@ -156,3 +156,18 @@ def test_explanation_under_a_budget_uses_the_bound_and_without_one_the_ledger():
     # The bound is a lower bound of the ledger's peak on the same stage.
     assert quick.peak_bytes <= rep.peak_bytes[quick.stage]
     assert [c.what for c in quick.changes] == [c.what for c in exact.changes]
+
+
+def test_a_slow_proof_leaves_the_explanation_less_time():
+    from ratrain.cli.plan import (
+        EXPLAIN_BUDGET_FACTOR,
+        EXPLAIN_MIN_FACTOR,
+        INFEASIBLE_BUDGET_FACTOR,
+        explain_budget_s,
+    )
+
+    b = 1.2
+    assert explain_budget_s(b, 0.0) == pytest.approx(EXPLAIN_BUDGET_FACTOR * b)
+    mid = (INFEASIBLE_BUDGET_FACTOR - EXPLAIN_BUDGET_FACTOR) * b + 0.1
+    assert explain_budget_s(b, mid) == pytest.approx(INFEASIBLE_BUDGET_FACTOR * b - mid)
+    assert explain_budget_s(b, 5.0) == pytest.approx(EXPLAIN_MIN_FACTOR * b)

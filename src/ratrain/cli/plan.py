@@ -31,6 +31,22 @@ EXPLAIN_BUDGET_FACTOR = 0.4
 """assumed: the explanation of an infeasible request searches for its suggested changes for
 0.4x the budget (0.48 s by default), so that "this cannot fit" comes within about 1 s."""
 
+INFEASIBLE_BUDGET_FACTOR = 0.6
+"""assumed: a proof of infeasibility and its explanation together keep to 0.6x the budget
+(0.72 s by default, about 1 s with start-up): a search that took longer to prove it leaves
+the explanation less than `EXPLAIN_BUDGET_FACTOR`, down to `EXPLAIN_MIN_FACTOR`."""
+
+EXPLAIN_MIN_FACTOR = 0.1
+"""assumed: whatever the search took, the explanation may look for changes for 0.1x the
+budget (the closest miss and its worst stage are described in any case)."""
+
+
+def explain_budget_s(budget_s: float, search_s: float) -> float:
+    """The explanation's time for an infeasible request whose search took `search_s`."""
+    left = INFEASIBLE_BUDGET_FACTOR * budget_s - search_s
+    return min(EXPLAIN_BUDGET_FACTOR, max(EXPLAIN_MIN_FACTOR, left / budget_s)) * budget_s
+
+
 DEFAULT_BATCH_TOKENS = 4 * 2**20
 """LLaMA 2's global batch, 4M tokens (Touvron et al. 2023, §2.2): 1024 sequences of 4096."""
 
@@ -99,7 +115,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="stop the search after this long once a plan fits, and report how far the best "
         f"may be from the optimum; with none fitting yet, after {NO_FIT_BUDGET_FACTOR:g}x this "
         "long, and say so; an infeasible request's suggested changes are searched for "
-        f"{EXPLAIN_BUDGET_FACTOR:g}x this long; 0 searches until proven optimal or infeasible "
+        f"{EXPLAIN_BUDGET_FACTOR:g}x this long at most (less when the proof took longer than "
+        f"{INFEASIBLE_BUDGET_FACTOR - EXPLAIN_BUDGET_FACTOR:g}x); 0 searches until proven "
+        "optimal or infeasible "
         f"(default {DEFAULT_TIME_BUDGET_S:g})",
     )
 
@@ -183,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         ex = explain(
             req,
             res.near,
-            budget_s=None if budget is None else budget * EXPLAIN_BUDGET_FACTOR,
+            budget_s=None if budget is None else explain_budget_s(budget, res.search_time_s),
             unexamined=res.structures_left if res.unfinished else None,
         )
         if args.json:
