@@ -85,7 +85,10 @@ class Evaluator:
         from ratrain.memory import replay
         from ratrain.schedule import build_schedule
 
-        if self.shortcut:
+        pf = self.req.platform
+        # Sends held to the end of the step (cpu-local's gloo) pile up with the microbatches:
+        # there the shortened step's peak is not the full one's.
+        if self.shortcut and not pf.sends_held_until_waited:
             m = memory_microbatches(plan)
             plan = plan.replace(global_batch=plan.micro_batch * plan.dp * m)
         key = _freeze(plan)
@@ -95,7 +98,17 @@ class Evaluator:
         t0 = time.perf_counter()
         spec = self.req.spec
         schedule = build_schedule(spec, plan)
-        ledger = replay(schedule, spec, plan, keep_trace=False)
+        # As `ratrain.sim.simulate` replays it (the eager kernels' tensors and the held
+        # sends where the platform's runtime has them: cpu-local), else a plan found to fit
+        # here is found over the cap by its simulation.
+        ledger = replay(
+            schedule,
+            spec,
+            plan,
+            keep_trace=False,
+            eager_kernels=pf.eager_kernels,
+            sends_held=pf.sends_held_until_waited,
+        )
         self._schedule = (key, schedule, ledger)  # a simulation of the same plan reuses both
         rep = MemoryReport(
             peak_bytes=tuple(int(st.peak_bytes) for st in ledger.stages),
