@@ -448,12 +448,18 @@ class MemoryBound:
     the backward workspace; and the gradients of the units the backward has met, all of
     them from the second backward pass on (gradients live from a unit's first B to the
     UPDATE after its last). In flight: min(w + 1, m) microbatches at mb = 0 and
-    min(w + 1, m - 1) at mb = 1. Offloaded microbatches count for nothing. Comm buffers
-    and other transient bytes only add.
+    min(w + 1, m - 1) at mb = 1. Offloaded microbatches count for nothing. With
+    `sends_held`, the buffers of the sends already made (one per finished forward pass
+    unless the stage is the last, one per finished backward pass unless it is the first);
+    otherwise comm buffers, and other transient bytes, only add.
     """
 
-    def __init__(self, spec: ModelSpec, plan: Plan) -> None:
-        from ratrain.memory.activations import activation_bytes, backward_workspace_bytes
+    def __init__(self, spec: ModelSpec, plan: Plan, sends_held: bool = False) -> None:
+        from ratrain.memory.activations import (
+            activation_bytes,
+            backward_workspace_bytes,
+            boundary_bytes,
+        )
 
         self.spec, self.plan = spec, plan
         emb, head = counts.embedding_unit(spec), counts.head_unit(spec)
@@ -473,6 +479,10 @@ class MemoryBound:
         self.state_per_param = (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM) / shards(plan)
         self._memo: dict[tuple, int] = {}
         self.m = plan.microbatches
+        # Sends held to the step's end (`Platform.sends_held_until_waited`): every output a
+        # finished forward pass sent on, and every input gradient a finished backward pass
+        # sent back, is still held.
+        self.held_send_bytes = boundary_bytes(spec, plan) if sends_held else 0
         self.extra: dict[tuple, object] = {}
         """Derived results memoised by their users on the same stage keys."""
 
@@ -565,6 +575,8 @@ class MemoryBound:
         for mb in sorted({0, min(1, m - 1), max(0, m - 1 - w)}):
             others, grads_all = min(w, m - 1 - mb), mb >= 1
             mine_off, others_b = self._offload(mb, others, m, w, total_keep)
+            sent = (0 if head else min(mb + w, m - 1) + 1) + (0 if emb else mb)
+            held = sent * self.held_send_bytes
             for u, r, j in at:
                 k, p, _ = runs[r]
                 keep_u = self.keep[(k, p)]
@@ -576,16 +588,16 @@ class MemoryBound:
                 mine = upto - below(max(0, u - ahead)) if mine_off else upto
                 met = met0[r] + j * self.params[k]
                 grads = all_grads if grads_all else all_grads - met * self.gbp
-                total = static + grads + mine + others_b + running
+                total = static + grads + mine + others_b + running + held
                 if total > best:
-                    best, at_best = total, (grads, mine + others_b, running, k)
+                    best, at_best = total, (grads, mine + others_b, running, k, held)
         if not parts:
             return best
         return self._parts(static - views, views, at_best)
 
     def _parts(self, states: int, views: int, at_best) -> dict[str, int]:
         """`_stage`'s maximum split into the ledger's state classes."""
-        grads, kept, running, k = at_best or (0, 0, 0, "block")
+        grads, kept, running, k, held = at_best or (0, 0, 0, "block", 0)
         fetched = self.params[k] * self.vbp if self.transient and k != "emb" else 0
         workspace = self.bws[k] if at_best else 0
         share = MASTER_BYTES_PER_PARAM / (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM)
@@ -596,6 +608,7 @@ class MemoryBound:
             "view": views + fetched,
             "grad": grads,
             "activation": kept + running - fetched - workspace,
+            "comm_buffer": held,
             "workspace": workspace,
         }
 

@@ -75,12 +75,13 @@ _BOUNDS: dict[tuple, MemoryBound] = {}
 
 def memory_bound(req: Request, plan) -> MemoryBound:
     """The memory bound of `plan`, shared by plans that differ only in split and recompute."""
-    key = (req.spec, MemoryBound.key(plan))
+    held = req.platform.sends_held_until_waited
+    key = (req.spec, held, MemoryBound.key(plan))
     mb = _BOUNDS.get(key)
     if mb is None:
         if len(_BOUNDS) > 4096:
             _BOUNDS.clear()
-        mb = _BOUNDS[key] = MemoryBound(req.spec, plan)
+        mb = _BOUNDS[key] = MemoryBound(req.spec, plan, sends_held=held)
     mb.plan = plan  # the split is read per stage; the rest is the key
     return mb
 

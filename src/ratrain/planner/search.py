@@ -237,7 +237,6 @@ def _tasks(req: Request, families: tuple[str, ...], state: _State) -> tuple[list
     return out, total
 
 
-
 def search(
     req: Request,
     *,
