@@ -72,6 +72,10 @@ class Options:
 
 _BOUNDS: dict[tuple, MemoryBound] = {}
 
+_ANY_POLICY = ("full",)
+"""The bound does not read the plan's recompute: the one the search's model-state check
+builds its plan with, so that the two share one Plan."""
+
 
 def memory_bound(req: Request, plan) -> MemoryBound:
     """The memory bound of `plan`, shared by plans that differ only in split and recompute."""
@@ -92,7 +96,7 @@ def first_overflow_bytes(req: Request, st: Structure, kn: Knobs) -> int | None:
     `options` is feasible for per-stage families). A stage fits under some policy iff it
     fits under none, selective or full (`_fitting`: first:K is no smaller than full).
     Stages are tried deepest warmup first, where the most microbatches are in flight."""
-    mb = memory_bound(req, make_plan(req, st, kn, ("none",) * st.pp))
+    mb = memory_bound(req, make_plan(req, st, kn, _ANY_POLICY * st.pp))
     limit = usable_bytes(req)
     pp = st.pp
     for s in dict.fromkeys((0, pp - 1, *range(1, pp - 1))):
@@ -110,7 +114,7 @@ def first_overflow_bytes(req: Request, st: Structure, kn: Knobs) -> int | None:
 def options(req: Request, st: Structure, kn: Knobs, ut: UnitTimes | None) -> Options:
     """Policies per stage that the closed-form bound does not rule out (ordered by
     recompute time when `ut` is given, else by how much they recompute)."""
-    mb = memory_bound(req, make_plan(req, st, kn, ("none",) * st.pp))
+    mb = memory_bound(req, make_plan(req, st, kn, _ANY_POLICY * st.pp))
     limit = usable_bytes(req)
     per_stage, lows, most = [], [], []
     fits: list[set[str]] = []

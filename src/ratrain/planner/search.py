@@ -22,6 +22,7 @@ import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ratrain.config import Plan
 from ratrain.planner.bounds import (
@@ -426,7 +427,7 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
     policy. The others are recorded as misses. With a combination that saves no less
     memory than every other: none if the bounds rule it out, else all of them."""
     limit = usable_bytes(req)
-    lead = _dominant(kns)
+    lead = _dominant_of(tuple(kns))
     if lead is not None:
         state.evaluated += len(kns)
         if _ruled_out(req, st, fam, lead, limit, state):
@@ -468,6 +469,12 @@ def _saves(a, b) -> bool:
         and DTYPE_BYTES[a.grad_dtype] <= DTYPE_BYTES[b.grad_dtype]
         and a.offload_activations >= b.offload_activations
     )
+
+
+@lru_cache(maxsize=256)
+def _dominant_of(kns: tuple):
+    """`_dominant`, memoised: structures share their knob combinations."""
+    return _dominant(kns)
 
 
 def _dominant(kns: list):
