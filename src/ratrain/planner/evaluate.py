@@ -9,8 +9,9 @@ During the search, memory is replayed on a shortened step: a 1F1B stage's memory
 from one steady-state pair to the next, so a step of a few more microbatches than stages
 reaches the same per-stage peak as a longer one (`memory_microbatches`;
 `tests/test_planner.py` checks the equality over schedules, policies and lookaheads).
-Every plan that is ranked is replayed in full by its simulation, and one that the full
-replay finds over the cap is not ranked. Pure Python.
+A simulation is not replayed by the ledger again: its peaks are the shortened replay's (as
+`ratrain simulate --plan` reports them; `tests/test_planner.py` compares ranked plans with
+it). Pure Python.
 """
 
 from __future__ import annotations
@@ -121,9 +122,10 @@ class Evaluator:
         return rep
 
     def simulate(self, plan: Plan):
-        """The full step: `ratrain.sim.simulate`'s result (memory from the full ledger)."""
+        """The full step: `ratrain.sim.simulate`'s result (memory from `memory`'s replay,
+        the full step's peaks; no memory timeline)."""
         from ratrain.cost.model import CostModel
-        from ratrain.sim.simulate import simulate, simulate_schedule
+        from ratrain.sim.simulate import simulate_schedule
 
         key = _freeze(plan)
         hit = self._sim.get(key)
@@ -144,7 +146,12 @@ class Evaluator:
             cost = CostModel(self.req.spec, plan, self.req.platform)
             res = simulate_schedule(schedule, cost, ledger=ledger)
         else:
-            res = simulate(self.req.spec, plan, self.req.platform)
+            # Timed without a second ledger replay: the replay above has the full step's
+            # peaks (the shortened step's equal them), as the steady-state path uses them.
+            rep = self.memory(plan)
+            res = self._simulate_short(plan)
+            res.peak_memory_bytes = list(rep.peak_bytes)
+            res.memory_breakdown = [dict(b) for b in rep.breakdown]
         self.last_simulate_s = time.perf_counter() - t0
         self.simulate_s += self.last_simulate_s
         self.n_simulated += 1
