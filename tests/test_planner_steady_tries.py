@@ -70,3 +70,21 @@ def test_a_second_try_equals_the_full_simulation(platform, pp, m, view):
     assert got.bubble_fraction == pytest.approx(full.bubble_fraction, rel=1e-8, abs=1e-12)
     for u, v in zip(got.utilization, full.utilization, strict=True):
         assert u == pytest.approx(v, rel=1e-8, abs=1e-12)
+
+
+def test_a_simulation_is_expected_to_cost_the_last_one_per_microbatch():
+    from ratrain.planner import Request
+    from ratrain.planner.evaluate import Evaluator, simulated_microbatches
+
+    req = Request(TINY, load("mt3000"), 8, 16, 128)
+    ev = Evaluator(req)
+    small = _plan(2, 8).replace(offload_activations=False)
+    assert ev.expected_simulate_s(small) == 0.0  # nothing simulated yet: no estimate
+    ev.simulate(small)
+    assert ev.last_simulate_microbatches == 8 and ev.last_simulate_s > 0
+    double = small.replace(global_batch=2 * small.global_batch)
+    assert ev.expected_simulate_s(double) == pytest.approx(2 * ev.last_simulate_s)
+    long = small.replace(global_batch=2 * 400)  # timed from two short steps
+    pts = points(long)
+    assert pts and simulated_microbatches(long) == sum(pts) < long.microbatches
+    assert simulated_microbatches(long, steady=False) == long.microbatches

@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from ratrain.config import Plan
 from ratrain.planner.space import Request
 
-__all__ = ["MemoryReport", "Evaluator", "memory_microbatches", "usable_bytes"]
+__all__ = [
+    "MemoryReport",
+    "Evaluator",
+    "memory_microbatches",
+    "simulated_microbatches",
+    "usable_bytes",
+]
 
 
 def usable_bytes(req: Request) -> int:
@@ -78,6 +84,8 @@ class Evaluator:
     simulate_s: float = 0.0
     last_simulate_s: float = 0.0
     """How long the last simulation took (with its memory replay): what the next may cost."""
+    last_simulate_microbatches: int = 0
+    """How many microbatches it simulated (`simulated_microbatches`)."""
     _mem: dict = field(default_factory=dict)
     _sim: dict = field(default_factory=dict)
     _schedule: tuple | None = None
@@ -153,10 +161,19 @@ class Evaluator:
             res.peak_memory_bytes = list(rep.peak_bytes)
             res.memory_breakdown = [dict(b) for b in rep.breakdown]
         self.last_simulate_s = time.perf_counter() - t0
+        self.last_simulate_microbatches = simulated_microbatches(plan, self.steady)
         self.simulate_s += self.last_simulate_s
         self.n_simulated += 1
         self._sim[key] = res
         return res
+
+    def expected_simulate_s(self, plan: Plan) -> float:
+        """What simulating `plan` is expected to take: the last simulation's time, scaled
+        by the microbatches each simulates (the engine's events grow with them)."""
+        if not self.last_simulate_microbatches:
+            return self.last_simulate_s
+        ratio = simulated_microbatches(plan, self.steady) / self.last_simulate_microbatches
+        return self.last_simulate_s * ratio
 
     def _simulate_short(self, plan: Plan):
         """A shortened step's timing alone (no ledger: its memory is the plan's replay)."""
@@ -166,6 +183,15 @@ class Evaluator:
 
         cost = CostModel(self.req.spec, plan, self.req.platform)
         return simulate_schedule(build_schedule(self.req.spec, plan), cost)
+
+
+def simulated_microbatches(plan: Plan, steady: bool = True) -> int:
+    """Microbatches a simulation of `plan` runs: the steady-state shortcut's first two
+    short steps where it applies (`ratrain.planner.steady.points`), else the step's."""
+    from ratrain.planner.steady import points
+
+    pts = points(plan) if steady else None
+    return sum(pts) if pts else plan.microbatches
 
 
 def _freeze(plan: Plan) -> tuple:

@@ -591,8 +591,9 @@ class _Ctx:
         if rec is None:
             return "pruned"
         # A simulation is not interrupted: stop before one that would overrun the deadline
-        # (expected to cost what the last one did).
-        if self.state.out_of_time(self.best, self.ev.last_simulate_s):
+        # (expected to cost what the last one did, per microbatch simulated).
+        plan = make_plan(self.req, self.st, self.kn, rec)
+        if self.state.out_of_time(self.best, self.ev.expected_simulate_s(plan)):
             floor = self.state.floor
             self.state.floor = self.lb if floor is None else min(floor, self.lb)
             return "stop"
@@ -602,7 +603,6 @@ class _Ctx:
         lb = step_time_lower_bound_s(self.st.layer_split, self.m, self.ut, rec, self.over)
         if self.prune and self.best.beaten(lb):
             return "pruned"
-        plan = make_plan(self.req, self.st, self.kn, rec)
         rep = self.ev.memory(plan)  # the ledger first: a simulation costs several replays
         over = [s for s, p in enumerate(rep.peak_bytes) if p > rep.limit_bytes]
         if not over:
