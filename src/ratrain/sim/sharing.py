@@ -139,8 +139,8 @@ class _SharingEngine(_Engine):
             if i < 0:
                 continue
             busy = sum(c for t, c in sh.neighbours[s] if running[t] >= 0)
-            f = self.frac[i]
-            rate = 1.0 / (f / sh.rates[s][busy] + 1.0 - f)
+            r, f = sh.rates[s][busy], self.frac[i]
+            rate = 1.0 if r == 1.0 else 1.0 / (f / r + 1.0 - f)  # exact when all are busy
             if rate == self.rate[i]:
                 continue
             if self.rate[i]:
