@@ -26,6 +26,7 @@ import sys
 
 from ratrain.calibrate.breakdown import merge, step_breakdown
 from ratrain.calibrate.grid import default_grid, load_grid
+from ratrain.calibrate.stats import kendall_tau
 from ratrain.calibrate.validate import _job
 from ratrain.platforms import load
 from ratrain.runtime.distributed_train import run_job
@@ -93,9 +94,13 @@ def main(argv=None) -> int:
         json.dump({"plans": rows, "total": total}, sys.stdout, indent=1)
         print()
         return 0
+    meas = [r["measured_s"] for r in rows]
     for i, label in enumerate(labels):
         errs = [abs(r["predicted_s"][i] - r["measured_s"]) / r["measured_s"] for r in rows]
-        print(f"{label}: MAPE {sum(errs) / len(errs):.1%}, max {max(errs):.1%}")
+        tau = kendall_tau([r["predicted_s"][i] for r in rows], meas) if len(rows) > 1 else 1.0
+        print(
+            f"{label}: MAPE {sum(errs) / len(errs):.1%}, max {max(errs):.1%}, Kendall tau {tau:.2f}"
+        )
     print(f"\n{'kind':12s} {'measured s':>11s} {'simulated s':>12s} {'meas/sim':>9s}")
     for k, (m, s) in sorted(total.items(), key=lambda kv: -kv[1][0]):
         ratio = f"{m / s:9.2f}" if s else "        -"

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -12,6 +13,10 @@ from ratrain.schedule.ir import Action, Op, Schedule
 from ratrain.sim import RESOURCE_TIDS, plot, replay, simulate_schedule, trace_events, write_trace
 
 CPU = load("cpu-local")
+# The analytic bubbles assume every action takes its charged time: cpu-local without its
+# shared cores (with them, a stage computes faster while the others wait in their bubbles,
+# tests/test_sim_sharing.py).
+UNSHARED = dataclasses.replace(CPU, cores_per_node=None, rank_speed=())
 # Uniform blocks: 8 layers split evenly over 1, 2, 4 or 8 stages.
 UNIFORM = ModelSpec("uniform", 8, 256, 4, 4, 512, 1000, max_seq=64)
 
@@ -26,7 +31,7 @@ def _plan(pp, m, **kw):
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 16])
 def test_hand_1f1b_bubble_is_analytic(pp, m):
     plan = _plan(pp, m)
-    cost = CostModel(UNIFORM, plan, CPU, scale=only("compute"))
+    cost = CostModel(UNIFORM, plan, UNSHARED, scale=only("compute"))
     r = simulate_schedule(one_f_one_b(UNIFORM, plan), cost)
     assert r.bubble_fraction == pytest.approx((pp - 1) / (m + pp - 1), abs=1e-12)
     per_mb = cost.time_s(Action(Op.F, 0, (1,), 0)) + cost.time_s(Action(Op.B, 0, (1,), 0))
@@ -157,7 +162,7 @@ def test_generated_1f1b_bubble_is_analytic(schedule, pp, m):
     from ratrain.sim import simulate
 
     plan = _plan(pp, m, schedule=schedule, compute_dtype="bf16")
-    r = simulate(UNIFORM, plan, CPU, cost_scale=only("compute"), check=True)
+    r = simulate(UNIFORM, plan, UNSHARED, cost_scale=only("compute"), check=True)
     assert r.bubble_fraction == pytest.approx((pp - 1) / (m + pp - 1), abs=1e-12)
 
 

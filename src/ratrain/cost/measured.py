@@ -94,7 +94,8 @@ def compute_speed(platform: Platform, ranks_on_node: int) -> float:
     SMT siblings or a shared memory bus they cannot get more), so each of the node's ranks
     gets its share of the aggregate of all their threads, the cores being the limit. All
     ranks are taken as busy at once: a rank idle in its bubble leaves the others more, which
-    this does not credit.
+    the simulator credits by processor sharing (`ratrain.cost.sharing.shared_speed`,
+    `ratrain.sim.sharing`).
 
     A platform that measured it (`Platform.rank_speed`, `ratrain.calibrate.sharing`) gives
     the speed at each rank count directly: that table is used instead.

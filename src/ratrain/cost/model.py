@@ -54,6 +54,7 @@ from ratrain.config import Plan
 from ratrain.cost import comm
 from ratrain.cost.compute import Kernel, kernels_time_s, memory_pass_time_s, unit_kernels
 from ratrain.cost.measured import compute_speed, memory_bound_time_s, unit_factor
+from ratrain.cost.sharing import peak_speed
 from ratrain.errors import RatrainError
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
@@ -61,7 +62,10 @@ from ratrain.platforms import Platform
 from ratrain.schedule.ir import Action, Op, Resource
 from ratrain.schedule.lowering import action_bytes
 
-__all__ = ["COST_CATEGORIES", "ActionCost", "CostModel", "only"]
+__all__ = ["COST_CATEGORIES", "SPEEDS", "ActionCost", "CostModel", "only"]
+
+SPEEDS = ("busy", "peak")
+"""`CostModel(speed=...)`: the rank speed compute times are charged at."""
 
 COST_CATEGORIES = {
     "compute": "F and B of transformer blocks",
@@ -101,6 +105,9 @@ class ActionCost:
     """Collectives and transfers: the algorithm and link they were costed on."""
     nbytes: int = 0
     flops: int = 0
+    fixed_s: float = 0.0
+    """The part of `time_s` that does not follow the rank's speed (the runtime's fixed cost
+    per action); the rest of a compute action's time does (`ratrain.sim.sharing`)."""
 
 
 class CostModel:
@@ -114,6 +121,7 @@ class CostModel:
         *,
         scale: dict[str, float] | None = None,
         rank_layout: str = "pp-inner",
+        speed: str = "busy",
     ) -> None:
         self.spec, self.plan, self.platform = spec, plan, platform
         if rank_layout not in comm.RANK_LAYOUTS:
@@ -130,9 +138,17 @@ class CostModel:
             if not v >= 0:
                 raise RatrainError(f"cost scale for {c!r} must be >= 0, got {v!r}")
         self.scale = {c: float(scale.get(c, 1.0)) for c in COST_CATEGORIES}
-        ranks_on_node = min(plan.pp * plan.dp, platform.units_per_node)
-        self.speed = compute_speed(platform, ranks_on_node)
-        """Kernel speed of one rank against one thread on a core of its own."""
+        if speed not in SPEEDS:
+            raise RatrainError(f"unknown speed {speed!r}; choose one of {', '.join(SPEEDS)}")
+        self.ranks_on_node = min(plan.pp * plan.dp, platform.units_per_node)
+        self.speed = (
+            peak_speed(platform, self.ranks_on_node)
+            if speed == "peak"
+            else compute_speed(platform, self.ranks_on_node)
+        )
+        """Kernel speed of one rank against one thread on a core of its own: every rank of
+        the node busy ("busy", what the simulator's rates are relative to), or the fastest
+        any rank runs while others wait ("peak": lower bounds, `ratrain.cost.sharing`)."""
         self._cache: dict[tuple, ActionCost] = {}
         self._stolen: dict[tuple, float] = {}
 
@@ -216,7 +232,7 @@ class CostModel:
             if over_s:
                 over_s *= self.scale[c.category]
                 c = ActionCost(
-                    c.time_s + over_s, c.category, c.bound, c.algorithm, c.nbytes, c.flops
+                    c.time_s + over_s, c.category, c.bound, c.algorithm, c.nbytes, c.flops, over_s
                 )
             return c
         return ActionCost(
@@ -226,6 +242,7 @@ class CostModel:
             c.algorithm,
             c.nbytes,
             c.flops,
+            over_s * self.scale[c.category],
         )
 
     def _raw_cost(self, a: Action) -> ActionCost:

@@ -205,7 +205,9 @@ def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
     """The bound's overheads for `plan` (its recompute field is not read)."""
     from ratrain.schedule.lowering import global_checks
 
-    cm = CostModel(spec, plan, platform)
+    # At the fastest any rank computes (alone on its node under processor sharing), so
+    # that the UPDATE times stay bounds where the simulator shares cores.
+    cm = CostModel(spec, plan, platform, speed="peak")
     units = [tuple(plan.stage_units(spec, s)) for s in range(plan.pp)]
     upd = tuple(cm.time_s(Action(Op.UPDATE, s, units[s])) for s in range(plan.pp))
     send_f = tuple(cm.time_s(Action(Op.SEND_F, s, (units[s][-1],), 0)) for s in range(plan.pp - 1))

@@ -1,5 +1,7 @@
 """Simulate one training step of a plan on a platform: the schedule IR, timed by the cost
-model on the event engine, with the memory ledger's bytes laid on the same clock."""
+model on the event engine, with the memory ledger's bytes laid on the same clock. Where a
+node's ranks share its cores, the engine runs with processor sharing (`ratrain.sim.sharing`):
+a rank computes faster while the node's other ranks wait."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from ratrain.platforms import Platform, load
 from ratrain.schedule.ir import Resource, Schedule
 from ratrain.sim.engine import run_flat
 from ratrain.sim.result import SimEvent, SimResult, stage_metrics
+from ratrain.sim.sharing import node_sharing, run_shared
 
 __all__ = ["simulate", "simulate_schedule"]
 
@@ -24,7 +27,12 @@ def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list
     durations = [c.time_s for c in costs]
     if cost.platform.collective_compute_s_per_byte:
         _charge_stolen_compute(schedule, cost, durations, resources)
-    issue, start, end = run_flat(schedule, durations, resources)
+    sharing = node_sharing(cost)
+    if sharing is None:
+        issue, start, end = run_flat(schedule, durations, resources)
+    else:  # ranks share their node's cores: a rank computes faster while others wait
+        fixed = [c.fixed_s for c in costs]
+        issue, start, end = run_shared(schedule, durations, resources, fixed, sharing)
     events = [
         SimEvent(a.stage, a, r.value, start[i], end[i], issue[i], c.bound, c.algorithm)
         for i, (a, c, r) in enumerate(zip(acts, costs, resources, strict=True))

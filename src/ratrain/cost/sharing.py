@@ -1,0 +1,69 @@
+"""How fast one rank computes while only some of its node's ranks compute: processor sharing.
+
+`compute_speed(platform, w)` is the measured speed of each of w ranks when all w compute at
+once (`Platform.rank_speed`, or the thread model without it). A rank that waits (its
+pipeline bubble, a receive, an all-gather) lends its cores to the others, so the speed of a
+rank depends on how many of the node's ranks compute at that moment. With b of the node's
+w ranks busy, each running the launcher's t = cores // w threads:
+
+    speed(b) = max(min(w x speed(w) / b, solo), speed(w))
+
+- w x speed(w): the node's aggregate at full occupancy, measured (the table's row for w),
+  shared among the b busy ranks: the cores give the ranks that compute what they gave all w;
+- solo: what one rank's own t threads reach with the node to itself, which no sharing can
+  exceed: 1 for t = 1 (by definition of the reference speed: one thread on a core of its
+  own, what the kernel curves and the table's k = 1 reference were measured at); for t > 1
+  the platform's thread scaling 1 + (t - 1) x `thread_efficiency` (measured on a GEMM),
+  and no more than the table's k = 1 row (one rank with all the cores, measured);
+- at b = w it is the measured speed(w) itself, so a step where every rank computes all the
+  time is timed as before.
+
+Checked against the table's own rows on the reference 2-core machine (`cpu-local`): w = 4
+ranks of one thread, b = 2 busy gives 4 x 0.455 / 2 = 0.91, against the measured k = 2 row
+0.92 (tests/test_sim_sharing.py). Nothing here is fitted to a validation grid.
+
+Only platforms whose ranks share a node's cores (`cores_per_node` or `rank_speed` set, see
+`shares_cores`) have sharing; elsewhere every rank computes on units of its own. Pure Python.
+"""
+
+from __future__ import annotations
+
+from ratrain.cost.measured import _table_speed, compute_speed, threads_per_rank
+from ratrain.platforms import Platform
+
+__all__ = ["shares_cores", "solo_speed", "shared_speed", "peak_speed"]
+
+
+def shares_cores(platform: Platform) -> bool:
+    """Whether a node's ranks share its cores, so that a rank's speed follows how many of
+    them compute (a platform that measured or states its cores per node)."""
+    return bool(platform.rank_speed) or platform.cores_per_node is not None
+
+
+def solo_speed(platform: Platform, ranks_on_node: int) -> float:
+    """One of the node's `ranks_on_node` ranks computing with the node to itself: its own
+    t = cores // ranks threads, at the reference speed per thread (1 for t = 1)."""
+    cores = platform.cores_per_node
+    t = threads_per_rank(cores, ranks_on_node) if cores else 1
+    if t == 1:
+        return 1.0
+    speed = 1.0 + (t - 1) * platform.thread_efficiency
+    if platform.rank_speed:  # one rank with every core (the k = 1 row) bounds fewer threads
+        speed = min(speed, _table_speed(platform.rank_speed, 1))
+    return speed
+
+
+def shared_speed(platform: Platform, ranks_on_node: int, busy: int) -> float:
+    """Speed of one rank (relative to one thread on a core of its own) while `busy` of its
+    node's `ranks_on_node` ranks compute, itself included (the module docstring)."""
+    w = max(ranks_on_node, 1)
+    full = compute_speed(platform, w)
+    if busy >= w or not shares_cores(platform):
+        return full
+    return max(min(w * full / max(busy, 1), solo_speed(platform, w)), full)
+
+
+def peak_speed(platform: Platform, ranks_on_node: int) -> float:
+    """The fastest any of the node's ranks computes under sharing (alone on the node): an
+    upper bound on `shared_speed` for every busy count, for the planner's lower bounds."""
+    return shared_speed(platform, ranks_on_node, 1)

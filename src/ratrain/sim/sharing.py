@@ -1,0 +1,163 @@
+"""Processor sharing in the event engine: ranks that share a node's cores compute faster
+while the node's other ranks wait.
+
+On a platform whose ranks share a node's cores (`ratrain.cost.sharing.shares_cores`), the
+cost model charges every compute action at the speed of a rank whose node's ranks all
+compute (`CostModel.speed`). Here a compute action (F, B, RECOMPUTE, UPDATE) instead has an
+amount of work, its charged time at that speed, and progresses at a rate that follows how
+many of its node's ranks compute at each moment: `shared_speed(w, b) / CostModel.speed`
+for b of the node's w ranks busy (`ratrain.cost.sharing`), 1 when all are. Only the part of
+an action's time that the cost model divides by the speed follows the rate; its fixed cost
+per action (`ActionCost.fixed_s`) does not: at a constant rate r an action of time d and
+fixed part x takes x + (d - x) / r, and while the rate changes it progresses at the
+matching blend. A DP collective's CPU work added to the next compute action
+(`ratrain.sim.simulate._charge_stolen_compute`) is compute and follows the rate.
+
+Who is busy. The simulator replays one pipeline; the dp replicas are identical copies and
+compute at the same moments. The ranks on a node (the cost model's rank layout,
+`ratrain.cost.comm.rank_of`, and `units_per_node`) that compute at a moment are, summed over
+the stages computing then, that stage's replicas on the node. Assumed for several nodes:
+the busy count of a stage is that of the node holding its replica 0; every node holding a
+replica of it is taken to hold the same stages, which is exact when nodes hold whole
+pipelines or whole ranges of one pipeline's stages (the node size a multiple of pp or a
+divisor of it), and with one node (cpu-local) trivially.
+
+The engine: a running compute action keeps its remaining work and its rate; whenever the
+set of stages computing changes, the remaining work of every running compute action whose
+rate changes is brought up to date and its completion re-queued (a stale heap entry is
+skipped when popped: each action's valid entry is the sequence number it was last pushed
+with). Rates are recomputed once all events of one instant are processed, so the result
+does not depend on the order in which simultaneous events are handled. Pure Python.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from ratrain.cost.comm import rank_of
+from ratrain.cost.model import CostModel
+from ratrain.cost.sharing import shared_speed, shares_cores
+from ratrain.schedule.ir import Resource, Schedule
+from ratrain.sim.engine import _Engine
+
+__all__ = ["NodeSharing", "node_sharing", "run_shared"]
+
+
+@dataclass(frozen=True)
+class NodeSharing:
+    """Who shares a stage's cores, and at what rate its compute then progresses."""
+
+    neighbours: tuple[tuple[tuple[int, int], ...], ...]
+    """Per stage s: (stage s', ranks of s' on the node of s's replica 0), for s' with any."""
+    rates: tuple[tuple[float, ...], ...]
+    """Per stage: rate at b busy ranks on its node (index b, 0..w), relative to the cost
+    model's all-busy speed (1 at b = w)."""
+
+
+def node_sharing(cost: CostModel) -> NodeSharing | None:
+    """The sharing of `cost`'s plan on its platform, or None where no rank's speed can
+    change (no shared cores, or one rank per node): the engine's plain path."""
+    platform, plan = cost.platform, cost.plan
+    if not shares_cores(platform):
+        return None
+    pp, dp, upn = plan.pp, plan.dp, platform.units_per_node
+    node = [[rank_of(s, r, pp, dp, cost.rank_layout) // upn for r in range(dp)] for s in range(pp)]
+    neighbours, rates = [], []
+    for s in range(pp):
+        home = node[s][0]
+        near = tuple((t, node[t].count(home)) for t in range(pp) if home in node[t])
+        w = sum(c for _, c in near)
+        neighbours.append(near)
+        rates.append(tuple(shared_speed(platform, w, max(b, 1)) / cost.speed for b in range(w + 1)))
+    if all(len(r) <= 2 for r in rates):  # one rank per node: always alone, rate fixed
+        return None
+    return NodeSharing(tuple(neighbours), tuple(rates))
+
+
+class _SharingEngine(_Engine):
+    def __init__(self, schedule, durations, resources, fixed, sharing: NodeSharing) -> None:
+        super().__init__(schedule, durations, resources)
+        n = len(durations)
+        self.sharing = sharing
+        # The share of each action's time that follows the rate (compute actions only).
+        self.frac = [
+            (d - x) / d if c and d > 0 else 0.0
+            for d, x, c in zip(durations, fixed, self.compute, strict=True)
+        ]
+        self.left = [0.0] * n  # remaining work, in seconds at rate 1
+        self.rate = [0.0] * n  # current progress per second (0: not yet rated)
+        self.since = [0.0] * n  # when `left` was last brought up to date
+        self.valid = [-1] * n  # sequence number of the action's live heap entry
+        self.running = [-1] * schedule.pp  # the compute action running on each stage
+        self.dirty = False
+
+    def run(self) -> None:
+        for s in range(self.schedule.pp):
+            self._advance(s)
+        self._rebalance()
+        heap = self.heap
+        while heap:
+            t, seq, i = heapq.heappop(heap)
+            if seq != self.valid[i]:
+                continue  # superseded by a re-queue at a new rate
+            self.now = t
+            self.valid[i] = -1
+            self._complete(i)
+            while heap and heap[0][1] != self.valid[heap[0][2]]:
+                heapq.heappop(heap)
+            if not heap or heap[0][0] > self.now:
+                self._rebalance()  # every event of this instant is in
+        self._check_done()
+
+    def _push(self, t: float, i: int) -> None:
+        heapq.heappush(self.heap, (t, self.seq, i))
+        self.valid[i] = self.seq
+        self.seq += 1
+
+    def _start(self, i: int) -> None:
+        self.start[i] = self.now
+        if not self.compute[i]:
+            self._push(self.now + self.dur[i], i)
+            return
+        self.running[self.stage[i]] = i
+        self.left[i], self.rate[i], self.since[i] = self.dur[i], 0.0, self.now
+        self.dirty = True  # queued by the next rebalance, at the rate of the new busy set
+
+    def _complete(self, i: int) -> None:
+        if self.compute[i]:
+            self.running[self.stage[i]] = -1
+            self.dirty = True
+        super()._complete(i)
+
+    def _rebalance(self) -> None:
+        if not self.dirty:
+            return
+        self.dirty = False
+        running, sh = self.running, self.sharing
+        for s, i in enumerate(running):
+            if i < 0:
+                continue
+            busy = sum(c for t, c in sh.neighbours[s] if running[t] >= 0)
+            r, f = sh.rates[s][busy], self.frac[i]
+            rate = 1.0 if r == 1.0 else 1.0 / (f / r + 1.0 - f)  # exact when all are busy
+            if rate == self.rate[i]:
+                continue
+            if self.rate[i]:
+                self.left[i] = max(self.left[i] - (self.now - self.since[i]) * self.rate[i], 0.0)
+            self.since[i], self.rate[i] = self.now, rate
+            self._push(self.now + self.left[i] / rate, i)
+
+
+def run_shared(
+    schedule: Schedule,
+    durations: list[float],
+    resources: list[Resource],
+    fixed: list[float],
+    sharing: NodeSharing,
+) -> tuple[list[float], list[float], list[float]]:
+    """`ratrain.sim.engine.run_flat` under processor sharing: `fixed` is each action's part
+    of its duration that does not follow the rate (`ActionCost.fixed_s`)."""
+    eng = _SharingEngine(schedule, durations, resources, fixed, sharing)
+    eng.run()
+    return eng.issue, eng.start, eng.end
