@@ -14,6 +14,7 @@ from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
 from ratrain.models.counts import total_params
 from ratrain.models.spec import ModelSpec
+from ratrain.runtime.host_memory import DEFAULT_MMAP_THRESHOLD_BYTES, check_mmap_threshold
 
 __all__ = ["add_arguments", "run", "run_reference", "train_config_from_args", "cpu_threads"]
 
@@ -75,6 +76,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="pin each locally spawned rank to one core (ranks outnumbering the cores share "
         "them, stages mixed per core); torchrun and Slurm ranks keep their placement",
+    )
+    g.add_argument(
+        "--malloc-mmap-threshold",
+        type=int,
+        default=DEFAULT_MMAP_THRESHOLD_BYTES,
+        metavar="BYTES",
+        help="distributed runtime: each rank fixes glibc's mmap threshold to this, so freed "
+        "tensors of at least this size go back to the OS and a CPU rank's resident memory "
+        "follows its live tensors (default 131072, glibc's starting value; 0: glibc's own "
+        "dynamic threshold; see docs/runtime.md)",
     )
     g.add_argument(
         "--threads",
@@ -165,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     prepare_output_file(args.metrics, "--metrics")
     prepare_output_dir(args.tensorboard, "--tensorboard")
     train_config_from_args(args)  # flag errors before anything is built
+    check_mmap_threshold(args.malloc_mmap_threshold)
     _check_checkpoint_flags(args)
     if args.init_from:
         from ratrain.models.hf_config import from_hf_config

@@ -48,6 +48,11 @@ from ratrain.runtime.faults import (
     fault_hook,
 )
 from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, rendezvous_from_env
+from ratrain.runtime.host_memory import (
+    DEFAULT_MMAP_THRESHOLD_BYTES,
+    check_mmap_threshold,
+    fix_mmap_threshold,
+)
 from ratrain.runtime.launch import spawn
 from ratrain.runtime.memory import PeakMemory
 from ratrain.runtime.profile import StepProfile
@@ -120,6 +125,9 @@ class Job:
     pin_cores: bool = False
     """Pin each locally spawned rank to one core of this process's affinity set
     (`cores_of`); ranks launched by torchrun or Slurm keep the launcher's placement."""
+    malloc_mmap_threshold_bytes: int = DEFAULT_MMAP_THRESHOLD_BYTES
+    """Each rank fixes glibc's mmap threshold to this (`ratrain.runtime.host_memory`), so
+    freed tensors go back to the OS; 0 leaves glibc's dynamic threshold."""
 
 
 @dataclass
@@ -155,6 +163,7 @@ def run_job(job: Job) -> list[RankResult]:
     externally)."""
     job.plan.check_for(job.spec)
     check_tied(job.spec, job.plan)
+    check_mmap_threshold(job.malloc_mmap_threshold_bytes)
     if job.compile_units and job.measure_memory and job.device != "cuda":
         # LiveBytes counts tensors through a dispatch mode; whether it sees every buffer of a
         # compiled graph is not established, so the two are not combined
@@ -193,6 +202,8 @@ def _local_rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
 
 
 def rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
+    # before the rank's first tensor: blocks already in the heap stay there
+    fix_mmap_threshold(job.malloc_mmap_threshold_bytes)
     grid = ParallelGrid.init(
         job.plan.pp, job.plan.dp, rdzv, device=job.device, timeout_s=job.timeout_s
     )

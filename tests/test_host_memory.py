@@ -1,0 +1,82 @@
+"""The fixed glibc mmap threshold: freed tensors leave the resident set; bad values are one
+line before any work."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ratrain.cli import main
+from ratrain.errors import RatrainError
+from ratrain.runtime.host_memory import (
+    DEFAULT_MMAP_THRESHOLD_BYTES,
+    MAX_MMAP_THRESHOLD_BYTES,
+    check_mmap_threshold,
+)
+
+# A freed 8 MiB tensor raises glibc's dynamic threshold to 8 MiB; 64 tensors of 1 MiB then
+# come from the heap, and with the last one kept on top, the 63 MiB freed below it stay
+# resident. With the threshold fixed each 1 MiB tensor is mapped and unmapped on its own.
+_CHILD = textwrap.dedent(
+    """
+    import os, sys, torch
+    from ratrain.runtime.host_memory import fix_mmap_threshold
+
+    applied = fix_mmap_threshold(int(sys.argv[1]))
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * page
+
+    big = torch.ones(8 * 2**20 // 4)
+    del big
+    before = rss()
+    blocks = [torch.ones(2**20 // 4) for _ in range(64)]
+    keep = blocks[-1]
+    del blocks
+    print(int(applied), rss() - before)
+    """
+)
+
+
+def _retained_mib(threshold: int) -> tuple[bool, float]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(threshold)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    ).stdout.split()
+    return out[0] == "1", int(out[1]) / 2**20
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc only")
+def test_fixed_threshold_returns_freed_tensors():
+    applied, fixed = _retained_mib(DEFAULT_MMAP_THRESHOLD_BYTES)
+    if not applied:
+        pytest.skip("this C library has no mallopt(M_MMAP_THRESHOLD)")
+    _, dynamic = _retained_mib(0)
+    assert dynamic > 48, dynamic  # glibc's own threshold keeps the freed heap blocks resident
+    assert fixed < 8, fixed  # the fixed one gives them back: ~1 MiB (the kept tensor) is left
+
+
+def test_check_mmap_threshold():
+    check_mmap_threshold(0)
+    check_mmap_threshold(DEFAULT_MMAP_THRESHOLD_BYTES)
+    check_mmap_threshold(MAX_MMAP_THRESHOLD_BYTES)
+    for bad in (-1, MAX_MMAP_THRESHOLD_BYTES + 1):
+        with pytest.raises(RatrainError, match="--malloc-mmap-threshold"):
+            check_mmap_threshold(bad)
+
+
+def test_bad_threshold_is_one_line_before_work(capsys):
+    assert main(["train", "--pp", "2", "--steps", "1", "--malloc-mmap-threshold", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert "--malloc-mmap-threshold" in err
