@@ -73,6 +73,16 @@ def _rss_now() -> int:
         return int(f.read().split()[1]) * _PAGE
 
 
+def _status_kib() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon", "RssFile", "RssShmem")):
+                k, v = line.split(":")
+                out[k] = int(v.split()[0]) * 1024
+    return out
+
+
 def _sample(label: str) -> dict:
     live = rt_memory._ACTIVE[-1].live_bytes if rt_memory._ACTIVE else None
     return {
@@ -80,7 +90,9 @@ def _sample(label: str) -> dict:
         "rss": _rss_now(),
         "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "live": live,
+        "minflt": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
         **_mallinfo(),
+        **_status_kib(),
     }
 
 
@@ -106,13 +118,13 @@ def _probe_rank(rdzv, job: Job, last_step: int) -> dict:
 
     def on_compute(self, a, t0, t1):
         compute(self, a, t0, t1)
-        if self.step == last_step:
-            steps.append(_sample(str(a)))
+        if self.step == last_step or os.environ.get("RSS_ALL_STEPS"):
+            steps.append(_sample(f"{self.step}:{a}"))
 
     def on_issued(self, a, t0):
         issued(self, a, t0)
-        if self.step == last_step:
-            steps.append(_sample(str(a)))
+        if self.step == last_step or os.environ.get("RSS_ALL_STEPS"):
+            steps.append(_sample(f"{self.step}:{a}"))
 
     trace.Recorder.compute, trace.Recorder.issued = on_compute, on_issued
     res = rank_main(rdzv, job)
@@ -180,7 +192,7 @@ def main() -> None:
         eager_kernels=True,
         sends_held=True,
     )
-    ranks = spawn(_probe_rank, a.pp * a.dp, job, a.steps - 1, a.mmap_threshold, deadline_s=1800.0)
+    ranks = spawn(_probe_rank, a.pp * a.dp, job, a.steps - 1, deadline_s=1800.0)
     mib = 2**20
     print(
         f"{'rank':>4} {'forked':>7} {'pg':>7} {'states':>7} {'ledger':>7} {'live pk':>8} "
