@@ -16,7 +16,7 @@ kept by the process, the rest). The ledger's peak (`ratrain.memory.replay`, eage
 sends held) is printed next to it.
 
     python benchmarks/rss_breakdown.py [--pp 2] [--dp 1] [--split 5,3] [--steps 2]
-        [--malloc-mmap-threshold 131072 | 0] [--json out.json]
+        [--malloc-mmap-threshold 0 | 131072] [--all-steps] [--json out.json]
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from ratrain.memory import replay
 from ratrain.runtime import distributed_train, trace
 from ratrain.runtime import memory as rt_memory
 from ratrain.runtime.distributed_train import Job, rank_main
-from ratrain.runtime.host_memory import DEFAULT_MMAP_THRESHOLD_BYTES
 from ratrain.runtime.launch import spawn
 from ratrain.schedule import build_schedule
 
@@ -96,7 +95,7 @@ def _sample(label: str) -> dict:
     }
 
 
-def _probe_rank(rdzv, job: Job, last_step: int) -> dict:
+def _probe_rank(rdzv, job: Job, first_step: int) -> dict:
     samples = [_sample("forked")]
     init = distributed_train.ParallelGrid.init
 
@@ -118,12 +117,12 @@ def _probe_rank(rdzv, job: Job, last_step: int) -> dict:
 
     def on_compute(self, a, t0, t1):
         compute(self, a, t0, t1)
-        if self.step == last_step or os.environ.get("RSS_ALL_STEPS"):
+        if self.step >= first_step:
             steps.append(_sample(f"{self.step}:{a}"))
 
     def on_issued(self, a, t0):
         issued(self, a, t0)
-        if self.step == last_step or os.environ.get("RSS_ALL_STEPS"):
+        if self.step >= first_step:
             steps.append(_sample(f"{self.step}:{a}"))
 
     trace.Recorder.compute, trace.Recorder.issued = on_compute, on_issued
@@ -148,12 +147,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--schedule", default="ratrain")
     ap.add_argument("--loss-chunk-tokens", type=int, default=256)
-    ap.add_argument("--json")
+    ap.add_argument("--json", help="every sample, per rank")
+    ap.add_argument(
+        "--all-steps", action="store_true", help="sample every step (default: the last only)"
+    )
     ap.add_argument(
         "--malloc-mmap-threshold",
         type=int,
-        default=DEFAULT_MMAP_THRESHOLD_BYTES,
-        help="the runtime's fixed glibc mmap threshold (its default); 0: glibc's own",
+        default=0,
+        help="fix glibc's mmap threshold in the ranks (e.g. 131072); 0: glibc's own (default)",
     )
     a = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -192,7 +194,9 @@ def main() -> None:
         eager_kernels=True,
         sends_held=True,
     )
-    ranks = spawn(_probe_rank, a.pp * a.dp, job, a.steps - 1, deadline_s=1800.0)
+    ranks = spawn(
+        _probe_rank, a.pp * a.dp, job, 0 if a.all_steps else a.steps - 1, deadline_s=1800.0
+    )
     mib = 2**20
     print(
         f"{'rank':>4} {'forked':>7} {'pg':>7} {'states':>7} {'ledger':>7} {'live pk':>8} "
@@ -210,6 +214,15 @@ def main() -> None:
             f"{r['end']['max_rss'] / mib:>7.0f} | {top['at'][:16]:>16} {top['rss'] / mib:>6.0f} "
             f"{top['live'] / mib:>6.0f} {top['heap_free'] / mib:>9.0f} "
             f"{top['mmapped'] / mib:>8.0f} {rest / mib:>6.0f}"
+        )
+    for r in sorted(ranks, key=lambda r: r["rank"]):
+        faults = r["step"][-1]["minflt"] - r["step"][0]["minflt"]
+        heap = max(s["heap"] for s in r["step"]) / mib
+        top = max(r["step"], key=lambda s: s["rss"])
+        print(
+            f"rank {r['rank']}: malloc heap up to {heap:,.0f} MiB; {faults:,} minor page faults "
+            f"over the sampled steps; at the RSS peak {top['RssFile'] / mib:,.0f} MiB of it are "
+            "file pages (libraries)"
         )
     times = [round(t, 2) for r in ranks if r["stage"] == a.pp - 1 for t in r["step_times_s"]]
     print("step times (s), last stage:", times)

@@ -3,7 +3,7 @@
     python benchmarks/runtime_vs_peers.py [--quick] [--json out.json] [--layouts 2x1,2x2]
         [--repeats 3] [--steps 6] [--warmup 2] [--systems ratrain,torch-1f1b,deepspeed]
         [--compile | --no-compile] [--loss-chunk-tokens 256] [--platform FILE]
-        [--malloc-mmap-threshold 131072]
+        [--malloc-mmap-threshold 131072 (ratrain-lowrss's)]
         [--model bench-512] [--ratrain-split planner|same|even|balanced|5,3]
         [--layer-split even|balanced|4,4] [--no-peers-on-ratrain-split]
 
@@ -14,10 +14,10 @@ gradient clipping (the peers' schedules have no global-norm step). Layouts are p
 Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as given),
 `ratrain-eager` (no compile, plain loss: the runtime before these two),
 `ratrain-compiled` (`ratrain` with compile forced on, to measure compile),
-`ratrain-glibc` (`ratrain` with glibc's dynamic mmap threshold, i.e. without the runtime's
-`--malloc-mmap-threshold` default: before/after on host memory), `torch-1f1b`,
-`deepspeed` (skipped when not importable); see `peers.py`. The peers run with glibc's
-malloc as it is: they do not get the runtime's fixed mmap threshold.
+`ratrain-lowrss` (`ratrain` with glibc's mmap threshold fixed at `--malloc-mmap-threshold`,
+`ratrain train --malloc-mmap-threshold`, off by default: less RSS, more page faults),
+`torch-1f1b`, `deepspeed` (skipped when not importable); see `peers.py`. `ratrain` and the
+peers run with glibc's malloc as it is.
 
 Splits: ratrain (all its variants) runs the split `ratrain plan` picks for the job on
 `--split-platform` (cpu-local); the peers run `--layer-split` (their own default, even) and,
@@ -66,7 +66,7 @@ from ratrain.models.counts import model_flops_per_token, unit_fwd_flops
 from ratrain.models.presets import get_preset
 from ratrain.models.spec import ModelSpec
 from ratrain.runtime.distributed_train import Job, run_job
-from ratrain.runtime.host_memory import DEFAULT_MMAP_THRESHOLD_BYTES
+from ratrain.runtime.host_memory import LOW_RSS_MMAP_THRESHOLD_BYTES
 from ratrain.runtime.launch import spawn
 from ratrain.runtime.profile import BUCKETS
 
@@ -244,15 +244,16 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         probes.append(peak)
         # A B C, then C B A: a load that drifts during a repeat favours no system
         for s in systems if rep % 2 == 0 else systems[::-1]:
-            prof, mmap = rep == 0 and a.profile, a.malloc_mmap_threshold
+            prof = rep == 0 and a.profile
             if s == "ratrain":
-                r = run_ratrain(spec, fast, cfg, source, a.compile, prof, mmap)
-            elif s == "ratrain-compiled":  # ratrain with --compile whatever the flag says
-                r = run_ratrain(spec, fast, cfg, source, True, prof, mmap)
-            elif s == "ratrain-eager":  # the runtime without compile or the chunked loss
-                r = run_ratrain(spec, own, cfg, source, False, prof, mmap)
-            elif s == "ratrain-glibc":  # ratrain with glibc's dynamic mmap threshold
                 r = run_ratrain(spec, fast, cfg, source, a.compile, prof, 0)
+            elif s == "ratrain-compiled":  # ratrain with --compile whatever the flag says
+                r = run_ratrain(spec, fast, cfg, source, True, prof, 0)
+            elif s == "ratrain-eager":  # the runtime without compile or the chunked loss
+                r = run_ratrain(spec, own, cfg, source, False, prof, 0)
+            elif s == "ratrain-lowrss":  # ratrain with glibc's mmap threshold fixed
+                mmap = a.malloc_mmap_threshold
+                r = run_ratrain(spec, fast, cfg, source, a.compile, prof, mmap)
             else:
                 fn = torch_1f1b_rank if s.startswith("torch-1f1b") else deepspeed_rank
                 r = run_peer(fn, spec, plans[s], cfg, source, profile=rep == 0 and a.profile)
@@ -398,8 +399,8 @@ def main() -> None:
     ap.add_argument(
         "--malloc-mmap-threshold",
         type=int,
-        default=DEFAULT_MMAP_THRESHOLD_BYTES,
-        help="ratrain's fixed glibc mmap threshold (the runtime's default); 0: glibc's own",
+        default=LOW_RSS_MMAP_THRESHOLD_BYTES,
+        help="the fixed glibc mmap threshold ratrain-lowrss runs with",
     )
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--platform", help="take the matmul peak from this platform file")

@@ -11,7 +11,7 @@ import pytest
 from ratrain.cli import main
 from ratrain.errors import RatrainError
 from ratrain.runtime.host_memory import (
-    DEFAULT_MMAP_THRESHOLD_BYTES,
+    LOW_RSS_MMAP_THRESHOLD_BYTES,
     MAX_MMAP_THRESHOLD_BYTES,
     check_mmap_threshold,
 )
@@ -58,7 +58,7 @@ def _retained_mib(threshold: int) -> tuple[bool, float]:
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc only")
 def test_fixed_threshold_returns_freed_tensors():
-    applied, fixed = _retained_mib(DEFAULT_MMAP_THRESHOLD_BYTES)
+    applied, fixed = _retained_mib(LOW_RSS_MMAP_THRESHOLD_BYTES)
     if not applied:
         pytest.skip("this C library has no mallopt(M_MMAP_THRESHOLD)")
     _, dynamic = _retained_mib(0)
@@ -68,7 +68,7 @@ def test_fixed_threshold_returns_freed_tensors():
 
 def test_check_mmap_threshold():
     check_mmap_threshold(0)
-    check_mmap_threshold(DEFAULT_MMAP_THRESHOLD_BYTES)
+    check_mmap_threshold(LOW_RSS_MMAP_THRESHOLD_BYTES)
     check_mmap_threshold(MAX_MMAP_THRESHOLD_BYTES)
     for bad in (-1, MAX_MMAP_THRESHOLD_BYTES + 1):
         with pytest.raises(RatrainError, match="--malloc-mmap-threshold"):

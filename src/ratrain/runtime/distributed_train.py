@@ -49,7 +49,6 @@ from ratrain.runtime.faults import (
 )
 from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, rendezvous_from_env
 from ratrain.runtime.host_memory import (
-    DEFAULT_MMAP_THRESHOLD_BYTES,
     check_mmap_threshold,
     fix_mmap_threshold,
 )
@@ -125,9 +124,10 @@ class Job:
     pin_cores: bool = False
     """Pin each locally spawned rank to one core of this process's affinity set
     (`cores_of`); ranks launched by torchrun or Slurm keep the launcher's placement."""
-    malloc_mmap_threshold_bytes: int = DEFAULT_MMAP_THRESHOLD_BYTES
-    """Each rank fixes glibc's mmap threshold to this (`ratrain.runtime.host_memory`), so
-    freed tensors go back to the OS; 0 leaves glibc's dynamic threshold."""
+    malloc_mmap_threshold_bytes: int = 0
+    """> 0: each rank fixes glibc's mmap threshold to this (`ratrain.runtime.host_memory`),
+    so freed tensors go back to the OS (less RSS, more page faults); 0 leaves glibc's own
+    dynamic threshold."""
 
 
 @dataclass

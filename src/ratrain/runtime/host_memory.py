@@ -13,8 +13,13 @@ on the issue-12 job (`benchmarks/rss_breakdown.py`, pp=2, split 5,3) rank 0's he
 `fix_mmap_threshold(n)` sets the threshold once for the process (`mallopt(M_MMAP_THRESHOLD,
 n)`), which also turns the dynamic raise off: every block of at least `n` bytes is mapped
 on its own and returned when freed, so the resident set follows live tensor bytes. The
-price is a page fault per first touch of each such block (they come zeroed from the
-kernel); `docs/runtime.md` has what it cost and saved on the issue's job.
+price is a page fault per first touch of every such block, each time it is allocated (they
+come zeroed from the kernel): on the issue's job rank 0 took 1.1 million minor faults per
+step with `n` = 128 KiB against a few hundred without, and lost tokens/s in every
+interleaved pair measured. So the runtime leaves glibc as it is unless asked
+(`ratrain train --malloc-mmap-threshold 131072`, `Job.malloc_mmap_threshold_bytes`): a
+trade of speed for resident memory, for CPU runs that are short of RAM. `docs/runtime.md`
+("Host memory") has the figures.
 
 Other C libraries (musl, macOS) have no such knob: the call does nothing there.
 """
@@ -28,16 +33,18 @@ import functools
 from ratrain.errors import RatrainError
 
 __all__ = [
-    "DEFAULT_MMAP_THRESHOLD_BYTES",
+    "LOW_RSS_MMAP_THRESHOLD_BYTES",
     "MAX_MMAP_THRESHOLD_BYTES",
     "check_mmap_threshold",
     "fix_mmap_threshold",
 ]
 
-DEFAULT_MMAP_THRESHOLD_BYTES = 128 * 1024
-"""sourced: glibc's own starting threshold (DEFAULT_MMAP_THRESHOLD_MIN, malloc/malloc.c),
-kept fixed: tensors of 128 KiB and more are mapped; smaller ones (norm weights, scalars,
-Python's objects) stay in the heap, where they are too small to fragment it much."""
+LOW_RSS_MMAP_THRESHOLD_BYTES = 128 * 1024
+"""The value to ask for when resident memory matters more than speed. sourced: glibc's own
+starting threshold (DEFAULT_MMAP_THRESHOLD_MIN, malloc/malloc.c), kept fixed: tensors of
+128 KiB and more are mapped; smaller ones (norm weights, scalars) stay in the heap. Larger
+values (2 and 4 MiB) measured no smaller peak RSS on the issue's job: the 1 MiB activations
+are the ones that fragment the heap."""
 
 MAX_MMAP_THRESHOLD_BYTES = 32 * 2**20
 """sourced: glibc's HEAP_MAX_SIZE / 2 on 64-bit, the largest value mallopt accepts."""

@@ -17,7 +17,6 @@ from ratrain.models.spec import ModelSpec
 from ratrain.runtime.distributed_train import Job, RunResult, run_job
 from ratrain.runtime.faults import JobFailed, current_step, failure_message, read_steps
 from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, rendezvous_from_env
-from ratrain.runtime.host_memory import DEFAULT_MMAP_THRESHOLD_BYTES
 from ratrain.runtime.launch import RankFailure
 
 __all__ = ["run_distributed", "train_config_of"]
@@ -71,9 +70,7 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         backend=getattr(args, "backend", "torch"),
         compile_units=bool(getattr(args, "compile", False)),
         pin_cores=bool(getattr(args, "pin_cores", False)),
-        malloc_mmap_threshold_bytes=getattr(
-            args, "malloc_mmap_threshold", DEFAULT_MMAP_THRESHOLD_BYTES
-        ),
+        malloc_mmap_threshold_bytes=getattr(args, "malloc_mmap_threshold", 0),
         timeout_s=getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S,
         metrics_path=getattr(args, "metrics", None),
         tensorboard_dir=getattr(args, "tensorboard", None),
