@@ -1,5 +1,5 @@
-"""The fixed glibc mmap threshold: freed tensors leave the resident set; bad values are one
-line before any work."""
+"""The fixed glibc mmap threshold: freed tensors leave the resident set, training is the
+same bit for bit, bad values are one line before any work."""
 
 import os
 import subprocess
@@ -8,8 +8,11 @@ import textwrap
 
 import pytest
 
+import _runtime as harness
 from ratrain.cli import main
+from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
+from ratrain.models.presets import get_preset
 from ratrain.runtime.host_memory import (
     LOW_RSS_MMAP_THRESHOLD_BYTES,
     MAX_MMAP_THRESHOLD_BYTES,
@@ -80,3 +83,19 @@ def test_bad_threshold_is_one_line_before_work(capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err, err
     assert "--malloc-mmap-threshold" in err
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(180)
+def test_ranks_with_the_threshold_train_the_same():
+    spec = get_preset("tiny")
+    plan = Plan(pp=2, dp=1, micro_batch=1, global_batch=4, seq=16, compute_dtype="fp32")
+    cfg = TrainConfig(steps=3, warmup_steps=1)
+    runs = [("ratrain", {}), ("baseline", {"schedule": "baseline"})]
+    fixed = harness.run(
+        spec, plan, cfg, runs, malloc_mmap_threshold_bytes=LOW_RSS_MMAP_THRESHOLD_BYTES
+    )
+    plain = harness.run(spec, plan, cfg, runs)
+    for name, _ in runs:
+        assert harness.losses(fixed, name) == harness.losses(plain, name)
+    assert harness.losses(fixed, "ratrain") == harness.losses(fixed, "baseline")
