@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     prepare_output_file(args.metrics, "--metrics")
     prepare_output_dir(args.tensorboard, "--tensorboard")
     train_config_from_args(args)  # flag errors before anything is built
-    check_mmap_threshold(args.malloc_mmap_threshold)
+    check_mmap_threshold(getattr(args, "malloc_mmap_threshold", 0))
     _check_checkpoint_flags(args)
     if args.init_from:
         from ratrain.models.hf_config import from_hf_config
@@ -211,6 +211,12 @@ def run(args: argparse.Namespace) -> int:
             "ratrain train: --compile and --loss-chunk-tokens apply to the pipeline runtime "
             "(pp x dp > 1, or --nproc 1); the single-process reference trainer runs eagerly "
             "with the plain loss",
+            file=sys.stderr,
+        )
+    if getattr(args, "malloc_mmap_threshold", 0):
+        print(
+            "ratrain train: --malloc-mmap-threshold applies to the pipeline runtime's ranks "
+            "(pp x dp > 1, or --nproc 1); the single-process reference trainer ignores it",
             file=sys.stderr,
         )
     return run_reference(args, spec, plan)
