@@ -14,10 +14,12 @@ gradient clipping (the peers' schedules have no global-norm step). Layouts are p
 Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as given),
 `ratrain-eager` (no compile, plain loss: the runtime before these two),
 `ratrain-compiled` (`ratrain` with compile forced on, to measure compile),
-`ratrain-lowrss` (`ratrain` with glibc's mmap threshold fixed at `--malloc-mmap-threshold`,
-`ratrain train --malloc-mmap-threshold`, off by default: less RSS, more page faults),
-`torch-1f1b`, `deepspeed` (skipped when not importable); see `peers.py`. `ratrain` and the
-peers run with glibc's malloc as it is.
+`ratrain-malloc` (`ratrain` on torch's own CPU allocator, glibc's malloc, instead of the
+runtime's caching allocator: `--no-cpu-caching-allocator`), `ratrain-lowrss`
+(`ratrain-malloc` with glibc's mmap threshold fixed at `--malloc-mmap-threshold`: less RSS,
+more page faults), `torch-1f1b`, `deepspeed` (skipped when not importable); see
+`peers.py`. The peers run on torch's own CPU allocator: the runtime's caching allocator is
+a ratrain default they are not given.
 
 Splits: ratrain (all its variants) runs the split `ratrain plan` picks for the job on
 `--split-platform` (cpu-local); the peers run `--layer-split` (their own default, even) and,
@@ -153,7 +155,7 @@ def _median_tail(times: list[float], warmup: int) -> float:
 
 
 def run_ratrain(
-    spec, plan, cfg, source, compile_units: bool, profile: bool, mmap_threshold: int
+    spec, plan, cfg, source, compile_units: bool, profile: bool, mmap_threshold: int, **job_kw
 ) -> dict:
     """ratrain's runtime; the profiled step is an extra step after the timed ones."""
     steps = cfg.steps + (1 if profile else 0)  # the profiled step is extra, not timed
@@ -168,6 +170,7 @@ def run_ratrain(
         compile_units=compile_units,
         deadline_s=_DEADLINE_S,
         malloc_mmap_threshold_bytes=mmap_threshold,
+        **job_kw,
     )
     out = {"rss": {}, "profile": {}, "times": None, "compile_s": {}}
     for r in run_job(job):
@@ -253,7 +256,13 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
                 r = run_ratrain(spec, own, cfg, source, False, prof, 0)
             elif s == "ratrain-lowrss":  # ratrain with glibc's mmap threshold fixed
                 mmap = a.malloc_mmap_threshold
-                r = run_ratrain(spec, fast, cfg, source, a.compile, prof, mmap)
+                r = run_ratrain(
+                    spec, fast, cfg, source, a.compile, prof, mmap, cpu_caching_allocator=False
+                )
+            elif s == "ratrain-malloc":  # ratrain on torch's own CPU allocator (malloc)
+                r = run_ratrain(
+                    spec, fast, cfg, source, a.compile, prof, 0, cpu_caching_allocator=False
+                )
             else:
                 fn = torch_1f1b_rank if s.startswith("torch-1f1b") else deepspeed_rank
                 r = run_peer(fn, spec, plans[s], cfg, source, profile=rep == 0 and a.profile)

@@ -1,5 +1,6 @@
-"""The fixed glibc mmap threshold: freed tensors leave the resident set, training is the
-same bit for bit, bad values are one line before any work."""
+"""Host memory on CPU ranks: the fixed glibc mmap threshold gives freed tensors back; the
+caching allocator reuses blocks by size and trims unused sizes; training is the same bit
+for bit on every allocator; bad values are one line before any work."""
 
 import os
 import subprocess
@@ -86,16 +87,66 @@ def test_bad_threshold_is_one_line_before_work(capsys):
 
 
 @pytest.mark.dist
-@pytest.mark.timeout(180)
-def test_ranks_with_the_threshold_train_the_same():
+@pytest.mark.timeout(240)
+def test_ranks_train_the_same_on_every_allocator():
     spec = get_preset("tiny")
     plan = Plan(pp=2, dp=1, micro_batch=1, global_batch=4, seq=16, compute_dtype="fp32")
     cfg = TrainConfig(steps=3, warmup_steps=1)
     runs = [("ratrain", {}), ("baseline", {"schedule": "baseline"})]
+    caching = harness.run(spec, plan, cfg, runs)  # the default: the caching allocator
+    malloc = harness.run(spec, plan, cfg, runs, cpu_caching_allocator=False)
     fixed = harness.run(
-        spec, plan, cfg, runs, malloc_mmap_threshold_bytes=LOW_RSS_MMAP_THRESHOLD_BYTES
+        spec,
+        plan,
+        cfg,
+        runs,
+        cpu_caching_allocator=False,
+        malloc_mmap_threshold_bytes=LOW_RSS_MMAP_THRESHOLD_BYTES,
     )
-    plain = harness.run(spec, plan, cfg, runs)
     for name, _ in runs:
-        assert harness.losses(fixed, name) == harness.losses(plain, name)
-    assert harness.losses(fixed, "ratrain") == harness.losses(fixed, "baseline")
+        assert harness.losses(caching, name) == harness.losses(malloc, name)
+        assert harness.losses(fixed, name) == harness.losses(malloc, name)
+    assert harness.losses(caching, "ratrain") == harness.losses(caching, "baseline")
+
+
+_CACHING_CHILD = textwrap.dedent(
+    """
+    import torch
+    from ratrain.runtime import cpu_allocator
+
+    assert cpu_allocator.install()
+    a = torch.ones(2**20)  # 4 MiB: cached once freed
+    mapped, cached = cpu_allocator.stats()
+    ptr = a.data_ptr()
+    del a
+    assert cpu_allocator.stats() == (mapped, mapped), cpu_allocator.stats()
+    b = torch.zeros(2**20)  # the same size: the same block, nothing new mapped
+    assert b.data_ptr() == ptr and float(b.sum()) == 0.0
+    assert cpu_allocator.stats() == (mapped, 0)
+    c = torch.ones(3 * 2**20)
+    del c
+    assert cpu_allocator.trim() == 0  # asked for in this period: kept
+    assert cpu_allocator.trim() == 12 * 2**20  # not asked for since: given back
+    assert cpu_allocator.stats() == (mapped, 0)
+    small = torch.ones(10)  # below 128 KiB: malloc, not the pools
+    assert cpu_allocator.stats() == (mapped, 0) and float(small.sum()) == 10.0
+    print("ok")
+    """
+)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mmap/munmap on Linux")
+def test_caching_allocator_reuses_by_size_and_trims_unused_sizes():
+    from ratrain.runtime.compiled import cxx_compiler
+
+    if cxx_compiler() is None:
+        pytest.skip("no C++ compiler to build the allocator")
+    out = subprocess.run(
+        [sys.executable, "-c", _CACHING_CHILD],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=280,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

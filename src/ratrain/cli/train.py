@@ -78,6 +78,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "them, stages mixed per core); torchrun and Slurm ranks keep their placement",
     )
     g.add_argument(
+        "--cpu-caching-allocator",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="distributed runtime, CPU: serve tensors from a caching allocator that reuses "
+        "freed blocks by size instead of fragmenting malloc's heap (built once with the C++ "
+        "compiler; default on; see docs/runtime.md)",
+    )
+    g.add_argument(
         "--malloc-mmap-threshold",
         type=int,
         default=0,

@@ -70,6 +70,7 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         backend=getattr(args, "backend", "torch"),
         compile_units=bool(getattr(args, "compile", False)),
         pin_cores=bool(getattr(args, "pin_cores", False)),
+        cpu_caching_allocator=getattr(args, "cpu_caching_allocator", True),
         malloc_mmap_threshold_bytes=getattr(args, "malloc_mmap_threshold", 0),
         timeout_s=getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S,
         metrics_path=getattr(args, "metrics", None),
