@@ -7,7 +7,9 @@ every action of the last step, on every rank:
 - the process's current RSS (/proc/self/statm) and its peak (ru_maxrss);
 - live tensor bytes (`LiveBytes`, the runtime's own counter);
 - glibc malloc's view (mallinfo2): bytes in use and free in its heaps (arena), and bytes
-  in mmapped chunks.
+  in mmapped chunks;
+- the runtime's caching allocator's (`ratrain.runtime.cpu_allocator`, on by default):
+  bytes it has mapped and, of those, cached free blocks.
 
 It also takes the baseline: RSS after the fork (torch imported), after the process group
 is up and after the stage's states are built. It prints, per rank: baseline, peak RSS,
@@ -16,7 +18,8 @@ kept by the process, the rest). The ledger's peak (`ratrain.memory.replay`, eage
 sends held) is printed next to it.
 
     python benchmarks/rss_breakdown.py [--pp 2] [--dp 1] [--split 5,3] [--steps 2]
-        [--malloc-mmap-threshold 0 | 131072] [--all-steps] [--json out.json]
+        [--no-cpu-caching-allocator] [--malloc-mmap-threshold 0 | 131072] [--all-steps]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from runtime_vs_peers import BENCH_SPEC
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
 from ratrain.memory import replay
-from ratrain.runtime import distributed_train, trace
+from ratrain.runtime import cpu_allocator, distributed_train, trace
 from ratrain.runtime import memory as rt_memory
 from ratrain.runtime.distributed_train import Job, rank_main
 from ratrain.runtime.launch import spawn
@@ -92,6 +95,7 @@ def _sample(label: str) -> dict:
         "minflt": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
         **_mallinfo(),
         **_status_kib(),
+        **dict(zip(("pool", "pool_free"), cpu_allocator.stats(), strict=True)),
     }
 
 
@@ -149,6 +153,12 @@ def main() -> None:
     ap.add_argument("--loss-chunk-tokens", type=int, default=256)
     ap.add_argument("--json", help="every sample, per rank")
     ap.add_argument(
+        "--cpu-caching-allocator",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the runtime's caching allocator for CPU tensors (its default)",
+    )
+    ap.add_argument(
         "--all-steps", action="store_true", help="sample every step (default: the last only)"
     )
     ap.add_argument(
@@ -185,6 +195,7 @@ def main() -> None:
         progress=False,
         measure_memory=True,
         malloc_mmap_threshold_bytes=a.malloc_mmap_threshold,
+        cpu_caching_allocator=a.cpu_caching_allocator,
     )
     ledger = replay(
         build_schedule(spec, plan),
@@ -201,19 +212,19 @@ def main() -> None:
     print(
         f"{'rank':>4} {'forked':>7} {'pg':>7} {'states':>7} {'ledger':>7} {'live pk':>8} "
         f"{'RSS pk':>7} | at the RSS peak: {'RSS':>6} {'live':>6} {'heap free':>9} "
-        f"{'mmapped':>8} {'rest':>6}  (MiB)"
+        f"{'mmapped':>8} {'pool free':>9} {'rest':>6}  (MiB)"
     )
     for r in sorted(ranks, key=lambda r: r["rank"]):
         b = {s["at"]: s for s in r["baseline"]}
         top = max(r["step"], key=lambda s: s["rss"])
-        rest = top["rss"] - top["live"] - top["heap_free"]
+        rest = top["rss"] - top["live"] - top["heap_free"] - top["pool_free"]
         print(
             f"{r['rank']:>4} {b['forked']['rss'] / mib:>7.0f} {b['process group']['rss'] / mib:>7.0f} "
             f"{b['stage states']['rss'] / mib:>7.0f} "
             f"{ledger.stages[r['stage']].peak_bytes / mib:>7.0f} {r['peak_live'] / mib:>8.0f} "
             f"{r['end']['max_rss'] / mib:>7.0f} | {top['at'][:16]:>16} {top['rss'] / mib:>6.0f} "
             f"{top['live'] / mib:>6.0f} {top['heap_free'] / mib:>9.0f} "
-            f"{top['mmapped'] / mib:>8.0f} {rest / mib:>6.0f}"
+            f"{top['mmapped'] / mib:>8.0f} {top['pool_free'] / mib:>9.0f} {rest / mib:>6.0f}"
         )
     for r in sorted(ranks, key=lambda r: r["rank"]):
         faults = r["step"][-1]["minflt"] - r["step"][0]["minflt"]
