@@ -92,9 +92,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="distributed runtime, CPU: each rank fixes glibc's mmap threshold to this, so "
         "freed tensors of at least this size go back to the OS and resident memory follows "
-        "live tensors, at the price of a page fault per fresh allocation (131072 cut rank 0's "
-        "peak RSS by 15%% and cost tokens/s on the issue-12 job; default 0: glibc's own "
-        "dynamic threshold; see docs/runtime.md)",
+        "live tensors, at the price of a page fault per fresh allocation; it matters with "
+        "--no-cpu-caching-allocator (131072 then cut rank 0's peak RSS by 15%% and cost "
+        "tokens/s on the issue-12 job; default 0: glibc's own dynamic threshold; see "
+        "docs/runtime.md)",
     )
     g.add_argument(
         "--threads",

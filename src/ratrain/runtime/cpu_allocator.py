@@ -24,11 +24,14 @@ stderr. Its pools are never destroyed, so tensors freed while the process exits 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 from ratrain.runtime.compiled import cxx_compiler
 
 __all__ = ["build", "install", "stats", "trim"]
+
+_NAME = "ratrain_cpu_caching_allocator"
 
 _SRC = r"""
 #include <torch/extension.h>
@@ -136,10 +139,21 @@ def _module():
             file=sys.stderr,
         )
         return None
-    from torch.utils.cpp_extension import load_inline
+    from torch.utils import cpp_extension
 
-    return load_inline(
-        "ratrain_cpu_caching_allocator",
+    try:  # a private helper: only to say why the first run pauses
+        built = os.path.join(cpp_extension._get_build_directory(_NAME, False), f"{_NAME}.so")
+    except Exception:
+        built = None
+    if built is not None and not os.path.exists(built):
+        print(
+            "ratrain: building the CPU caching allocator (once, ~1 min; "
+            "--no-cpu-caching-allocator skips it)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return cpp_extension.load_inline(
+        _NAME,
         cpp_sources=_SRC,
         functions=["install", "trim", "stats"],
         extra_cflags=["-O2"],
