@@ -133,11 +133,6 @@ std::vector<int64_t> stats() {
 @functools.cache
 def _module():
     if cxx_compiler() is None:
-        print(
-            "ratrain: no C++ compiler ($CXX, c++, g++ or clang++): CPU tensors use torch's "
-            "own allocator (the caching allocator needs one to build)",
-            file=sys.stderr,
-        )
         return None
     from torch.utils import cpp_extension
 
@@ -152,17 +147,32 @@ def _module():
             file=sys.stderr,
             flush=True,
         )
-    return cpp_extension.load_inline(
-        _NAME,
-        cpp_sources=_SRC,
-        functions=["install", "trim", "stats"],
-        extra_cflags=["-O2"],
-    )
+    try:
+        return cpp_extension.load_inline(
+            _NAME,
+            cpp_sources=_SRC,
+            functions=["install", "trim", "stats"],
+            extra_cflags=["-O2"],
+        )
+    except Exception as e:  # a broken toolchain: train on torch's allocator, say why once
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        print(f"ratrain: the CPU caching allocator did not build ({first})", file=sys.stderr)
+        return None
 
 
 def build() -> bool:
-    """Build (or load the cached build of) the allocator; False without a C++ compiler."""
-    return _module() is not None
+    """Build (or load the cached build of) the allocator; False, after one line on stderr,
+    without a C++ compiler or when the build fails. The launcher calls it once; ranks then
+    only load the build (and are not asked to install it when it failed)."""
+    if _module() is not None:
+        return True
+    if cxx_compiler() is None:  # (a failed build has said why already)
+        print(
+            "ratrain: no C++ compiler ($CXX, c++, g++ or clang++): CPU tensors use torch's "
+            "own allocator (the caching allocator needs one to build)",
+            file=sys.stderr,
+        )
+    return False
 
 
 _installed: list = []  # the built module, once installed in this process

@@ -23,6 +23,7 @@ writes the JSONL, TensorBoard and the progress bar (`ratrain.runtime.step_log`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -168,8 +169,9 @@ def run_job(job: Job) -> list[RankResult]:
     job.plan.check_for(job.spec)
     check_tied(job.spec, job.plan)
     check_mmap_threshold(job.malloc_mmap_threshold_bytes)
-    if job.cpu_caching_allocator and _on_cpu(job):
-        cpu_allocator.build()  # once, here, rather than in every rank at once
+    if job.cpu_caching_allocator and _on_cpu(job) and not cpu_allocator.build():
+        # built once, here, rather than in every rank at once; without it, torch's own
+        job = dataclasses.replace(job, cpu_caching_allocator=False)
     if job.compile_units and job.measure_memory and job.device != "cuda":
         # LiveBytes counts tensors through a dispatch mode; whether it sees every buffer of a
         # compiled graph is not established, so the two are not combined
