@@ -150,3 +150,22 @@ def test_caching_allocator_reuses_by_size_and_trims_unused_sizes():
         timeout=280,
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_adamw_in_slices_is_bit_identical_to_one_call():
+    import torch
+
+    from ratrain.memory.step_workspace import ADAMW_CHUNK_ELEMS
+    from ratrain.runtime.optim import _adamw_slice_, adamw_step_
+
+    g = torch.Generator().manual_seed(0)
+    n = 2 * ADAMW_CHUNK_ELEMS + 37  # three slices, the last with a scalar tail
+    p = torch.randn(n, generator=g)
+    sliced = [p.clone(), torch.zeros(n), torch.zeros(n)]
+    whole = [p.clone(), torch.zeros(n), torch.zeros(n)]
+    kw = dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    for step in range(1, 4):
+        grad = torch.randn(n, generator=g)
+        adamw_step_(sliced[0], grad, sliced[1], sliced[2], step=step, grad_scale=0.5, **kw)
+        _adamw_slice_(*whole[:1], grad, *whole[1:], step, *kw.values(), 0.5)
+    assert all(torch.equal(a, b) for a, b in zip(sliced, whole, strict=True))
