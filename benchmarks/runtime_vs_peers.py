@@ -3,6 +3,7 @@
     python benchmarks/runtime_vs_peers.py [--quick] [--json out.json] [--layouts 2x1,2x2]
         [--repeats 3] [--steps 6] [--warmup 2] [--systems ratrain,torch-1f1b,deepspeed]
         [--compile | --no-compile] [--loss-chunk-tokens 256] [--platform FILE]
+        [--malloc-mmap-threshold 131072 (ratrain-lowrss's)]
         [--model bench-512] [--ratrain-split planner|same|even|balanced|5,3]
         [--layer-split even|balanced|4,4] [--no-peers-on-ratrain-split]
 
@@ -12,8 +13,13 @@ gradient clipping (the peers' schedules have no global-norm step). Layouts are p
 
 Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as given),
 `ratrain-eager` (no compile, plain loss: the runtime before these two),
-`ratrain-compiled` (`ratrain` with compile forced on, to measure compile), `torch-1f1b`,
-`deepspeed` (skipped when not importable); see `peers.py`.
+`ratrain-compiled` (`ratrain` with compile forced on, to measure compile),
+`ratrain-malloc` (`ratrain` on torch's own CPU allocator, glibc's malloc, instead of the
+runtime's caching allocator: `--no-cpu-caching-allocator`), `ratrain-lowrss`
+(`ratrain-malloc` with glibc's mmap threshold fixed at `--malloc-mmap-threshold`: less RSS,
+more page faults), `torch-1f1b`, `deepspeed` (skipped when not importable); see
+`peers.py`. The peers run on torch's own CPU allocator: the runtime's caching allocator is
+a ratrain default they are not given.
 
 Splits: ratrain (all its variants) runs the split `ratrain plan` picks for the job on
 `--split-platform` (cpu-local); the peers run `--layer-split` (their own default, even) and,
@@ -62,6 +68,7 @@ from ratrain.models.counts import model_flops_per_token, unit_fwd_flops
 from ratrain.models.presets import get_preset
 from ratrain.models.spec import ModelSpec
 from ratrain.runtime.distributed_train import Job, run_job
+from ratrain.runtime.host_memory import LOW_RSS_MMAP_THRESHOLD_BYTES
 from ratrain.runtime.launch import spawn
 from ratrain.runtime.profile import BUCKETS
 
@@ -147,7 +154,9 @@ def _median_tail(times: list[float], warmup: int) -> float:
     return statistics.median(times[warmup:] if len(times) > warmup else times)
 
 
-def run_ratrain(spec, plan, cfg, source, compile_units: bool, profile: bool) -> dict:
+def run_ratrain(
+    spec, plan, cfg, source, compile_units: bool, profile: bool, mmap_threshold: int, **job_kw
+) -> dict:
     """ratrain's runtime; the profiled step is an extra step after the timed ones."""
     steps = cfg.steps + (1 if profile else 0)  # the profiled step is extra, not timed
     job = Job(
@@ -160,6 +169,8 @@ def run_ratrain(spec, plan, cfg, source, compile_units: bool, profile: bool) -> 
         profile_step=cfg.steps if profile else None,
         compile_units=compile_units,
         deadline_s=_DEADLINE_S,
+        malloc_mmap_threshold_bytes=mmap_threshold,
+        **job_kw,
     )
     out = {"rss": {}, "profile": {}, "times": None, "compile_s": {}}
     for r in run_job(job):
@@ -236,13 +247,22 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         probes.append(peak)
         # A B C, then C B A: a load that drifts during a repeat favours no system
         for s in systems if rep % 2 == 0 else systems[::-1]:
+            prof = rep == 0 and a.profile
             if s == "ratrain":
-                prof = rep == 0 and a.profile
-                r = run_ratrain(spec, fast, cfg, source, a.compile, profile=prof)
+                r = run_ratrain(spec, fast, cfg, source, a.compile, prof, 0)
             elif s == "ratrain-compiled":  # ratrain with --compile whatever the flag says
-                r = run_ratrain(spec, fast, cfg, source, True, profile=rep == 0 and a.profile)
+                r = run_ratrain(spec, fast, cfg, source, True, prof, 0)
             elif s == "ratrain-eager":  # the runtime without compile or the chunked loss
-                r = run_ratrain(spec, own, cfg, source, False, profile=rep == 0 and a.profile)
+                r = run_ratrain(spec, own, cfg, source, False, prof, 0)
+            elif s == "ratrain-lowrss":  # ratrain with glibc's mmap threshold fixed
+                mmap = a.malloc_mmap_threshold
+                r = run_ratrain(
+                    spec, fast, cfg, source, a.compile, prof, mmap, cpu_caching_allocator=False
+                )
+            elif s == "ratrain-malloc":  # ratrain on torch's own CPU allocator (malloc)
+                r = run_ratrain(
+                    spec, fast, cfg, source, a.compile, prof, 0, cpu_caching_allocator=False
+                )
             else:
                 fn = torch_1f1b_rank if s.startswith("torch-1f1b") else deepspeed_rank
                 r = run_peer(fn, spec, plans[s], cfg, source, profile=rep == 0 and a.profile)
@@ -384,6 +404,12 @@ def main() -> None:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
     ap.add_argument(
         "--loss-chunk-tokens", type=int, default=256, help="ratrain's chunked loss; 0: plain"
+    )
+    ap.add_argument(
+        "--malloc-mmap-threshold",
+        type=int,
+        default=LOW_RSS_MMAP_THRESHOLD_BYTES,
+        help="the fixed glibc mmap threshold ratrain-lowrss runs with",
     )
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--platform", help="take the matmul peak from this platform file")

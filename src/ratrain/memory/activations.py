@@ -73,7 +73,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratrain.config import DTYPE_BYTES, Plan
-from ratrain.memory.step_workspace import largest_tensor_elems
+from ratrain.memory.step_workspace import ADAMW_CHUNK_ELEMS, largest_tensor_elems
 from ratrain.models.counts import head_unit, is_block
 from ratrain.models.spec import ModelSpec
 
@@ -308,6 +308,7 @@ def backward_workspace_bytes(
 
 def update_workspace_bytes(spec: ModelSpec, plan: Plan, unit: int) -> int:
     """Transient bytes of the runtime's eager AdamW step (`ratrain.runtime.optim`) on one
-    unit: per tensor, up to three fp32 temporaries at once (the scaled or cast gradient,
-    sqrt(v) and its quotient), for the unit's largest tensor (its shard's, when sharded)."""
-    return 3 * 4 * largest_tensor_elems(spec, plan, unit)
+    unit: per slice of a tensor, up to three fp32 temporaries at once (the scaled or cast
+    gradient, sqrt(v) and its quotient), for the unit's largest tensor (its shard's, when
+    sharded), walked in slices of `ADAMW_CHUNK_ELEMS`."""
+    return 3 * 4 * min(largest_tensor_elems(spec, plan, unit), ADAMW_CHUNK_ELEMS)

@@ -32,6 +32,7 @@ from ratrain.models.counts import head_unit, unit_params
 from ratrain.models.spec import ModelSpec
 
 __all__ = [
+    "ADAMW_CHUNK_ELEMS",
     "largest_tensor_elems",
     "norm_workspace_bytes",
     "overflow_workspace_bytes",
@@ -45,6 +46,14 @@ INT64_BYTES = 8
 """derived: token ids are torch.int64 (`ratrain.data.base._split`)."""
 BOOL_BYTES = 1
 """derived: torch.isfinite returns a torch.bool tensor, one byte per element."""
+
+
+ADAMW_CHUNK_ELEMS = 2**18
+"""assumed: the runtime's AdamW step (`ratrain.runtime.optim.adamw_step_`) walks a tensor
+in slices of this many elements (1 MiB of fp32), so its temporaries are at most this
+size whatever the model's largest tensor; a multiple of every SIMD width, so each element
+takes the same (vectorised) code path as in one whole-tensor call, and large enough that
+the slices' own overhead is small against their element work."""
 
 
 def largest_tensor_elems(spec: ModelSpec, plan: Plan, unit: int) -> int:

@@ -23,6 +23,7 @@ writes the JSONL, TensorBoard and the progress bar (`ratrain.runtime.step_log`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from ratrain.data.base import Batches, TokenSource
 from ratrain.errors import RatrainError
 from ratrain.memory import replay
 from ratrain.models.spec import ModelSpec
+from ratrain.runtime import cpu_allocator
 from ratrain.runtime.comm import Comm
 from ratrain.runtime.compiled import compile_stage
 from ratrain.runtime.executor import StageExecutor
@@ -48,6 +50,10 @@ from ratrain.runtime.faults import (
     fault_hook,
 )
 from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, rendezvous_from_env
+from ratrain.runtime.host_memory import (
+    check_mmap_threshold,
+    fix_mmap_threshold,
+)
 from ratrain.runtime.launch import spawn
 from ratrain.runtime.memory import PeakMemory
 from ratrain.runtime.profile import StepProfile
@@ -120,6 +126,13 @@ class Job:
     pin_cores: bool = False
     """Pin each locally spawned rank to one core of this process's affinity set
     (`cores_of`); ranks launched by torchrun or Slurm keep the launcher's placement."""
+    cpu_caching_allocator: bool = True
+    """CPU ranks serve tensors from a caching allocator (`ratrain.runtime.cpu_allocator`):
+    freed blocks are reused by size instead of fragmenting malloc's heap."""
+    malloc_mmap_threshold_bytes: int = 0
+    """> 0: each rank fixes glibc's mmap threshold to this (`ratrain.runtime.host_memory`),
+    so freed tensors go back to the OS (less RSS, more page faults); 0 leaves glibc's own
+    dynamic threshold."""
 
 
 @dataclass
@@ -155,6 +168,10 @@ def run_job(job: Job) -> list[RankResult]:
     externally)."""
     job.plan.check_for(job.spec)
     check_tied(job.spec, job.plan)
+    check_mmap_threshold(job.malloc_mmap_threshold_bytes)
+    if job.cpu_caching_allocator and _on_cpu(job) and not cpu_allocator.build():
+        # built once, here, rather than in every rank at once; without it, torch's own
+        job = dataclasses.replace(job, cpu_caching_allocator=False)
     if job.compile_units and job.measure_memory and job.device != "cuda":
         # LiveBytes counts tensors through a dispatch mode; whether it sees every buffer of a
         # compiled graph is not established, so the two are not combined
@@ -193,6 +210,10 @@ def _local_rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
 
 
 def rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
+    # before the rank's first tensor: blocks already in the heap stay there
+    fix_mmap_threshold(job.malloc_mmap_threshold_bytes)
+    if job.cpu_caching_allocator and _on_cpu(job):
+        cpu_allocator.install()
     grid = ParallelGrid.init(
         job.plan.pp, job.plan.dp, rdzv, device=job.device, timeout_s=job.timeout_s
     )
@@ -204,6 +225,12 @@ def rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
         return RankResult(grid.rank, grid.stage, grid.replica, runs)
     finally:
         grid.destroy()
+
+
+def _on_cpu(job: Job) -> bool:
+    import torch
+
+    return job.device == "cpu" or (job.device is None and not torch.cuda.is_available())
 
 
 def check_fits(
@@ -308,6 +335,7 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
                 res.time_s, t_last = now - t_last, now
                 result.step_times_s.append(res.time_s)
                 log.push(res, mem.peak_bytes())
+                cpu_allocator.trim()  # sizes this step no longer asked for go back
                 if save_due(job, k):
                     log.flush()  # no collective in flight while DCP runs its own
                     save_stage(grid, model, ex, job, plan, k + 1)

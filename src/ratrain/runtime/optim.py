@@ -24,6 +24,8 @@ from collections.abc import Iterable
 
 import torch
 
+from ratrain.memory.step_workspace import ADAMW_CHUNK_ELEMS
+
 __all__ = [
     "decays",
     "adamw_step_",
@@ -61,9 +63,28 @@ def adamw_step_(
 
     `grad` is multiplied by `grad_scale` first (the clip coefficient divided by the fp16
     loss scale); `weight_decay` is applied as given, so pass 0.0 for tensors `decays` rejects.
+
+    Contiguous tensors are walked in slices of `ADAMW_CHUNK_ELEMS` elements: every
+    operation is element-wise, so the result is the same bit for bit, and the temporaries
+    (sqrt(v), its quotient, a scaled gradient) are a slice's size rather than the tensor's
+    (16 MiB for a 8192 x 512 embedding), which a step's allocator then need not keep.
     """
     assert param.dtype == exp_avg.dtype == exp_avg_sq.dtype == torch.float32
     assert step >= 1, step
+    n = param.numel()
+    tensors = (param, grad, exp_avg, exp_avg_sq)
+    if n <= ADAMW_CHUNK_ELEMS or not all(t.is_contiguous() for t in tensors):
+        _adamw_slice_(*tensors, step, lr, beta1, beta2, eps, weight_decay, grad_scale)
+        return
+    flat = [t.view(-1) for t in tensors]
+    for i in range(0, n, ADAMW_CHUNK_ELEMS):
+        part = [t[i : i + ADAMW_CHUNK_ELEMS] for t in flat]
+        _adamw_slice_(*part, step, lr, beta1, beta2, eps, weight_decay, grad_scale)
+
+
+def _adamw_slice_(
+    param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, grad_scale
+) -> None:
     grad = grad.float()
     if grad_scale != 1.0:
         grad = grad * grad_scale
