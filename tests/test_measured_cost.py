@@ -176,7 +176,10 @@ def test_measured_rank_speed_replaces_the_thread_formula(tmp_path):
     p = _with(tmp_path, rank_speed=[[1, 1.6], [2, 0.8], [4, 0.4]])
     assert p.rank_speed == ((1, 1.6), (2, 0.8), (4, 0.4))
     assert compute_speed(p, 1) == pytest.approx(1.6)
-    assert compute_speed(p, 3) == pytest.approx(0.6)  # between measured counts
+    # between measured counts: the aggregate interpolated (1.6 at 2 and at 4), shared by 3
+    assert compute_speed(p, 3) == pytest.approx(1.6 / 3)
+    q = _with(tmp_path, rank_speed=[[1, 1.0], [2, 0.9], [4, 0.5]])  # aggregates 1.8, 2.0
+    assert compute_speed(q, 3) == pytest.approx(1.9 / 3)  # per-rank interpolation: 0.7
     assert compute_speed(p, 8) == pytest.approx(0.2)  # beyond: 4 ranks' aggregate shared
     plan = Plan(pp=2, global_batch=4, seq=64, compute_dtype="fp32")
     f = Action(Op.F, 0, (1,), 0)

@@ -111,8 +111,11 @@ def compute_speed(platform: Platform, ranks_on_node: int) -> float:
 
 
 def _table_speed(rows: tuple[tuple[int, float], ...], k: int) -> float:
-    """Measured speed at k ranks: linear between measured counts; beyond the last, the
-    node's aggregate there shared by k (k x speed stays what the last count reached)."""
+    """Measured speed at k ranks. Between measured counts the node's aggregate (k x speed)
+    is interpolated linearly and shared by the k ranks: the aggregate is what the cores
+    deliver and varies smoothly with k, where a rank's own speed goes as 1/k (interpolating
+    that instead credits 3 ranks on 2 cores with more than any measured aggregate). Beyond
+    the last count, the aggregate there is shared by k."""
     ks = [r[0] for r in rows]
     if k <= ks[0]:
         return rows[0][1]
@@ -120,7 +123,8 @@ def _table_speed(rows: tuple[tuple[int, float], ...], k: int) -> float:
         return rows[-1][1] * ks[-1] / k
     i = bisect.bisect_left(ks, k)
     (k0, v0), (k1, v1) = rows[i - 1], rows[i]
-    return v0 + (k - k0) / (k1 - k0) * (v1 - v0)
+    aggregate = k0 * v0 + (k - k0) / (k1 - k0) * (k1 * v1 - k0 * v0)
+    return aggregate / k
 
 
 def measured_collective_s(kind: str, nbytes: float, n: int, platform: Platform) -> float | None:
