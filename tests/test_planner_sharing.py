@@ -18,7 +18,8 @@ from ratrain.schedule.ir import Op
 from ratrain.sim import simulate
 from test_planner import TINY, _exhaustive, _small_cap
 
-CPU = load("cpu-local")
+# cpu-local with processor sharing on (the preset leaves it off)
+CPU = replace(load("cpu-local"), waiting_ranks_lend_cores=True)
 
 
 def test_peak_speed_bounds_the_busy_speed():
@@ -65,7 +66,11 @@ def test_pruning_never_drops_the_exhaustive_best_with_shared_cores():
     # The fused counts: the exhaustive search's replay and the planner's simulation then
     # count memory alike (with eager_kernels the simulation's ledger counts more than the
     # planner's replay, a separate matter from the bounds checked here).
-    cap = replace(_small_cap(2_800_000, platform="cpu-local"), eager_kernels=False)
+    cap = replace(
+        _small_cap(2_800_000, platform="cpu-local"),
+        eager_kernels=False,
+        waiting_ranks_lend_cores=True,
+    )
     req = Request(TINY, cap, 4, 4, 128)
     want, feasible, infeasible = _exhaustive(req)
     assert feasible and infeasible  # the cap binds: recompute and sharding matter

@@ -3,6 +3,7 @@ rank computes faster while its node's other ranks wait; by hand on two-stage sch
 against the measured table's own rows, unchanged where no cores are shared, independent of
 the order of simultaneous events, and the planner's steady-state shortcut still exact."""
 
+import dataclasses
 import heapq
 import itertools
 
@@ -24,7 +25,8 @@ from ratrain.sim.sharing import _SharingEngine, node_sharing, run_shared
 from ratrain.sim.simulate import _charge_stolen_compute
 from test_planner_steady import _plans
 
-CPU = load("cpu-local")  # 2 cores; rank_speed rows k = 1, 2, 4 measured
+# cpu-local (2 cores; rank_speed rows k = 1, 2, 4 measured) with processor sharing on
+CPU = dataclasses.replace(load("cpu-local"), waiting_ranks_lend_cores=True)
 TINY = get_preset("tiny")
 
 

@@ -42,6 +42,7 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       action_overhead_s: {F: {value, note}, B: ..., default: ...}   # fixed cost per action
       eager_kernels: {value: true, note}  # the ledger counts what eager kernels keep
       sends_held_until_waited: {value: true, note}  # a SEND's buffer lives to the step end
+      waiting_ranks_lend_cores: {value: true, note}  # processor sharing (ratrain.sim.sharing)
     measured_on: {cpu: {value, note}, cores: {value, note}}   # warns on another host
 
 The loader (`ratrain.platforms.load`) turns this into the frozen dataclasses below.
@@ -126,6 +127,12 @@ class Platform:
     """A point-to-point send reports completion only when waited (gloo's isend), so the
     executor's poll never frees a SEND's buffer before the step's end; the ledger holds
     them that long. False: a send lands after the next compute action (NCCL, polled)."""
+    waiting_ranks_lend_cores: bool = False
+    """On a node whose ranks share its cores, a rank that waits gives its cores to the ranks
+    that compute, so the simulator times compute with processor sharing
+    (`ratrain.sim.sharing`); False: every rank keeps the all-busy speed (`rank_speed` at the
+    node's rank count) for the whole step. Off unless a platform file says so (docs/validation.md
+    gives both models' figures on the reference machine)."""
     action_overhead_s: dict[str, float] = field(default_factory=dict)
     """Fixed cost of one IR action by op value ("F", "B", "SEND_F", ...; "default")."""
     collectives: dict[str, tuple[tuple[int, float, float], ...]] = field(default_factory=dict)

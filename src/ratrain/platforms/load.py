@@ -194,7 +194,12 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
     if "thread_efficiency" in compute:
         out["thread_efficiency"] = r.number(compute, "thread_efficiency", "compute.", upper=1.0)
     rt = r.section(data, "runtime", "") if "runtime" in data else {}
-    known = ("action_overhead_s", "eager_kernels", "sends_held_until_waited")
+    known = (
+        "action_overhead_s",
+        "eager_kernels",
+        "sends_held_until_waited",
+        "waiting_ranks_lend_cores",
+    )
     unknown = set(rt) - set(known)
     if unknown:
         raise r.fail(f"runtime: unknown field(s) {sorted(unknown)}; known: {', '.join(known)}")
@@ -209,6 +214,11 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
         if not isinstance(held, bool):
             raise r.fail(f"runtime.sends_held_until_waited must be true or false, got {held!r}")
         out["sends_held_until_waited"] = held
+    if "waiting_ranks_lend_cores" in rt:
+        lend = r.raw(rt, "waiting_ranks_lend_cores", "runtime.")
+        if not isinstance(lend, bool):
+            raise r.fail(f"runtime.waiting_ranks_lend_cores must be true or false, got {lend!r}")
+        out["waiting_ranks_lend_cores"] = lend
     coll = r.section(net, "collectives", "network.") if "collectives" in net else {}
     tables = {}
     for kind in coll:
