@@ -184,6 +184,12 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
             "measured: an isend polled (is_completed) after its receiver had the data "
             f"reported {'not ' if held else ''}complete, {ctx['nproc']} ranks, {on}",
         )
+    if ctx.get("device") == "cpu":
+        data["runtime"]["waiting_ranks_lend_cores"] = _v(
+            True,
+            "assumed: a rank waiting on a receive or a collective lends its cores to the "
+            "node's computing ranks (processor sharing, docs/validation.md); not measured",
+        )
     here = host_fingerprint()
     data["measured_on"] = {
         "cpu": _v(here["cpu"], f"measured: /proc/cpuinfo model name, {on}"),

@@ -24,10 +24,11 @@ ranks of one thread, b = 2 busy gives 4 x 0.455 / 2 = 0.91, against the measured
 
 Only platforms whose ranks share a node's cores (`cores_per_node` or `rank_speed` set) and
 that say their waiting ranks lend their cores (`runtime.waiting_ranks_lend_cores`, see
-`shares_cores`) have sharing; elsewhere every rank computes at its all-busy speed. The
-shipped `cpu-local` leaves it off: on the validation grid this model, which takes a waiting
-rank to use no CPU, predicts the 4-rank plans 12-16% fast and makes the planner pick a
-4-rank plan that runs 17% slower than the fastest (docs/validation.md). Pure Python.
+`shares_cores`) have sharing; elsewhere every rank computes at its all-busy speed.
+`ratrain calibrate` turns it on for CPU machines (an assumption, said so in its note). A
+waiting rank is taken to use no CPU; gloo's waits and the runtime's polling use some, so
+4-rank plans on 2 cores come out 12-16% fast on the validation grid, against 22-29% slow
+without sharing (docs/validation.md). Pure Python.
 """
 
 from __future__ import annotations

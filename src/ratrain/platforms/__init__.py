@@ -131,8 +131,8 @@ class Platform:
     """On a node whose ranks share its cores, a rank that waits gives its cores to the ranks
     that compute, so the simulator times compute with processor sharing
     (`ratrain.sim.sharing`); False: every rank keeps the all-busy speed (`rank_speed` at the
-    node's rank count) for the whole step. Off unless a platform file says so (docs/validation.md
-    gives both models' figures on the reference machine)."""
+    node's rank count) for the whole step. Off unless a platform file says so (`ratrain
+    calibrate` does on CPUs; docs/validation.md gives both models' figures)."""
     action_overhead_s: dict[str, float] = field(default_factory=dict)
     """Fixed cost of one IR action by op value ("F", "B", "SEND_F", ...; "default")."""
     collectives: dict[str, tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
