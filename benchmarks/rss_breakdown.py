@@ -14,7 +14,7 @@ every action of the last step, on every rank:
 It also takes the baseline: RSS after the fork (torch imported), after the process group
 is up and after the stage's states are built. It prints, per rank: baseline, peak RSS,
 peak live tensor bytes, and at the RSS peak the part that is neither (free malloc memory
-kept by the process, the rest). The ledger's peak (`ratrain.memory.replay`, eager kernels,
+kept by the process, the rest). The ledger's peak (`distributed_train.runtime_ledger`: eager kernels,
 sends held) is printed next to it.
 
     python benchmarks/rss_breakdown.py [--pp 2] [--dp 1] [--split 5,3] [--steps 2]
@@ -35,12 +35,10 @@ from runtime_vs_peers import BENCH_SPEC
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
-from ratrain.memory import replay
 from ratrain.runtime import cpu_allocator, distributed_train, trace
 from ratrain.runtime import memory as rt_memory
-from ratrain.runtime.distributed_train import Job, rank_main
+from ratrain.runtime.distributed_train import Job, rank_main, runtime_ledger
 from ratrain.runtime.launch import spawn
-from ratrain.schedule import build_schedule
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -197,14 +195,7 @@ def main() -> None:
         malloc_mmap_threshold_bytes=a.malloc_mmap_threshold,
         cpu_caching_allocator=a.cpu_caching_allocator,
     )
-    ledger = replay(
-        build_schedule(spec, plan),
-        spec,
-        plan,
-        keep_trace=False,
-        eager_kernels=True,
-        sends_held=True,
-    )
+    ledger = runtime_ledger(spec, plan)
     ranks = spawn(
         _probe_rank, a.pp * a.dp, job, 0 if a.all_steps else a.steps - 1, deadline_s=1800.0
     )

@@ -91,8 +91,8 @@ class Evaluator:
     _schedule: tuple | None = None
 
     def memory(self, plan: Plan) -> MemoryReport:
-        from ratrain.memory import replay
         from ratrain.schedule import build_schedule
+        from ratrain.sim.simulate import platform_ledger
 
         pf = self.req.platform
         # Sends held to the end of the step (cpu-local's gloo) pile up with the microbatches:
@@ -107,17 +107,7 @@ class Evaluator:
         t0 = time.perf_counter()
         spec = self.req.spec
         schedule = build_schedule(spec, plan)
-        # As `ratrain.sim.simulate` replays it (the eager kernels' tensors and the held
-        # sends where the platform's runtime has them: cpu-local), else a plan found to fit
-        # here is found over the cap by its simulation.
-        ledger = replay(
-            schedule,
-            spec,
-            plan,
-            keep_trace=False,
-            eager_kernels=pf.eager_kernels,
-            sends_held=pf.sends_held_until_waited,
-        )
+        ledger = platform_ledger(schedule, spec, plan, pf, keep_trace=False)
         self._schedule = (key, schedule, ledger)  # a simulation of the same plan reuses both
         rep = MemoryReport(
             peak_bytes=tuple(int(st.peak_bytes) for st in ledger.stages),

@@ -71,6 +71,7 @@ __all__ = [
     "train_schedule",
     "job_variants",
     "check_fits",
+    "runtime_ledger",
 ]
 
 
@@ -233,13 +234,11 @@ def _on_cpu(job: Job) -> bool:
     return job.device == "cpu" or (job.device is None and not torch.cuda.is_available())
 
 
-def check_fits(
-    spec: ModelSpec, plan: Plan, cap_bytes: int, label: str = "the declared cap"
-) -> None:
-    """RatrainError unless every stage's ledger peak fits `cap_bytes`."""
-    # The runtime runs the torch model's eager kernels: count what they keep; and hold the
-    # SEND buffers to the step's end (gloo's sends do; a polled NCCL send frees sooner).
-    ledger = replay(
+def runtime_ledger(spec: ModelSpec, plan: Plan):
+    """The ledger of `plan` as this runtime holds its memory: the torch model's eager
+    kernels count what they keep, and SEND buffers are held to the step's end (gloo's sends
+    are; a polled NCCL send frees sooner)."""
+    return replay(
         build_schedule(spec, plan),
         spec,
         plan,
@@ -247,6 +246,13 @@ def check_fits(
         eager_kernels=True,
         sends_held=True,
     )
+
+
+def check_fits(
+    spec: ModelSpec, plan: Plan, cap_bytes: int, label: str = "the declared cap"
+) -> None:
+    """RatrainError unless every stage's ledger peak fits `cap_bytes`."""
+    ledger = runtime_ledger(spec, plan)
     worst = max(ledger.stages, key=lambda m: m.peak_bytes)
     if worst.peak_bytes > cap_bytes:
         raise RatrainError(

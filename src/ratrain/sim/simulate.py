@@ -14,7 +14,7 @@ from ratrain.sim.engine import run_flat
 from ratrain.sim.result import SimEvent, SimResult, stage_metrics
 from ratrain.sim.sharing import node_sharing, run_shared
 
-__all__ = ["simulate", "simulate_schedule"]
+__all__ = ["simulate", "simulate_schedule", "platform_ledger"]
 
 
 def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list[list[float]]]:
@@ -130,7 +130,6 @@ def simulate(
     (`Platform.eager_kernels`); `memory_timeline=False` keeps the memory peaks and breakdowns but not memory over time
     (faster, for searches).
     """
-    from ratrain.memory.ledger import replay as ledger_replay
     from ratrain.schedule import build_schedule, check_schedule
 
     platform = load(platform)
@@ -140,12 +139,24 @@ def simulate(
     if check:
         check_schedule(schedule, spec, plan)
     cost = CostModel(spec, plan, platform, scale=cost_scale, rank_layout=rank_layout)
-    ledger = ledger_replay(
+    ledger = platform_ledger(schedule, spec, plan, platform, keep_trace=memory_timeline)
+    return simulate_schedule(schedule, cost, ledger=ledger)
+
+
+def platform_ledger(
+    schedule: Schedule, spec: ModelSpec, plan: Plan, platform: Platform, *, keep_trace: bool
+):
+    """The memory ledger of `schedule` as `platform`'s runtime holds it: the eager kernels'
+    tensors and the SEND buffers held to the step's end where the platform says its runtime
+    keeps them. The simulator and the planner's memory pass both count memory this way, so
+    a plan the planner finds to fit is not over the cap in its simulation."""
+    from ratrain.memory.ledger import replay as ledger_replay
+
+    return ledger_replay(
         schedule,
         spec,
         plan,
-        keep_trace=memory_timeline,
+        keep_trace=keep_trace,
         eager_kernels=platform.eager_kernels,
         sends_held=platform.sends_held_until_waited,
     )
-    return simulate_schedule(schedule, cost, ledger=ledger)
