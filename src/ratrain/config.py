@@ -307,11 +307,13 @@ def load_plan(path: str | Path) -> tuple[Plan, dict]:
     """Read a plan file written by `save_plan` (or by hand). Returns the plan and the extras."""
     import yaml
 
+    from ratrain.yaml_io import load_yaml
+
     p = Path(path)
     if not p.is_file():
         raise RatrainError(f"plan file {str(p)!r} not found")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = load_yaml(p.read_text())
     except yaml.YAMLError as e:
         raise RatrainError(f"{p}: not valid YAML/JSON ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):

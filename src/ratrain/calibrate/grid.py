@@ -23,6 +23,7 @@ import yaml
 from ratrain.config import Plan
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
+from ratrain.yaml_io import load_yaml
 
 __all__ = ["GridPlan", "default_grid", "load_grid", "DEFAULT_MODELS"]
 
@@ -125,7 +126,7 @@ def default_grid(max_ranks: int = 4) -> list[GridPlan]:
 def load_grid(path: str | Path) -> list[GridPlan]:
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = load_yaml(p.read_text())
     except OSError as e:
         raise RatrainError(f"grid {p}: cannot read it ({e.strerror})") from None
     except yaml.YAMLError as e:

@@ -22,6 +22,7 @@ import yaml
 from ratrain.errors import RatrainError
 from ratrain.platforms import Link, Platform, Tier
 from ratrain.platforms.host import check_host
+from ratrain.yaml_io import load_yaml
 
 __all__ = ["PLATFORM_PRESETS", "COLLECTIVE_ALGORITHMS", "load"]
 
@@ -288,7 +289,7 @@ def _parse(data, source: str) -> Platform:
 
 def _read(path: Path) -> Platform:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as e:
         raise RatrainError(f"platform {path}: not valid YAML ({str(e).splitlines()[0]})") from None
     except OSError as e:
