@@ -84,6 +84,7 @@ def test_validate_two_plan_grid(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     s = doc["summary"]
     assert s["plans"] == len(doc["results"]) and s["mape"] >= 0 and -1 <= s["kendall_tau"] <= 1
+    assert doc["models"]["tiny"]["hidden"] == 64  # what `validate --rescore` reads back
     for r in doc["results"]:
         assert r["measured_step_s"] > 0 and r["predicted_step_s"] > 0
         assert len(r["step_times_s"]) == 3

@@ -25,7 +25,7 @@ from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
 from ratrain.yaml_io import load_yaml
 
-__all__ = ["GridPlan", "default_grid", "load_grid", "DEFAULT_MODELS"]
+__all__ = ["GridPlan", "default_grid", "load_grid", "load_grid_models", "DEFAULT_MODELS"]
 
 DEFAULT_MODELS = {
     # Both models take >= 0.5 s a step on 2 cores (the issue's floor: per-op dispatch and
@@ -123,7 +123,7 @@ def default_grid(max_ranks: int = 4) -> list[GridPlan]:
     return _build(DEFAULT_MODELS, plans)
 
 
-def load_grid(path: str | Path) -> list[GridPlan]:
+def _read_grid(path: str | Path) -> dict:
     p = Path(path)
     try:
         data = load_yaml(p.read_text())
@@ -136,4 +136,14 @@ def load_grid(path: str | Path) -> list[GridPlan]:
     models = data.get("models") or {}
     if not isinstance(models, dict):
         raise RatrainError(f"grid {p}: models must be a mapping of name -> model fields")
-    return _build(models, data["plans"])
+    return data
+
+
+def load_grid(path: str | Path) -> list[GridPlan]:
+    data = _read_grid(path)
+    return _build(data.get("models") or {}, data["plans"])
+
+
+def load_grid_models(path: str | Path) -> dict[str, ModelSpec]:
+    """A grid file's models by name (its plans are not read)."""
+    return {m: _spec(m, f) for m, f in (_read_grid(path).get("models") or {}).items()}

@@ -32,6 +32,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not search and run `ratrain plan`'s pick per model (judge the grid only)",
     )
+    p.add_argument(
+        "--rescore",
+        metavar="PREV.json",
+        default=None,
+        help="re-predict the plans and measurements of an earlier `validate --json` output "
+        "with --platform, without running anything (--grid FILE: the models, if the file "
+        "lacks them)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
         "--plot",
@@ -93,6 +101,8 @@ def run(args) -> int:
     if args.warmup < 0:
         raise RatrainError(f"--warmup must be >= 0, got {args.warmup}")
     platform = load(args.platform)
+    if args.rescore:
+        return _rescore(args, platform)
     grid = default_grid(args.max_ranks) if args.grid == "default" else load_grid(args.grid)
     if not grid:
         raise RatrainError("the grid has no plans")
@@ -109,10 +119,45 @@ def run(args) -> int:
         _plots(args.plot, results, summary, platform)
     if args.json:
         doc = {"platform": platform.name, "summary": summary}
+        doc["models"] = {r.model: r.grid.spec.to_dict() for r in results}
         doc["results"] = [result_dict(r) for r in results]
         print(json.dumps(doc, indent=1))
     else:
         print(_table(results, summary))
+    return 0
+
+
+def _rescore(args, platform) -> int:
+    from ratrain.calibrate.plot import scatter
+    from ratrain.calibrate.rescore import rescore
+    from ratrain.calibrate.validate import result_dict
+
+    results, summary, before = rescore(
+        args.rescore, platform, grid=args.grid, plan_picks=not args.no_plan_pick
+    )
+    if args.plot:  # the measured traces are not in the file: the scatter only
+        scatter(results, args.plot)
+    if args.json:
+        doc = {"platform": platform.name, "summary": summary, "previous_summary": before}
+        doc["models"] = {r.model: r.grid.spec.to_dict() for r in results}
+        doc["results"] = [result_dict(r) for r in results]
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(_table(results, summary))
+    for model, p in summary["planner_pick"].items():
+        if p["pick_plan"]:
+            print(
+                f"{model}: ratrain plan picks a plan the file did not measure "
+                f"({p['pick_plan']}); judged above instead: the simulator's fastest measured "
+                f"row, {p['pick']}"
+            )
+    if before.get("mape") is not None:
+        tau = before.get("kendall_tau")
+        print(
+            f"as measured, with the file's own platform: MAPE {before['mape']:.1%}, "
+            f"max {before['max_error']:.1%}"
+            + (f", Kendall tau {tau:.2f}" if tau is not None else "")
+        )
     return 0
 
 
