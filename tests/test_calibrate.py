@@ -52,6 +52,16 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys):
     # what could not be measured here says so
     assert p.notes["network.inter_node.bandwidth_bytes_per_s"].startswith("assumed")
     assert p.notes["compute.peak_flops.fp32"].startswith("derived")
+    # Every windowed figure says how many windows and how far they disagreed.
+    for key in (
+        "compute.efficiency_curves.gemm.fp32",
+        "compute.memory_bound_bytes_per_s.rmsnorm.fwd.fp32",
+        "tiers.dram.bandwidth_bytes_per_s",
+        "compute.thread_efficiency",
+        "compute.unit_time_factor.block.bwd.fp32",
+        "compute.rank_speed",
+    ):
+        assert "median of" in p.notes[key] and "spread" in p.notes[key], key
     assert all(0 < e <= 1 for pts in p.efficiency_curves.values() for _, e in pts)
     assert all(f > 0 for f in p.unit_time_factor.values())
     assert [k for k, _ in p.rank_speed] == [1, 2] and all(v > 0 for _, v in p.rank_speed)
@@ -69,8 +79,10 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys):
 def test_calibrate_bad_input_is_one_line(tmp_path, capsys):
     assert main(["calibrate", "-o", str(tmp_path / "x.txt")]) == 2
     assert main(["calibrate", "--dtypes", "bf16", "-o", str(tmp_path / "x.yaml")]) == 2
+    assert main(["calibrate", "--windows", "0", "-o", str(tmp_path / "x.yaml")]) == 2
+    assert main(["calibrate", "--max-spread", "0", "-o", str(tmp_path / "x.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("ratrain calibrate: error") for line in err)
+    assert len(err) == 4 and all(line.startswith("ratrain calibrate: error") for line in err)
 
 
 def test_busy_machine_signs():

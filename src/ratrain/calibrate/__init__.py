@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from ratrain.calibrate.windows import DEFAULT_MAX_SPREAD, run_windows
 from ratrain.errors import RatrainError
 
 __all__ = ["calibrate", "write_platform", "machine_description"]
@@ -69,17 +70,25 @@ def calibrate(
     dtypes: tuple[str, ...] = DTYPES,
     name: str = "calibrated",
     progress: bool = True,
+    windows: int | None = None,
+    max_spread: float = DEFAULT_MAX_SPREAD,
 ) -> dict:
-    """Measure this machine; the platform file's data (`ratrain.platforms` schema)."""
+    """Measure this machine; the platform file's data (`ratrain.platforms` schema).
+
+    Every kernel and unit figure is the median of `windows` windows (default 3), the
+    windows interleaved across quantities (`ratrain.calibrate.windows`); quantities whose
+    windows disagree by more than `max_spread` are measured once more, and those still
+    over are listed in the file's `calibration_warnings`."""
     import torch
 
+    from ratrain.calibrate import kernels as K
+    from ratrain.calibrate import units as U
     from ratrain.calibrate.comm import measure_comm
-    from ratrain.calibrate.kernels import kernel_plan, measure_kernels
+    from ratrain.calibrate.load import OthersLoad
     from ratrain.calibrate.overhead import measure_action_overhead
     from ratrain.calibrate.platform_file import build_platform
     from ratrain.calibrate.sharing import measure_rank_speed, rank_counts
-    from ratrain.calibrate.timing import Progress
-    from ratrain.calibrate.units import measure_units, unit_plan
+    from ratrain.calibrate.timing import Progress, Timer
 
     if device not in ("cpu", "cuda"):
         raise RatrainError(f"--device must be cpu or cuda, got {device!r}")
@@ -90,36 +99,87 @@ def calibrate(
     unknown = [d for d in dtypes if d not in DTYPES]
     if unknown or "fp32" not in dtypes:
         raise RatrainError(f"--dtypes must include fp32 and be among {', '.join(DTYPES)}")
-    budget = budget_s if budget_s is not None else (0.1 if quick else 0.4)
-    n_steps = len(kernel_plan(dtypes, quick)) + len(unit_plan(dtypes, quick)) + 2
+    windows = windows if windows is not None else 3
+    if windows < 1:
+        raise RatrainError(f"--windows must be >= 1, got {windows}")
+    if not max_spread > 0:
+        raise RatrainError(f"--max-spread must be positive, got {max_spread}")
+    # Seconds per window of one quantity: a window is the fastest of its repetitions.
+    budget = budget_s if budget_s is not None else (0.08 if quick else 0.25)
+    cores = _cores() if device == "cpu" else 1
+    k_items = K.kernel_plan(dtypes, quick)
+    u_items = U.unit_items(dtypes, quick)
+    items = [("k", it) for it in k_items] + [("u", it) for it in u_items]
+    n_steps = len(items) * windows + 2
     n_steps += len(rank_counts(nproc)) if device == "cpu" else 0
     bar = Progress(n_steps, enabled=progress)
+    dev = torch.device(device)
+    timer = Timer(dev, budget)
+
+    def measure(item):
+        kind, it = item
+        if kind == "k":
+            return K.measure_kernel(it, dev, timer, cores)
+        return U.measure_unit(it, dev, timer)
+
+    def label(item):
+        return (K.label if item[0] == "k" else U.label)(item[1])
+
+    saved = torch.get_num_threads()
+    others = OthersLoad()
     try:
-        kernels = measure_kernels(
-            torch.device(device), dtypes, quick, budget, bar, _cores() if device == "cpu" else 1
-        )
-        units = measure_units(torch.device(device), dtypes, quick, budget, bar)
-        sharing = measure_rank_speed(nproc, quick, bar) if device == "cpu" else {}
+        if device == "cpu":
+            torch.set_num_threads(1)  # the curves are one thread's; sharing is modelled apart
+        U.prepare_units(dev)
+        got = run_windows(items, measure, windows, max_spread, label, bar)
+        torch.set_num_threads(saved)
+        sharing = measure_rank_speed(nproc, quick, bar, windows) if device == "cpu" else {}
         bar.step(f"p2p and collectives, {nproc} ranks")
         comm = measure_comm(nproc, quick, device) if nproc > 1 else {}
         bar.step("fixed cost per action (tiny training job)")
         overhead = measure_action_overhead(quick, device)
     finally:
+        torch.set_num_threads(saved)
         bar.close()
+    kernels = K.assemble_kernels({it: got[("k", it)].value for it in k_items}, cores)
+    units = U.assemble_units({it: got[("u", it)].value for it in u_items})
+    spreads = {label(item): w for item, w in got.items()}
+    warnings = [
+        f"{what}: its windows disagree by {w.spread:.0%} (> {max_spread:.0%}) after a "
+        "re-measurement"
+        for what, w in spreads.items()
+        if w.over
+    ]
+    for k, spread in (sharing or {}).get("spreads", {}).items():
+        if spread > max_spread:
+            warnings.append(
+                f"{k} rank(s) sharing the node: windows disagree by {spread:.0%} "
+                f"(> {max_spread:.0%})"
+            )
+    busy = others.share()
+    if busy is not None and busy > OthersLoad.WARN_SHARE:
+        warnings.append(
+            f"other processes used {busy:.0%} of the machine's CPU time while it was measured"
+        )
     ctx = {
         "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_description(device),
         "device": device,
         "nproc": nproc,
-        "cores": _cores() if device == "cpu" else 1,
+        "cores": cores,
         "memory_bytes": _memory_bytes()
         if device == "cpu"
         else torch.cuda.get_device_properties(0).total_memory * nproc,
         "quick": quick,
+        "windows": {label(item): w for item, w in got.items()},
+        "others_share": busy,
     }
     raw = {"kernels": kernels, "comm": comm, "overhead": overhead, "units": units}
     raw["sharing"] = sharing
-    return build_platform(name, raw, ctx)
+    data = build_platform(name, raw, ctx)
+    if warnings:
+        data["calibration_warnings"] = warnings
+    return data
 
 
 def write_platform(data: dict, path: str | Path) -> Path:

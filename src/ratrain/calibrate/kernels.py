@@ -12,7 +12,10 @@
   second (the cost model's count of bytes per parameter);
 - the speed-up of a second thread on a GEMM (`thread_efficiency`).
 
-Each result is `(key, value, what)`; the caller turns `what` into a `measured:` note.
+`measure_kernel` takes one window of one item of `kernel_plan`; the caller
+(`ratrain.calibrate.calibrate`, through `ratrain.calibrate.windows`) repeats the windows,
+interleaved across items, and `assemble_kernels` turns the medians into the raw figures
+`ratrain.calibrate.platform_file` reads.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ratrain.calibrate.timing import Progress, Timer
+from ratrain.calibrate.timing import Timer
 from ratrain.cost.compute import attention_flops
 from ratrain.cost.measured import MEMORY_BOUND_OPS
 from ratrain.kernels import get_backend
@@ -30,7 +33,14 @@ from ratrain.models.llama import RMSNorm, _apply_rope, cross_entropy, rope_cos_s
 from ratrain.models.spec import ModelSpec
 from ratrain.runtime.optim import adamw_step_, unit_sq_norm
 
-__all__ = ["TORCH_DTYPES", "kernel_plan", "measure_kernels"]
+__all__ = [
+    "TORCH_DTYPES",
+    "kernel_plan",
+    "measure_kernel",
+    "assemble_kernels",
+    "threads_efficiency",
+    "label",
+]
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -48,7 +58,9 @@ def kernel_plan(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, str, tu
     gemms, attn = (_GEMMS_QUICK, _ATTN_QUICK) if quick else (_GEMMS, _ATTN)
     out: list[tuple[str, str, tuple]] = []
     for dt in dtypes:
-        small = dt == "fp16"  # no fast half-precision path on most CPUs: keep it short
+        # No fast half-precision path on most CPUs: keep fp16 short, and bf16 short when
+        # quick (its largest GEMM alone took ~7 s a window on the 2-core reference).
+        small = dt == "fp16" or (quick and dt == "bf16")
         out += [("gemm", dt, s) for s in (gemms[:2] if small else gemms)]
         out += [("attention", dt, s) for s in (attn[:1] if small else attn)]
         out += [("memory", dt, (op,)) for op in _MEM_OPS]
@@ -57,19 +69,29 @@ def kernel_plan(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, str, tu
 
 
 def _fwd_bwd(timer: Timer, make: Callable[[], tuple[Callable, list[torch.Tensor]]]):
-    """Median forward time, and backward time (forward+backward minus forward)."""
+    """Fastest forward time, and fastest backward time, each timed directly: the backward
+    of a fresh forward (run untimed before each repetition), not (forward + backward) -
+    forward, whose difference of two separately timed figures moved a backward GEMM's
+    efficiency 2.5x between calibrations."""
     fwd, leaves = make()
     with torch.no_grad():
         t_f = timer.time_s(fwd)
+    held: list = []
 
-    def both():
-        out = fwd()
-        out.backward(torch.ones_like(out) if out.ndim else None)
+    def forward():
         for t in leaves:
             t.grad = None
+        out = fwd()
+        grad = torch.ones_like(out) if out.ndim else None  # the next stage's gradient
+        held[:] = [out, grad]
 
-    t_fb = timer.time_s(both)
-    return t_f, max(t_fb - t_f, t_f * 0.05)
+    def backward():
+        out, grad = held
+        out.backward(grad)
+
+    t_b = timer.time_s(backward, setup=forward)
+    held.clear()
+    return t_f, max(t_b, t_f * 0.05)
 
 
 def _gemm(timer, dev, dtype, m, n, k):
@@ -154,10 +176,11 @@ def _optimizer(timer, dev, n_params=4_000_000):
     return n_params * (24 + 4) / t  # bytes moved (`ratrain.cost.model`: 24 + g per param)
 
 
-def _threads(timer, dev, cores: int) -> float:
-    """Speed-up per extra thread of a mid-size fp32 GEMM, in (0, 1]."""
+def _threads(timer, dev, cores: int) -> tuple[float, float]:
+    """(one thread's, all cores') time of a mid-size fp32 GEMM; (1, 1) where it does not
+    apply. `thread_efficiency` is derived from their medians (`threads_efficiency`)."""
     if dev.type == "cuda" or cores < 2:
-        return 1.0
+        return 1.0, 1.0
     x, w = torch.randn(512, 1024, device=dev), torch.randn(2048, 1024, device=dev)
     saved = torch.get_num_threads()
     try:
@@ -167,44 +190,54 @@ def _threads(timer, dev, cores: int) -> float:
         tc = timer.time_s(lambda: F.linear(x, w))
     finally:
         torch.set_num_threads(saved)
+    return t1, tc
+
+
+def threads_efficiency(t1: float, tc: float, cores: int) -> float:
+    """Speed-up per extra thread, in [0.05, 1]."""
+    if cores < 2:
+        return 1.0
     return min(1.0, max(0.05, (t1 / tc - 1) / (cores - 1)))
 
 
-def measure_kernels(
-    device: torch.device,
-    dtypes: tuple[str, ...],
-    quick: bool,
-    budget_s: float,
-    progress: Progress,
-    cores: int,
-) -> dict:
-    """Raw kernel measurements: {"gemm": {dtype: [(flops, fwd_s, bwd_s)]}, "attention":
-    {dtype: [(fwd_flops, fwd_s, bwd_s)]}, "memory": {dtype: {op: (elements, fwd_s, bwd_s)}},
-    "optimizer_bytes_per_s": float, "thread_efficiency": float}."""
-    timer = Timer(device, budget_s)
+def measure_kernel(item: tuple, device: torch.device, timer: Timer, cores: int) -> tuple:
+    """One window of one `kernel_plan` item: its raw timed figures (seconds, or the
+    optimizer's bytes/s), on one thread (the caller sets the threads)."""
+    kind, dt, shape = item
+    dtype = TORCH_DTYPES[dt]
+    if kind == "gemm":
+        return _gemm(timer, device, dtype, *shape)
+    if kind == "attention":
+        return _attention(timer, device, dtype, *shape)
+    if kind == "memory":
+        return _memory(timer, device, dtype, shape[0])
+    if kind == "optimizer":
+        return (_optimizer(timer, device),)
+    return _threads(timer, device, cores)
+
+
+def assemble_kernels(values: dict[tuple, tuple], cores: int) -> dict:
+    """The raw kernel measurements from each item's (median) figures: {"gemm": {dtype:
+    [(flops, fwd_s, bwd_s)]}, "attention": {dtype: [(fwd_flops, fwd_s, bwd_s)]}, "memory":
+    {dtype: {op: (elements, fwd_s, bwd_s)}}, "optimizer_bytes_per_s", "thread_efficiency"}."""
     out: dict = {"gemm": {}, "attention": {}, "memory": {}}
-    saved = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(1)  # the curves are one thread's; sharing is modelled apart
-    try:
-        for kind, dt, shape in kernel_plan(dtypes, quick):
-            dtype = TORCH_DTYPES[dt]
-            progress.step(f"{kind} {dt} {'x'.join(map(str, shape))}")
-            if kind == "gemm":
-                m, n, k = shape
-                t_f, t_b = _gemm(timer, device, dtype, m, n, k)
-                out["gemm"].setdefault(dt, []).append((2 * m * n * k, t_f, t_b))
-            elif kind == "attention":
-                b, h, s, d = shape
-                t_f, t_b = _attention(timer, device, dtype, b, h, s, d)
-                flops = attention_flops(b, h, s, d, causal=True, backward=False)
-                out["attention"].setdefault(dt, []).append((flops, t_f, t_b))
-            elif kind == "memory":
-                out["memory"].setdefault(dt, {})[shape[0]] = _memory(timer, device, dtype, shape[0])
-            elif kind == "optimizer":
-                out["optimizer_bytes_per_s"] = _optimizer(timer, device)
-            else:
-                out["thread_efficiency"] = _threads(timer, device, cores)
-    finally:
-        torch.set_num_threads(saved)
+    for (kind, dt, shape), v in values.items():
+        if kind == "gemm":
+            m, n, k = shape
+            out["gemm"].setdefault(dt, []).append((2 * m * n * k, *v))
+        elif kind == "attention":
+            flops = attention_flops(*shape, causal=True, backward=False)
+            out["attention"].setdefault(dt, []).append((flops, *v))
+        elif kind == "memory":
+            elements, t_f, t_b = v
+            out["memory"].setdefault(dt, {})[shape[0]] = (int(elements), t_f, t_b)
+        elif kind == "optimizer":
+            out["optimizer_bytes_per_s"] = v[0]
+        else:
+            out["thread_efficiency"] = threads_efficiency(*v, cores)
     return out
+
+
+def label(item: tuple) -> str:
+    kind, dt, shape = item
+    return f"{kind} {dt} {'x'.join(map(str, shape))}".strip()

@@ -19,6 +19,22 @@ def _v(value, note: str) -> dict:
     return {"value": value, "note": note}
 
 
+def _win(ctx: dict, prefix: str) -> str:
+    """What the windows of the measurements whose label starts with `prefix` say: '' when
+    the caller did not window them (`ratrain.calibrate.windows`)."""
+    ws = [w for lab, w in (ctx.get("windows") or {}).items() if lab.startswith(prefix)]
+    if not ws:
+        return ""
+    if len(ws) == 1:
+        return f"; {ws[0].note()}"
+    worst = max(ws, key=lambda w: w.spread)
+    again = sum(w.rounds > 1 for w in ws)
+    counts = sorted({len(w.samples) for w in ws})
+    n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} or {counts[-1]}"
+    redone = f" ({again} of {len(ws)} re-measured)" if again else ""
+    return f"; each the median of {n} interleaved windows, largest spread {worst.spread:.0%}{redone}"
+
+
 def _rate_rows(gemm: list, attention: list) -> dict[str, list[tuple[float, float]]]:
     """(FLOPs of one kernel, achieved FLOP/s) per curve kind."""
     rows = {
@@ -42,6 +58,8 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
     speedup = 1 + (cores - 1) * te if cpu else 1.0
     peaks, curves = {}, {}
     timer = "fastest of repeated wall-clock runs" if cpu else "fastest of CUDA-event timings"
+    if ctx.get("windows"):
+        timer += " per window"
     for dt in ("fp32", "bf16", "fp16"):
         rows = _rate_rows(k["gemm"].get(dt, []), k["attention"].get(dt, []))
         if not rows:
@@ -57,7 +75,8 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
             curves[f"{kind}.{dt}"] = _v(
                 [[float(f), float(f"{r / peak:.4g}")] for f, r in sorted(pts)],
                 f"measured: {kind} {dt} via the torch backend ({'forward' if kind in ('gemm', 'attention_fwd') else 'autograd backward'}), "
-                f"one thread, {timer}, [FLOPs, achieved / peak], {on}",
+                f"one thread, {timer}, [FLOPs, achieved / peak], {on}"
+                + _win(ctx, f"{'gemm' if kind.startswith('gemm') else 'attention'} {dt} "),
             )
     missing = [dt for dt in ("fp32", "bf16", "fp16") if dt not in peaks]
     for dt in missing:  # a dtype not measured falls back on fp32's figure
@@ -70,7 +89,8 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
                 mem_bw[f"{op}.{d}.{dt}"] = _v(
                     float(f"{nbytes / t:.4g}"),
                     f"measured: the model's {op} {d} ({elements} elements, nominal bytes = "
-                    f"elements x {DTYPE_BYTES[dt]}) / {timer}, one thread, {on}",
+                    f"elements x {DTYPE_BYTES[dt]}) / {timer}, one thread, {on}"
+                    + _win(ctx, f"memory {dt} {op}"),
                 )
     opt_bw = k["optimizer_bytes_per_s"]
     c = raw["comm"]
@@ -111,7 +131,12 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
     quick = " (--quick)" if ctx["quick"] else ""
     data = {
         "name": name,
-        "description": f"Measured by ratrain calibrate{quick} on {ctx['machine']}, {ctx['when']}",
+        "description": f"Measured by ratrain calibrate{quick} on {ctx['machine']}, {ctx['when']}"
+        + (
+            f"; other processes used {ctx['others_share']:.0%} of the CPU time meanwhile"
+            if ctx.get("others_share") is not None
+            else ""
+        ),
         "usable_memory_bytes": _v(usable, f"measured: total memory / {ctx['nproc']} ranks, {on}"),
         "workspace_bytes": _v(
             int(min(0.25e9, usable // 8)), "assumed: allocator and Python overheads"
@@ -126,7 +151,8 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
             "memory_bound_bytes_per_s": mem_bw,
             "thread_efficiency": _v(
                 float(f"{max(te, 0.05):.4g}"),
-                f"measured: speed-up per extra thread of an fp32 512x2048x1024 GEMM, {on}",
+                f"measured: speed-up per extra thread of an fp32 512x2048x1024 GEMM, {on}"
+                + _win(ctx, "threads"),
             ),
         },
         "tiers": [
@@ -136,7 +162,7 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
                 "bandwidth_bytes_per_s": _v(
                     float(f"{opt_bw:.4g}"),
                     f"measured: the runtime's adamw_step_ over 4M fp32 parameters, 28 bytes "
-                    f"moved per parameter / {timer}, one thread, {on}",
+                    f"moved per parameter / {timer}, one thread, {on}" + _win(ctx, "optimizer"),
                 ),
                 "latency_s": _v(1e-6, "assumed: 1 us per memory-bound pass"),
                 "copies": _v(1, "assumed: one memory space per rank"),
@@ -207,7 +233,13 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
             "measured: k ranks at once (the launcher's threads: "
             + ", ".join(f"{k} x {t}" for k, _, t in rows)
             + " threads), each running the model's Block forward+backward (hidden 384, "
-            f"256 tokens) for the same window; [k, one thread alone's time / a rank's], {on}",
+            f"256 tokens) for the same window; [k, one thread alone's time / a rank's], {on}"
+            + (
+                "; median of consecutive windows, spread "
+                + ", ".join(f"k={k}: {v:.0%}" for k, v in sharing["spreads"].items())
+                if sharing.get("spreads")
+                else ""
+            ),
         )
     if sharing.get("collective_compute_s_per_byte") is not None:
         data["compute"]["collective_compute_s_per_byte"] = _v(
@@ -217,7 +249,7 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
             f"iteration / bytes, {on}",
         )
     if raw.get("units"):
-        data["compute"]["unit_time_factor"] = _unit_factors(data, raw["units"], timer, on)
+        data["compute"]["unit_time_factor"] = _unit_factors(data, raw["units"], timer, on, ctx)
     _raise_peaks(data["compute"], speedup)
     return data
 
@@ -241,7 +273,7 @@ def _raise_peaks(compute: dict, speedup: float) -> None:
         entry["value"] = [[f, float(f"{e / scale:.4g}")] for f, e in entry["value"]]
 
 
-def _unit_factors(data: dict, units: dict, timer: str, on: str) -> dict:
+def _unit_factors(data: dict, units: dict, timer: str, on: str, ctx: dict) -> dict:
     """`compute.unit_time_factor` from the whole-unit timings (`ratrain.calibrate.units`):
     per kind, direction and dtype, the median over shapes of the measured time beyond the
     tiny shape's over the cost model's kernel sum beyond the tiny shape's, on the platform
@@ -279,7 +311,7 @@ def _unit_factors(data: dict, units: dict, timer: str, on: str) -> dict:
             f"measured: the model's {key.split('.')[0]} unit {key.split('.')[1]} (autograd), "
             f"one thread, {timer}, minus the tiny shape's, over the cost model's kernel sum "
             f"for it minus the tiny shape's; median of {len(r)} shapes "
-            f"({', '.join(shapes[key])}), {on}",
+            f"({', '.join(shapes[key])}), {on}" + _win(ctx, f"units {key.split('.')[2]} "),
         )
         for key, r in sorted(ratios.items())
     }

@@ -20,6 +20,7 @@ byte of collective costs (`compute.collective_compute_s_per_byte`).
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -72,6 +73,12 @@ def _seconds_per_iteration(block, x, window_s: float, sync: bool) -> float:
             return elapsed / n
 
 
+def _windows(block, x, window_s: float, windows: int, sync: bool) -> list[float]:
+    """Seconds per iteration in each of `windows` windows (every rank starts each window
+    together after a barrier when `sync`)."""
+    return [_seconds_per_iteration(block, x, window_s, sync) for _ in range(windows)]
+
+
 def _seconds_with_sync(block, x, iterations: int, comm: Comm, buf: torch.Tensor) -> float:
     """Seconds per iteration with an all-reduce in flight beside each. Every rank runs the
     same count (agreed beforehand): collectives must match one for one."""
@@ -84,7 +91,9 @@ def _seconds_with_sync(block, x, iterations: int, comm: Comm, buf: torch.Tensor)
     return (time.perf_counter() - t0) / iterations
 
 
-def _rank(rdzv: Rendezvous, window_s: float, reference: bool, with_sync: bool = False) -> dict:
+def _rank(
+    rdzv: Rendezvous, window_s: float, reference: bool, with_sync: bool = False, windows: int = 1
+) -> dict:
     grid = ParallelGrid.init(1, rdzv.world_size, rdzv, device="cpu")
     try:
         block = build_unit(_SPEC, 1)
@@ -93,9 +102,10 @@ def _rank(rdzv: Rendezvous, window_s: float, reference: bool, with_sync: bool = 
         if reference:  # one thread on a core of its own: the curves' speed
             saved = torch.get_num_threads()
             torch.set_num_threads(1)
-            out["one_thread_s"] = _seconds_per_iteration(block, x, window_s, sync=False)
+            out["one_thread_w"] = _windows(block, x, window_s, windows, sync=False)
             torch.set_num_threads(saved)
-        out["s"] = _seconds_per_iteration(block, x, window_s, sync=True)
+        out["w"] = _windows(block, x, window_s, windows, sync=True)
+        out["s"] = statistics.median(out["w"])
         if with_sync:
             n = torch.tensor([max(2, int(window_s / out["s"]))])
             dist.all_reduce(n, op=dist.ReduceOp.MIN)
@@ -109,22 +119,27 @@ def _rank(rdzv: Rendezvous, window_s: float, reference: bool, with_sync: bool = 
         grid.destroy()
 
 
-def measure_rank_speed(nproc: int, quick: bool, progress=None) -> dict:
+def measure_rank_speed(nproc: int, quick: bool, progress=None, windows: int = 1) -> dict:
     """{"rank_speed": [(ranks k, speed of one rank relative to one thread alone, threads
-    per rank)], "collective_compute_s_per_byte": float | None (None: nproc < 2)}."""
-    window_s = 0.6 if quick else 1.5
+    per rank)], "collective_compute_s_per_byte": float | None (None: nproc < 2),
+    "spreads": {k: max/min - 1 of the ranks' mean time over the windows}}. Each figure is
+    the median of `windows` consecutive windows."""
+    window_s = 0.5 if quick else 1.0
     ref = None
     out = []
+    spreads = {}
     per_byte = None
     for k in rank_counts(nproc):
         if progress:
             progress.step(f"{k} rank(s) sharing the cores")
-        res = spawn(_rank, k, window_s, k == 1, k == 2, deadline_s=300)
+        res = spawn(_rank, k, window_s, k == 1, k == 2, windows, deadline_s=300)
         if k == 1:
-            ref = res[0]["one_thread_s"]
+            ref = statistics.median(res[0]["one_thread_w"])
+        per_window = [sum(r["w"][i] for r in res) / len(res) for i in range(windows)]
+        spreads[k] = max(per_window) / min(per_window) - 1
         mean_s = sum(r["s"] for r in res) / len(res)
         out.append((k, ref / mean_s, res[0]["threads"]))
         if k == 2:
             extra_s = sum(r["sync_s"] for r in res) / len(res) - mean_s
             per_byte = max(extra_s, 0.0) / SYNC_BYTES
-    return {"rank_speed": out, "collective_compute_s_per_byte": per_byte}
+    return {"rank_speed": out, "collective_compute_s_per_byte": per_byte, "spreads": spreads}

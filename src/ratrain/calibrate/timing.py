@@ -1,7 +1,7 @@
 """Timing kernels on one device: wall clock on CPU, CUDA events on a GPU, one interface.
 
 `Timer.time_s(fn)` runs `fn` a few times for warm-up, then repeats it until the time
-budget is spent (at least `min_reps` times) and returns the fastest repetition by
+budget is spent (at least `min_reps` times): one *window*. It returns the window's fastest repetition by
 default (timeit's advice: slower repetitions measure interference from other work on
 the machine, not the kernel), or the median with `statistic="median"`. On CUDA the events
 are recorded on the current stream around each call and read after a synchronize, so
@@ -31,7 +31,9 @@ class Timer:
         self.statistic = statistic
         self.cuda = device.type == "cuda"
 
-    def _once(self, fn: Callable[[], object]) -> float:
+    def _once(self, fn: Callable[[], object], setup: Callable[[], object] | None = None) -> float:
+        if setup is not None:  # untimed: e.g. the forward whose backward is timed
+            setup()
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -43,14 +45,20 @@ class Timer:
         fn()
         return time.perf_counter() - t0
 
-    def time_s(self, fn: Callable[[], object], warmup: int = 1) -> float:
+    def time_s(
+        self,
+        fn: Callable[[], object],
+        warmup: int = 1,
+        setup: Callable[[], object] | None = None,
+    ) -> float:
+        """Time of `fn` (after an untimed `setup()` each repetition, when given)."""
         for _ in range(warmup):
-            first = self._once(fn)
+            first = self._once(fn, setup)
         times: list[float] = []
         deadline = time.perf_counter() + self.budget_s
         # One call longer than the budget is measured once more and no further.
         while len(times) < self.min_reps or time.perf_counter() < deadline:
-            times.append(self._once(fn))
+            times.append(self._once(fn, setup))
             if warmup and first > self.budget_s and len(times) >= 1:
                 break
         return min(times) if self.statistic == "min" else statistics.median(times)
@@ -62,6 +70,10 @@ class Progress:
     def __init__(self, total: int, enabled: bool = True, width: int = 30) -> None:
         self.total, self.done, self.enabled, self.width = max(total, 1), 0, enabled, width
         self.t0 = time.perf_counter()
+
+    def extend(self, n: int) -> None:
+        """n more steps than planned (a re-measurement)."""
+        self.total += n
 
     def step(self, what: str) -> None:
         self.done = min(self.done + 1, self.total)

@@ -27,11 +27,20 @@ from __future__ import annotations
 import torch
 
 from ratrain.calibrate.overhead import TINY_SPEC
-from ratrain.calibrate.timing import Progress, Timer
+from ratrain.calibrate.timing import Timer
 from ratrain.models.llama import build_unit
 from ratrain.models.spec import ModelSpec
 
-__all__ = ["UNIT_SHAPES", "TINY_SHAPE", "unit_plan", "measure_units"]
+__all__ = [
+    "UNIT_SHAPES",
+    "TINY_SHAPE",
+    "unit_plan",
+    "unit_items",
+    "prepare_units",
+    "measure_unit",
+    "assemble_units",
+    "label",
+]
 
 # (spec, micro_batch, seq): widths between and beside the default grid's (256/384/512).
 _SPEC_A = ModelSpec(
@@ -45,10 +54,13 @@ TINY_SHAPE = (TINY_SPEC, 1, 16)
 
 
 def unit_plan(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, int]]:
-    """(dtype, shape index) to measure; fp32 at every shape (one fewer when quick), other
-    dtypes (slow CPU paths) at the first shape only."""
+    """(dtype, shape index) to measure; fp32 at every shape (one fewer when quick), bf16 at
+    every shape (quick: the two widths, h320 b1 and h448 b2: one shape alone gave a bf16
+    backward factor of 0.55 that the grid's bf16 plan did not bear out); fp16 (no fast CPU
+    path, no grid plan) not at all."""
     n = 2 if quick else len(UNIT_SHAPES)
-    return [("fp32", i) for i in range(n)] + [(dt, 0) for dt in dtypes if dt in ("bf16",)]
+    bf16 = (0, 2) if quick else tuple(range(len(UNIT_SHAPES)))
+    return [("fp32", i) for i in range(n)] + [("bf16", i) for i in bf16 if "bf16" in dtypes]
 
 
 _COLD_BYTES = 64 * 2**20
@@ -82,49 +94,71 @@ def _time_unit(timer: Timer, dev, dtype, spec: ModelSpec, kind: str, mb: int, se
     def fwd_only():
         return fwd()[0]
 
-    def both():
+    held: list = []
+
+    def forward():  # untimed, before each timed backward
         y, m, x = fwd()
-        y.backward(None if y.ndim == 0 else torch.ones_like(y))
         x.grad = None
         for p in m.parameters():
             p.grad = None
+        held[:] = [y, None if y.ndim == 0 else torch.ones_like(y)]
+
+    def backward():
+        y, grad = held
+        y.backward(grad)
 
     t_f = timer.time_s(fwd_only)
-    t_fb = timer.time_s(both)
-    return t_f, max(t_fb - t_f, 0.05 * t_f)
+    t_b = timer.time_s(backward, setup=forward)  # timed directly, not (F+B) - F
+    held.clear()
+    return t_f, max(t_b, 0.05 * t_f)
 
 
-def measure_units(
-    device: torch.device, dtypes: tuple[str, ...], quick: bool, budget_s: float, progress: Progress
-) -> dict:
-    """{dtype: [(spec fields, micro_batch, seq, kind, t_f, t_b, tiny_t_f, tiny_t_b)]}: the
-    block and the head at each planned shape, with the tiny shape's times beside them."""
-    saved = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(1)  # as the kernel curves: one thread, sharing modelled apart
-    try:
-        return _measure(device, dtypes, quick, Timer(device, budget_s), progress)
-    finally:
-        torch.set_num_threads(saved)
+def unit_items(dtypes: tuple[str, ...], quick: bool) -> list[tuple]:
+    """The windowed measurements: ("tiny", dtype, kind) for each dtype measured, and
+    (dtype, shape index, kind) for each planned shape; kind "block" or "head"."""
+    plan = unit_plan(dtypes, quick)
+    tiny = [("tiny", dt, kind) for dt in dict.fromkeys(d for d, _ in plan) for kind in _KINDS]
+    return tiny + [(dt, i, kind) for dt, i in plan for kind in _KINDS]
 
 
-def _measure(device, dtypes, quick, timer: Timer, progress: Progress) -> dict:
+_KINDS = ("block", "head")
+
+
+def prepare_units(device: torch.device) -> None:
+    """The first autograd backward of a process runs several times slower for a while (lazy
+    initialisation): run one, untimed, before any window."""
+    _time_unit(Timer(device, 0.2), device, torch.float32, TINY_SHAPE[0], "block", 1, 16)
+
+
+def measure_unit(item: tuple, device: torch.device, timer: Timer) -> tuple[float, float]:
+    """One window of one `unit_items` item: (forward s, backward s), one thread (the caller
+    sets the threads: the kernel curves' setting)."""
     from ratrain.calibrate.kernels import TORCH_DTYPES
 
+    if item[0] == "tiny":
+        _, dt, kind = item
+        return _time_unit(timer, device, TORCH_DTYPES[dt], TINY_SHAPE[0], kind, 1, 16)
+    dt, i, kind = item
+    spec, mb, seq = UNIT_SHAPES[i]
+    return _time_unit(timer, device, TORCH_DTYPES[dt], spec, kind, mb, seq)
+
+
+def assemble_units(values: dict[tuple, tuple]) -> dict:
+    """{dtype: [(spec fields, micro_batch, seq, kind, t_f, t_b, tiny_t_f, tiny_t_b)]}: the
+    block and the head at each planned shape, with the tiny shape's times beside them."""
     out: dict = {}
-    tiny: dict = {}
-    # The first autograd backward of a process runs several times slower for a while
-    # (lazy initialisation): run one, untimed, before measuring.
-    _time_unit(Timer(device, 0.2), device, torch.float32, TINY_SHAPE[0], "block", 1, 16)
-    for dt, i in unit_plan(dtypes, quick):
-        dtype = TORCH_DTYPES[dt]
+    for item, (t_f, t_b) in values.items():
+        if item[0] == "tiny":
+            continue
+        dt, i, kind = item
         spec, mb, seq = UNIT_SHAPES[i]
-        progress.step(f"units {dt} h{spec.hidden} b{mb}")
-        for kind in ("block", "head"):
-            if (dt, kind) not in tiny:
-                tiny[(dt, kind)] = _time_unit(timer, device, dtype, TINY_SHAPE[0], kind, 1, 16)
-            t_f, t_b = _time_unit(timer, device, dtype, spec, kind, mb, seq)
-            out.setdefault(dt, []).append(
-                (spec.to_dict(), mb, seq, kind, t_f, t_b, *tiny[(dt, kind)])
-            )
+        tiny = values[("tiny", dt, kind)]
+        out.setdefault(dt, []).append((spec.to_dict(), mb, seq, kind, t_f, t_b, *tiny))
     return out
+
+
+def label(item: tuple) -> str:
+    if item[0] == "tiny":
+        return f"units {item[1]} tiny {item[2]}"
+    spec, mb, _ = UNIT_SHAPES[item[1]]
+    return f"units {item[0]} h{spec.hidden} b{mb} {item[2]}"

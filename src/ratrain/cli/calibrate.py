@@ -16,7 +16,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--nproc", type=int, default=None, help="local ranks for communication (default: 4)"
     )
     p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions (< 3 min)")
-    p.add_argument("--budget-s", type=float, default=None, help="seconds per kernel measurement")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds per window of one kernel measurement (default 0.25; 0.08 with --quick)",
+    )
+    p.add_argument(
+        "--windows",
+        type=int,
+        default=None,
+        help="windows per measured quantity, interleaved across quantities; the value is "
+        "their median (default 3)",
+    )
+    p.add_argument(
+        "--max-spread",
+        type=float,
+        default=None,
+        help="re-measure quantities whose windows disagree by more than this (max/min - 1; "
+        "default 0.15), and warn about those still over",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse to write the file when a quantity's windows still disagree (exit 2)",
+    )
     p.add_argument(
         "--dtypes", default="fp32,bf16,fp16", help="compute dtypes to measure (fp32 required)"
     )
@@ -27,11 +51,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ratrain.calibrate import calibrate, write_platform
+    from ratrain.calibrate.windows import DEFAULT_MAX_SPREAD
     from ratrain.errors import RatrainError
     from ratrain.platforms import load
 
     if args.budget_s is not None and not args.budget_s > 0:
         raise RatrainError(f"--budget-s must be positive, got {args.budget_s}")
+    if args.windows is not None and args.windows < 1:
+        raise RatrainError(f"--windows must be >= 1, got {args.windows}")
+    max_spread = DEFAULT_MAX_SPREAD if args.max_spread is None else args.max_spread
+    if not max_spread > 0:
+        raise RatrainError(f"--max-spread must be positive, got {args.max_spread}")
     out = Path(args.output)
     if out.suffix not in (".yaml", ".yml"):
         raise RatrainError(f"-o {args.output}: a platform file ends in .yaml or .yml")
@@ -43,7 +73,21 @@ def run(args) -> int:
         dtypes=tuple(d.strip() for d in args.dtypes.split(",") if d.strip()),
         name=args.name or out.stem,
         progress=not args.no_progress,
+        windows=args.windows,
+        max_spread=max_spread,
     )
+    warnings = data.get("calibration_warnings", [])
+    if warnings and args.strict:
+        raise RatrainError(
+            f"not writing {out} (--strict): {len(warnings)} measurement(s) did not repeat: "
+            + _short(warnings)
+        )
+    if warnings:  # one line: the file's calibration_warnings holds them one by one
+        print(
+            f"ratrain calibrate: warning: {len(warnings)} measurement(s) did not repeat "
+            f"(listed in the file's calibration_warnings): {_short(warnings)}",
+            file=sys.stderr,
+        )
     if args.description:
         data["description"] = f"{args.description} {data['description']}"
     path = write_platform(data, out)
@@ -58,6 +102,11 @@ def run(args) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _short(warnings: list[str], n: int = 4) -> str:
+    text = "; ".join(warnings[:n])
+    return text + (f"; and {len(warnings) - n} more" if len(warnings) > n else "")
 
 
 def _busy_signs(plat) -> str:

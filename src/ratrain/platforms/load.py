@@ -41,6 +41,7 @@ _TOP = {
     "network",
     "runtime",
     "measured_on",
+    "calibration_warnings",
 }
 _LINK = ("bandwidth_bytes_per_s", "latency_s", "efficiency")
 _TIER = ("capacity_bytes", "bandwidth_bytes_per_s", "latency_s", "copies")
@@ -243,6 +244,9 @@ def _parse(data, source: str) -> Platform:
     unknown = set(data) - _TOP
     if unknown:
         raise r.fail(f"unknown field(s) {sorted(unknown)}; known: {', '.join(sorted(_TOP))}")
+    warns = data.get("calibration_warnings", [])
+    if not isinstance(warns, list) or not all(isinstance(w, str) for w in warns):
+        raise r.fail("calibration_warnings must be a list of strings")
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise r.fail("missing field name")
