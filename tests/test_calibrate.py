@@ -65,6 +65,11 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys):
     assert all(0 < e <= 1 for pts in p.efficiency_curves.values() for _, e in pts)
     assert all(f > 0 for f in p.unit_time_factor.values())
     assert [k for k, _ in p.rank_speed] == [1, 2] and all(v > 0 for _, v in p.rank_speed)
+    # Core lending is measured: 1 of 2 ranks computing while the other waits in a receive.
+    assert [(w, b) for w, b, _ in p.shared_rank_speed] == [(2, 1)]
+    assert p.shared_rank_speed[0][2] > 0 and p.waiting_ranks_lend_cores
+    assert p.notes["compute.shared_rank_speed"].startswith("measured")
+    assert p.notes["runtime.waiting_ranks_lend_cores"].startswith("measured")
     # The peak stays a bound: no unit is charged less than its FLOPs at the peak.
     from ratrain.models.presets import get_preset
     from ratrain.planner.bounds import peak_unit_times, unit_times

@@ -210,7 +210,15 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
             "measured: an isend polled (is_completed) after its receiver had the data "
             f"reported {'not ' if held else ''}complete, {ctx['nproc']} ranks, {on}",
         )
-    if ctx.get("device") == "cpu":
+    shared_rows = (raw.get("sharing") or {}).get("shared_rank_speed") or []
+    if ctx.get("device") == "cpu" and shared_rows:
+        data["runtime"]["waiting_ranks_lend_cores"] = _v(
+            True,
+            "measured: ranks computing while others of the node wait in a blocked receive "
+            "run at compute.shared_rank_speed (processor sharing, docs/validation.md), "
+            f"{on}",
+        )
+    elif ctx.get("device") == "cpu":
         data["runtime"]["waiting_ranks_lend_cores"] = _v(
             True,
             "assumed: a rank waiting on a receive or a collective lends its cores to the "
@@ -241,6 +249,17 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
                 else ""
             ),
         )
+    if sharing.get("shared_rank_speed"):
+        rows = sharing["shared_rank_speed"]
+        data["compute"]["shared_rank_speed"] = _v(
+            [[w, b, float(f"{v:.4g}")] for w, b, v, _ in rows],
+            "measured: w ranks (the launcher's threads), b of them running the model's Block "
+            "forward+backward while the other w - b wait in a blocked gloo receive "
+            "(irecv().wait(), the executor's wait); [w, b, one thread alone's time / a busy "
+            "rank's], median of consecutive windows, spread "
+            + ", ".join(f"{w}/{b}: {sp:.0%}" for w, b, _, sp in rows)
+            + f", {on}",
+        )
     if sharing.get("collective_compute_s_per_byte") is not None:
         data["compute"]["collective_compute_s_per_byte"] = _v(
             float(f"{sharing['collective_compute_s_per_byte']:.4g}"),
@@ -261,6 +280,7 @@ def _raise_peaks(compute: dict, speedup: float) -> None:
     that much and rescales the efficiencies (achieved / peak), so that every time the
     cost model computes is unchanged."""
     speeds = [v for _, v in compute.get("rank_speed", {}).get("value", [])]
+    speeds += [v for _, _, v in compute.get("shared_rank_speed", {}).get("value", [])]
     factors = [e["value"] for e in compute.get("unit_time_factor", {}).values()]
     scale = max([speedup, *speeds]) / speedup / min([1.0, *factors])
     if scale <= 1.0:

@@ -25,10 +25,12 @@ ranks of one thread, b = 2 busy gives 4 x 0.455 / 2 = 0.91, against the measured
 Only platforms whose ranks share a node's cores (`cores_per_node` or `rank_speed` set) and
 that say their waiting ranks lend their cores (`runtime.waiting_ranks_lend_cores`, see
 `shares_cores`) have sharing; elsewhere every rank computes at its all-busy speed.
-`ratrain calibrate` turns it on for CPU machines (an assumption, said so in its note). A
-waiting rank is taken to use no CPU; gloo's waits and the runtime's polling use some, so
-4-rank plans on 2 cores come out 12-16% fast on the validation grid, against 22-29% slow
-without sharing (docs/validation.md). Pure Python.
+`ratrain calibrate` turns it on for CPU machines and measures, for w ranks on the node and
+b < w of them computing while the others wait in a blocked receive (as the executor
+waits), the busy ranks' speed (`Platform.shared_rank_speed`); where a platform has that
+row, `shared_speed` is the measured figure, not the formula. The formula takes a waiting
+rank to use no CPU; gloo's waits use some, so without the table 4-rank plans on 2 cores
+came out 12-16% fast on the validation grid (docs/validation.md). Pure Python.
 """
 
 from __future__ import annotations
@@ -60,17 +62,32 @@ def solo_speed(platform: Platform, ranks_on_node: int) -> float:
     return speed
 
 
+def _measured(platform: Platform, w: int, busy: int) -> float | None:
+    for rw, rb, speed in platform.shared_rank_speed:
+        if rw == w and rb == busy:
+            return speed
+    return None
+
+
 def shared_speed(platform: Platform, ranks_on_node: int, busy: int) -> float:
     """Speed of one rank (relative to one thread on a core of its own) while `busy` of its
-    node's `ranks_on_node` ranks compute, itself included (the module docstring)."""
+    node's `ranks_on_node` ranks compute, itself included: the measured table's row where
+    the platform has one (`Platform.shared_rank_speed`, never below the all-busy speed: a
+    rank that waits takes no more from the cores than one that computes), else the
+    formula of the module docstring."""
     w = max(ranks_on_node, 1)
     full = compute_speed(platform, w)
     if busy >= w or not shares_cores(platform):
         return full
+    measured = _measured(platform, w, max(busy, 1))
+    if measured is not None:
+        return max(measured, full)
     return max(min(w * full / max(busy, 1), solo_speed(platform, w)), full)
 
 
 def peak_speed(platform: Platform, ranks_on_node: int) -> float:
-    """The fastest any of the node's ranks computes under sharing (alone on the node): an
-    upper bound on `shared_speed` for every busy count, for the planner's lower bounds."""
-    return shared_speed(platform, ranks_on_node, 1)
+    """The fastest any of the node's ranks computes under sharing: an upper bound on
+    `shared_speed` for every busy count, for the planner's lower bounds (a measured table
+    need not fall with the busy count, so every count is taken)."""
+    w = max(ranks_on_node, 1)
+    return max(shared_speed(platform, w, b) for b in range(1, w + 1))

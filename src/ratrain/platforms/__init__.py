@@ -35,6 +35,7 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       unit_time_factor:       # a unit's kernels inside the unit vs timed apart
         block.fwd.fp32: {value, note}     # also block.bwd.*, head.fwd.*, head.bwd.*
       rank_speed: {value: [[k, speed], ...], note}   # one of k ranks sharing the node
+      shared_rank_speed: {value: [[w, b, speed], ...], note}  # b of w computing, w - b waiting
       collective_compute_s_per_byte: {value, note}   # compute a collective's CPU work takes
       cores_per_node: {value, note}       # cores the node's ranks share
       thread_efficiency: {value, note}    # speed-up of each extra thread of one rank
@@ -120,6 +121,11 @@ class Platform:
     """Measured speed of one of k ranks sharing a node's cores (the launcher's threads each),
     relative to one thread on a core of its own: (k, speed), k ascending. Empty: derived
     from `cores_per_node` and `thread_efficiency` (`ratrain.cost.measured.compute_speed`)."""
+    shared_rank_speed: tuple[tuple[int, int, float], ...] = ()
+    """Measured speed of each of the b < w ranks of a node that compute while its other
+    w - b ranks wait (blocked in a receive, as the executor waits), relative to one thread
+    on a core of its own: (w, b, speed) (`ratrain.calibrate.sharing`). Used by processor
+    sharing (`ratrain.cost.sharing.shared_speed`) where present; empty: its formula."""
     eager_kernels: bool = False
     """The runtime on this machine runs eager fp32 norms (the ledger counts what they keep,
     `ratrain.memory.activations`); False: fused norm kernels."""

@@ -191,6 +191,15 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
     if "rank_speed" in compute:
         rows = r.table(compute, "rank_speed", "compute.", 2)
         out["rank_speed"] = tuple((int(k), v) for k, v in rows)
+    if "shared_rank_speed" in compute:
+        rows = r.table(compute, "shared_rank_speed", "compute.", 3)
+        for w, b, _ in rows:
+            if not (w == int(w) and b == int(b) and 1 <= b < w):
+                raise r.fail(
+                    "compute.shared_rank_speed: rows are [w ranks, b < w busy, speed] "
+                    f"with whole counts, got [{w:g}, {b:g}, ...]"
+                )
+        out["shared_rank_speed"] = tuple((int(w), int(b), v) for w, b, v in rows)
     if "cores_per_node" in compute:
         out["cores_per_node"] = r.number(compute, "cores_per_node", "compute.", integer=True)
     if "thread_efficiency" in compute:
