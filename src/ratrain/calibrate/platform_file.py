@@ -32,7 +32,9 @@ def _win(ctx: dict, prefix: str) -> str:
     counts = sorted({len(w.samples) for w in ws})
     n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} or {counts[-1]}"
     redone = f" ({again} of {len(ws)} re-measured)" if again else ""
-    return f"; each the median of {n} interleaved windows, largest spread {worst.spread:.0%}{redone}"
+    return (
+        f"; each the median of {n} interleaved windows, largest spread {worst.spread:.0%}{redone}"
+    )
 
 
 def _rate_rows(gemm: list, attention: list) -> dict[str, list[tuple[float, float]]]:
