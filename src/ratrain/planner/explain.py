@@ -19,10 +19,9 @@ import time
 from dataclasses import dataclass, field
 
 from ratrain.config import Plan
-from ratrain.planner.bounds import persistent_lower_bound_bytes
 from ratrain.planner.evaluate import Evaluator, MemoryReport, memory_microbatches, usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, memory_bound, options
-from ratrain.planner.search import Near
+from ratrain.planner.search import Near, states_lower_bound_bytes
 from ratrain.planner.space import (
     Knobs,
     Request,
@@ -226,9 +225,9 @@ def find_feasible(
                 kns = combos[ck] = sorted(knob_combos(req, fam, st), key=_saving_order)
             if not kns:
                 continue
-            plan = make_plan(req, st, kns[0], ("full",) * st.pp)
-            if max(persistent_lower_bound_bytes(req.spec, plan)) > limit:
+            if max(states_lower_bound_bytes(req, st, kns[0])) > limit:
                 continue
+            plan = make_plan(req, st, kns[0], ("full",) * st.pp)
             if first_overflow_bytes(req, st, kns[0]) is not None:
                 continue
             opts = options(req, st, kns[0], None)
