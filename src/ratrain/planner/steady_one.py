@@ -39,7 +39,15 @@ def one_point(plan: Plan, attempt: int, spent: int, min_saving: float, min_m: in
     """The microbatch count to simulate in place of `plan`'s, or None: the two-run path's
     longer step (`steady.points`), each further `attempt` with twice the warm-up, made
     while the microbatches simulated so far (`spent`) and its own stay no more than the
-    step's; the first only when the step is `min_saving` times longer."""
+    step's (so a step that never repeats costs at most twice its full simulation, as on
+    the two-run path); the first only when the step is `min_saving` times longer.
+
+    The later tries pay off on long steps and cost most on short ones: llama2-70b on 64
+    a100-80g clusters, pp=4 with offload, repeats at 76 microbatches, not at 24 or 40, so
+    at 4096 sequences (256 microbatches) the tries cost 140 microbatches in place of 256;
+    at 1024 (64 microbatches) the tries at 24 and 40 fail and the full step follows, about
+    2x its simulation. Allowing the tries half the step instead bounds that at 1.5x but
+    loses the first (measured on a loaded machine)."""
     m, d = plan.microbatches, max(1, plan.pp)
     base = max(memory_microbatches(plan), 4 * plan.pp + 2) * 2**attempt + d
     m2 = base + (m - base) % d
