@@ -55,7 +55,7 @@ def test_held_send_bound_stays_below_the_ledger_and_counts_the_last_backward():
             eager_kernels=pl.eager_kernels,
             sends_held=True,
         )
-        bound = MemoryBound(spec, plan, sends_held=True)
+        bound = MemoryBound(spec, plan, sends_held=True, eager_kernels=pl.eager_kernels)
         rec = plan.recompute[0]
         for s, st in enumerate(led.stages):
             lb = bound.stage(s, rec)
@@ -83,7 +83,7 @@ def test_the_last_backward_pass_is_where_held_sends_peak():
         grad_dtype="fp16",
         offload_activations=True,
     )
-    bound = MemoryBound(spec, plan, sends_held=True)
+    bound = MemoryBound(spec, plan, sends_held=True, eager_kernels=pl.eager_kernels)
     assert bound.breakdown(1, "full")["comm_buffer"] == (2 * m - 1) * boundary_bytes(spec, plan)
     led = replay(
         build_schedule(spec, plan),

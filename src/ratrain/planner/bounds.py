@@ -486,10 +486,14 @@ class MemoryBound:
     unless the stage is the last, one per finished backward pass unless it is the first),
     and the last backward pass is a moment too (all m forward sends and m - 1 backward
     sends held, on top of its own activations and all the gradients); otherwise comm
-    buffers, and other transient bytes, only add.
+    buffers, and other transient bytes, only add. With `eager_kernels`, the activations
+    and backward workspaces of the runtime's eager kernels, as the ledger counts them on
+    such a platform (`Platform.eager_kernels`).
     """
 
-    def __init__(self, spec: ModelSpec, plan: Plan, sends_held: bool = False) -> None:
+    def __init__(
+        self, spec: ModelSpec, plan: Plan, sends_held: bool = False, eager_kernels: bool = False
+    ) -> None:
         from ratrain.memory.activations import (
             activation_bytes,
             backward_workspace_bytes,
@@ -501,18 +505,27 @@ class MemoryBound:
         kinds = {"emb": emb, "block": 1, "head": head}
         # The activation tables read the tokens, the dtype and the loss chunking only:
         # shared by the bounds of every structure and knob combination alike there.
-        tkey = (spec, plan.micro_batch, plan.seq, plan.compute_dtype, plan.loss_chunk_tokens)
+        tkey = (
+            spec,
+            plan.micro_batch,
+            plan.seq,
+            plan.compute_dtype,
+            plan.loss_chunk_tokens,
+            eager_kernels,
+        )
         tables = _TABLES.get(tkey)
         if tables is None:
             if len(_TABLES) > 1024:
                 _TABLES.clear()
+            eager = eager_kernels
             keep = {
-                (k, p): activation_bytes(spec, plan, u, p, flash=True)
+                (k, p): activation_bytes(spec, plan, u, p, flash=True, eager_kernels=eager)
                 for k, u in kinds.items()
                 for p in ("none", "selective", "full")
             }
             bws = {
-                k: backward_workspace_bytes(spec, plan, u, flash=True) for k, u in kinds.items()
+                k: backward_workspace_bytes(spec, plan, u, flash=True, eager_kernels=eager)
+                for k, u in kinds.items()
             }
             params = {k: counts.unit_params(spec, u) for k, u in kinds.items()}
             tables = _TABLES[tkey] = (keep, bws, params, boundary_bytes(spec, plan))

@@ -79,13 +79,13 @@ builds its plan with, so that the two share one Plan."""
 
 def memory_bound(req: Request, plan) -> MemoryBound:
     """The memory bound of `plan`, shared by plans that differ only in split and recompute."""
-    held = req.platform.sends_held_until_waited
-    key = (req.spec, held, MemoryBound.key(plan))
+    held, eager = req.platform.sends_held_until_waited, req.platform.eager_kernels
+    key = (req.spec, held, eager, MemoryBound.key(plan))
     mb = _BOUNDS.get(key)
     if mb is None:
         if len(_BOUNDS) > 4096:
             _BOUNDS.clear()
-        mb = _BOUNDS[key] = MemoryBound(req.spec, plan, sends_held=held)
+        mb = _BOUNDS[key] = MemoryBound(req.spec, plan, sends_held=held, eager_kernels=eager)
     mb.plan = plan  # the split is read per stage; the rest is the key
     return mb
 
