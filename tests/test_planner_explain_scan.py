@@ -63,3 +63,24 @@ def test_the_skip_changes_no_answer(platform, monkeypatch):
         assert got == want, (usable, clusters, gb)
         found += want[1] is not None
     assert 0 < found < len(answers)  # both kinds of answer among the requests
+
+
+@pytest.mark.parametrize("platform", ["mt3000", "cpu-local"])
+def test_least_bounds_are_the_options_smallest(platform):
+    """A near miss is ranked by `least_bounds`, the smallest bound per stage and its policy,
+    as `options` has them (without working out which policies fit)."""
+    from ratrain.planner.fit import least_bounds, options
+    from ratrain.planner.space import family_of, knob_combos, structures
+
+    pl = replace(load(platform), usable_memory_bytes=2_300_000, workspace_bytes=100_000)
+    n = 0
+    for clusters, gb in ((4, 12), (8, 8)):
+        req = Request(TINY, pl, clusters, gb, 128)
+        for name in req.families:
+            fam = family_of(name)
+            for st in structures(req, fam):
+                for kn in knob_combos(req, fam, st):
+                    opts = options(req, st, kn, None)
+                    assert least_bounds(req, st, kn) == (opts.bound_bytes, opts.most_saving)
+                    n += 1
+    assert n > 50

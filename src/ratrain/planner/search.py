@@ -39,6 +39,7 @@ from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.fit import (
     beaten_by,
     first_overflow_bytes,
+    least_bounds,
     memory_bound,
     options,
     per_stage_choices,
@@ -417,9 +418,9 @@ class _State:
                 floor = tuple(memory_bound(req, plan).stage(s, "full") for s in range(plan.pp))
                 miss = Near(plan, fam.name, floor, limit, measured=False)
             else:
-                opts = options(req, st, kn, None)
-                plan = make_plan(req, st, kn, opts.most_saving)
-                miss = Near(plan, fam.name, opts.bound_bytes, limit, measured=False)
+                bound_bytes, most_saving = least_bounds(req, st, kn)
+                plan = make_plan(req, st, kn, most_saving)
+                miss = Near(plan, fam.name, bound_bytes, limit, measured=False)
             near = _closer(near, miss)
         return near
 
