@@ -465,6 +465,8 @@ def _unit_params(spec: ModelSpec) -> tuple[int, ...]:
     return tuple(counts.unit_params(spec, u) for u in range(spec.n_layers + 2))
 
 
+_STAGE_MEMO: dict[tuple, int] = {}
+"""`MemoryBound.stage` by what it reads (`MemoryBound._share`) and the stage's key."""
 _TABLES: dict[tuple, tuple] = {}
 """`MemoryBound`'s per-unit activation, workspace and parameter tables, by what they read."""
 
@@ -534,7 +536,18 @@ class MemoryBound:
         self.transient = _transient_views(plan) and vbp > 0
         self.vbp = vbp
         self.state_per_param = (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM) / shards(plan)
-        self._memo: dict[tuple, int] = {}
+        # Everything `_stage` reads besides the stage's key: bounds of other structures
+        # (another pp, split or family) with the same share their stages' values.
+        self._share = (
+            tkey,
+            shards(plan),
+            plan.microbatches,
+            self.transient,
+            vbp,
+            self.gbp,
+            plan.offload_activations,
+            sends_held,
+        )
         self.m = plan.microbatches
         # Sends held to the step's end (`Platform.sends_held_until_waited`): every output a
         # finished forward pass sent on, and every input gradient a finished backward pass
@@ -570,9 +583,12 @@ class MemoryBound:
 
     def stage(self, stage: int, policy: str) -> int:
         key = (*self.stage_key(stage), policy)
-        hit = self._memo.get(key)
+        key = (self._share, key)
+        hit = _STAGE_MEMO.get(key)
         if hit is None:
-            hit = self._memo[key] = self._stage(*key)
+            if len(_STAGE_MEMO) > 200_000:
+                _STAGE_MEMO.clear()
+            hit = _STAGE_MEMO[key] = self._stage(*key[1])
         return hit
 
     def breakdown(self, stage: int, policy: str) -> dict[str, int]:
