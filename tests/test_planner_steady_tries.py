@@ -8,6 +8,7 @@ from ratrain.config import Plan
 from ratrain.models.presets import get_preset
 from ratrain.planner import steady
 from ratrain.planner.steady import MIN_SAVING, extrapolate, points
+from ratrain.planner.steady_one import one_point
 from ratrain.platforms.load import load
 from ratrain.sim import simulate
 
@@ -84,7 +85,7 @@ def test_a_simulation_is_expected_to_cost_the_last_one_per_microbatch():
     assert ev.last_simulate_microbatches == 8 and ev.last_simulate_s > 0
     double = small.replace(global_batch=2 * small.global_batch)
     assert ev.expected_simulate_s(double) == pytest.approx(2 * ev.last_simulate_s)
-    long = small.replace(global_batch=2 * 400)  # timed from two short steps
-    pts = points(long)
-    assert pts and simulated_microbatches(long) == sum(pts) < long.microbatches
+    long = small.replace(global_batch=2 * 400)  # timed from one short step
+    m2 = one_point(long, 0, 0, MIN_SAVING, steady.MIN_MICROBATCHES)
+    assert m2 and simulated_microbatches(long) == m2 < long.microbatches
     assert simulated_microbatches(long, steady=False) == long.microbatches

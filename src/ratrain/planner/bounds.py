@@ -51,6 +51,7 @@ __all__ = [
     "Overheads",
     "StageLoad",
     "overheads",
+    "persistent_bound_of",
     "persistent_lower_bound_bytes",
     "MemoryBound",
 ]
@@ -409,33 +410,65 @@ def persistent_lower_bound_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, ...]
     the largest unit's view (while its forward runs) or its full gradient (from its first
     backward) exists on top of them."""
     most = max(view_bytes_per_param(plan), grad_bytes_per_param(plan))
-    split = plan.blocks_per_stage(spec)
-    key = (spec, split, shards(plan), most)
+    return persistent_bound_of(spec, plan.blocks_per_stage(spec), shards(plan), most)
+
+
+def persistent_bound_of(
+    spec: ModelSpec, split: tuple[int, ...], n_shards: int, most_bytes_per_param: int
+) -> tuple[int, ...]:
+    """`persistent_lower_bound_bytes` from what it reads of a plan: the layer split, the
+    shard count and the wider of the view and gradient bytes per parameter (the search
+    bounds structures with it before it builds their plans)."""
+    key = (spec, split, n_shards, most_bytes_per_param)
     hit = _PERSISTENT.get(key)
     if hit is None:
         if len(_PERSISTENT) > 100_000:
             _PERSISTENT.clear()
-        hit = _PERSISTENT[key] = _persistent(spec, plan, most)
+        hit = _PERSISTENT[key] = _persistent(spec, split, n_shards, most_bytes_per_param)
     return hit
 
 
 _PERSISTENT: dict[tuple, tuple[int, ...]] = {}
 
 
-def _persistent(spec: ModelSpec, plan: Plan, most: int) -> tuple[int, ...]:
+def _persistent(spec: ModelSpec, split: tuple[int, ...], n_shards: int, most: int):
     per_param = MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM
     every = _unit_params(spec)
-    out = []
-    for s in range(plan.pp):
-        params = [every[u] for u in plan.stage_units(spec, s)]
-        out.append(sum(params) * per_param // shards(plan) + max(params) * most)
+    prefix, peak = _unit_prefix(spec)
+    out, start, pp = [], 1, len(split)
+    for s in range(pp):  # the units of stage s, as `Plan.stage_units` has them
+        lo, hi = (0 if s == 0 else start), (len(every) if s == pp - 1 else start + split[s])
+        start += split[s]
+        # The largest unit: the blocks share one size, so the largest of the range is
+        # among its ends and one block.
+        largest = max(every[lo], every[hi - 1], peak if hi - lo > 2 else 0)
+        out.append((prefix[hi] - prefix[lo]) * per_param // n_shards + largest * most)
     return tuple(out)
+
+
+@lru_cache(maxsize=64)
+def _unit_prefix(spec: ModelSpec) -> tuple[tuple[int, ...], int]:
+    """Prefix sums of the units' parameters, and the largest block's (blocks are one size:
+    asserted)."""
+    every = _unit_params(spec)
+    blocks = set(every[1:-1])
+    assert len(blocks) <= 1, "blocks of one model hold the same parameters"
+    prefix = [0]
+    for n in every:
+        prefix.append(prefix[-1] + n)
+    return tuple(prefix), max(blocks, default=0)
 
 
 @lru_cache(maxsize=64)
 def _unit_params(spec: ModelSpec) -> tuple[int, ...]:
     """Every unit's parameters, by unit (embedding, blocks, head)."""
     return tuple(counts.unit_params(spec, u) for u in range(spec.n_layers + 2))
+
+
+_STAGE_MEMO: dict[tuple, int] = {}
+"""`MemoryBound.stage` by what it reads (`MemoryBound._share`) and the stage's key."""
+_TABLES: dict[tuple, tuple] = {}
+"""`MemoryBound`'s per-unit activation, workspace and parameter tables, by what they read."""
 
 
 class MemoryBound:
@@ -452,11 +485,17 @@ class MemoryBound:
     UPDATE after its last). In flight: min(w + 1, m) microbatches at mb = 0 and
     min(w + 1, m - 1) at mb = 1. Offloaded microbatches count for nothing. With
     `sends_held`, the buffers of the sends already made (one per finished forward pass
-    unless the stage is the last, one per finished backward pass unless it is the first);
-    otherwise comm buffers, and other transient bytes, only add.
+    unless the stage is the last, one per finished backward pass unless it is the first),
+    and the last backward pass is a moment too (all m forward sends and m - 1 backward
+    sends held, on top of its own activations and all the gradients); otherwise comm
+    buffers, and other transient bytes, only add. With `eager_kernels`, the activations
+    and backward workspaces of the runtime's eager kernels, as the ledger counts them on
+    such a platform (`Platform.eager_kernels`).
     """
 
-    def __init__(self, spec: ModelSpec, plan: Plan, sends_held: bool = False) -> None:
+    def __init__(
+        self, spec: ModelSpec, plan: Plan, sends_held: bool = False, eager_kernels: bool = False
+    ) -> None:
         from ratrain.memory.activations import (
             activation_bytes,
             backward_workspace_bytes,
@@ -466,25 +505,54 @@ class MemoryBound:
         self.spec, self.plan = spec, plan
         emb, head = counts.embedding_unit(spec), counts.head_unit(spec)
         kinds = {"emb": emb, "block": 1, "head": head}
-        self.keep = {
-            (k, p): activation_bytes(spec, plan, u, p, flash=True)
-            for k, u in kinds.items()
-            for p in ("none", "selective", "full")
-        }
-        self.bws = {
-            k: backward_workspace_bytes(spec, plan, u, flash=True) for k, u in kinds.items()
-        }
-        self.params = {k: counts.unit_params(spec, u) for k, u in kinds.items()}
+        # The activation tables read the tokens, the dtype and the loss chunking only:
+        # shared by the bounds of every structure and knob combination alike there.
+        tkey = (
+            spec,
+            plan.micro_batch,
+            plan.seq,
+            plan.compute_dtype,
+            plan.loss_chunk_tokens,
+            eager_kernels,
+        )
+        tables = _TABLES.get(tkey)
+        if tables is None:
+            if len(_TABLES) > 1024:
+                _TABLES.clear()
+            eager = eager_kernels
+            keep = {
+                (k, p): activation_bytes(spec, plan, u, p, flash=True, eager_kernels=eager)
+                for k, u in kinds.items()
+                for p in ("none", "selective", "full")
+            }
+            bws = {
+                k: backward_workspace_bytes(spec, plan, u, flash=True, eager_kernels=eager)
+                for k, u in kinds.items()
+            }
+            params = {k: counts.unit_params(spec, u) for k, u in kinds.items()}
+            tables = _TABLES[tkey] = (keep, bws, params, boundary_bytes(spec, plan))
+        self.keep, self.bws, self.params, boundary = tables
         self.gbp, vbp = grad_bytes_per_param(plan), view_bytes_per_param(plan)
         self.transient = _transient_views(plan) and vbp > 0
         self.vbp = vbp
         self.state_per_param = (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM) / shards(plan)
-        self._memo: dict[tuple, int] = {}
+        # Everything `_stage` reads besides the stage's key: bounds of other structures
+        # (another pp, split or family) with the same share their stages' values.
+        self._share = (
+            tkey,
+            shards(plan),
+            plan.microbatches,
+            self.transient,
+            vbp,
+            self.gbp,
+            plan.offload_activations,
+            sends_held,
+        )
         self.m = plan.microbatches
         # Sends held to the step's end (`Platform.sends_held_until_waited`): every output a
         # finished forward pass sent on, and every input gradient a finished backward pass
         # sent back, is still held.
-        self.held_send_bytes = boundary_bytes(spec, plan) if sends_held else 0
+        self.held_send_bytes = boundary if sends_held else 0
         self.extra: dict[tuple, object] = {}
         """Derived results memoised by their users on the same stage keys."""
 
@@ -515,9 +583,12 @@ class MemoryBound:
 
     def stage(self, stage: int, policy: str) -> int:
         key = (*self.stage_key(stage), policy)
-        hit = self._memo.get(key)
+        key = (self._share, key)
+        hit = _STAGE_MEMO.get(key)
         if hit is None:
-            hit = self._memo[key] = self._stage(*key)
+            if len(_STAGE_MEMO) > 200_000:
+                _STAGE_MEMO.clear()
+            hit = _STAGE_MEMO[key] = self._stage(*key[1])
         return hit
 
     def breakdown(self, stage: int, policy: str) -> dict[str, int]:
@@ -574,7 +645,12 @@ class MemoryBound:
         m = plan.microbatches
         # B(., i) runs after F(min(i + w, m - 1)): microbatches i .. i + w are in flight.
         # From i = 1 on every unit's gradient exists; i = m - 1 - w is the last steady pair.
-        for mb in sorted({0, min(1, m - 1), max(0, m - 1 - w)}):
+        # With sends held, the last backward pass too: fewer microbatches in flight, but
+        # every forward pass's send and all the earlier backward passes' are held.
+        moments = {0, min(1, m - 1), max(0, m - 1 - w)}
+        if self.held_send_bytes:
+            moments.add(m - 1)
+        for mb in sorted(moments):
             others, grads_all = min(w, m - 1 - mb), mb >= 1
             mine_off, others_b = self._offload(mb, others, m, w, total_keep)
             sent = (0 if head else min(mb + w, m - 1) + 1) + (0 if emb else mb)

@@ -77,7 +77,7 @@ class Evaluator:
     shortcut: bool = True
     """Replay memory on the shortened step (exact; see the module docstring)."""
     steady: bool = True
-    """Time a long step from three short ones (`ratrain.planner.steady`)."""
+    """Time a long step from a short one (`ratrain.planner.steady`)."""
     n_memory: int = 0
     n_simulated: int = 0
     memory_s: float = 0.0
@@ -176,12 +176,13 @@ class Evaluator:
 
 
 def simulated_microbatches(plan: Plan, steady: bool = True) -> int:
-    """Microbatches a simulation of `plan` runs: the steady-state shortcut's first two
-    short steps where it applies (`ratrain.planner.steady.points`), else the step's."""
-    from ratrain.planner.steady import points
+    """Microbatches a simulation of `plan` runs: the steady-state shortcut's first short
+    step where it applies (`ratrain.planner.steady_one.one_point`), else the step's."""
+    from ratrain.planner.steady import MIN_MICROBATCHES, MIN_SAVING
+    from ratrain.planner.steady_one import one_point
 
-    pts = points(plan) if steady else None
-    return sum(pts) if pts else plan.microbatches
+    m2 = one_point(plan, 0, 0, MIN_SAVING, MIN_MICROBATCHES) if steady else None
+    return m2 or plan.microbatches
 
 
 def _freeze(plan: Plan) -> tuple:

@@ -19,13 +19,14 @@ import time
 from dataclasses import dataclass, field
 
 from ratrain.config import Plan
-from ratrain.planner.bounds import persistent_lower_bound_bytes
+from ratrain.memory.states import DTYPE_BYTES
 from ratrain.planner.evaluate import Evaluator, MemoryReport, memory_microbatches, usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, memory_bound, options
-from ratrain.planner.search import Near
+from ratrain.planner.search import Near, states_lower_bound_bytes
 from ratrain.planner.space import (
     Knobs,
     Request,
+    Structure,
     family_of,
     knob_combos,
     knobs_key,
@@ -209,6 +210,7 @@ def find_feasible(
     if "micro_batch" not in req.pins:  # only the smallest is tried (below): skip the others
         req = req.with_(pins={**req.pins, "micro_batch": 1})
     allowed = []  # (largest stage bound, order, structure, knobs, options, family)
+    ruled: dict[Structure, list[Knobs]] = {}  # knobs the bounds ruled out, per structure
     for name in req.families:
         fam = family_of(name)
         if req.pins.get("schedule", fam.schedule) != fam.schedule:
@@ -226,13 +228,20 @@ def find_feasible(
                 kns = combos[ck] = sorted(knob_combos(req, fam, st), key=_saving_order)
             if not kns:
                 continue
-            plan = make_plan(req, st, kns[0], ("full",) * st.pp)
-            if max(persistent_lower_bound_bytes(req.spec, plan)) > limit:
+            kn = kns[0]
+            # Families share structures: one whose knobs save no less was ruled out here.
+            if any(_saves_across(o, kn) for o in ruled.get(st, ())):
                 continue
-            if first_overflow_bytes(req, st, kns[0]) is not None:
+            if max(states_lower_bound_bytes(req, st, kn)) > limit:
+                ruled.setdefault(st, []).append(kn)
                 continue
-            opts = options(req, st, kns[0], None)
+            plan = make_plan(req, st, kn, ("full",) * st.pp)
+            if first_overflow_bytes(req, st, kn) is not None:
+                ruled.setdefault(st, []).append(kn)
+                continue
+            opts = options(req, st, kn, None)
             if not opts.feasible(True):
+                ruled.setdefault(st, []).append(kn)
                 continue
             if not confirm:
                 return plan, None
@@ -248,6 +257,25 @@ def find_feasible(
         if max_replays is not None and rejected >= max_replays:
             return None
     return None
+
+
+def _saves_across(a: Knobs, b: Knobs) -> bool:
+    """Whether knobs `a` hold no more memory than `b` by the quick bounds (model states,
+    `MemoryBound`), across families: as the search's `_saves` within one, with the views
+    compared as the bounds read them, living within the step or not (the only way the
+    schedule enters them)."""
+    return (
+        a.compute_dtype == b.compute_dtype != "fp32"
+        and a.shard_optimizer >= b.shard_optimizer
+        and _views_within_step(a) >= _views_within_step(b)
+        and DTYPE_BYTES[a.grad_dtype] <= DTYPE_BYTES[b.grad_dtype]
+        and a.offload_activations >= b.offload_activations
+    )
+
+
+def _views_within_step(kn: Knobs) -> bool:
+    """`bounds._transient_views` of the plan the knobs make."""
+    return kn.schedule == "fsdp-pp" or (kn.schedule == "ratrain" and kn.view_policy == "transient")
 
 
 class _ReplayClock:

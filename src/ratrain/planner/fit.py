@@ -31,6 +31,7 @@ from ratrain.planner.space import Family, Knobs, Request, Structure, make_plan
 __all__ = [
     "Options",
     "first_overflow_bytes",
+    "least_bounds",
     "stage_options",
     "options",
     "time_bound_s",
@@ -79,13 +80,13 @@ builds its plan with, so that the two share one Plan."""
 
 def memory_bound(req: Request, plan) -> MemoryBound:
     """The memory bound of `plan`, shared by plans that differ only in split and recompute."""
-    held = req.platform.sends_held_until_waited
-    key = (req.spec, held, MemoryBound.key(plan))
+    held, eager = req.platform.sends_held_until_waited, req.platform.eager_kernels
+    key = (req.spec, held, eager, MemoryBound.key(plan))
     mb = _BOUNDS.get(key)
     if mb is None:
         if len(_BOUNDS) > 4096:
             _BOUNDS.clear()
-        mb = _BOUNDS[key] = MemoryBound(req.spec, plan, sends_held=held)
+        mb = _BOUNDS[key] = MemoryBound(req.spec, plan, sends_held=held, eager_kernels=eager)
     mb.plan = plan  # the split is read per stage; the rest is the key
     return mb
 
@@ -139,6 +140,20 @@ def options(req: Request, st: Structure, kn: Knobs, ut: UnitTimes | None) -> Opt
     ]
     uniform.sort(key=lambda o: (bottleneck(o), _rank(o)))
     return Options(per_stage, uniform, tuple(lows), tuple(most))
+
+
+def least_bounds(req: Request, st: Structure, kn: Knobs) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """`options(...).bound_bytes` and `.most_saving` alone (per stage the smallest bound
+    and its policy), without working out which policies fit: what ranking a near miss
+    reads."""
+    mb = memory_bound(req, make_plan(req, st, kn, _ANY_POLICY * st.pp))
+    lows, most = [], []
+    for s in range(st.pp):
+        least = {o: mb.stage(s, o) for o in ("selective", "full")}
+        best = min(least, key=lambda o: (least[o], _rank(o)))
+        lows.append(least[best])
+        most.append(best)
+    return tuple(lows), tuple(most)
 
 
 def _stage_fit(mb: MemoryBound, s: int, n: int, limit: int) -> tuple[tuple[str, ...], int, str]:

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ratrain.config import Plan
+from ratrain.memory.states import grad_bytes_per_param, view_bytes_per_param
 from ratrain.planner.bounds import (
     overheads,
     peak_unit_times,
-    persistent_lower_bound_bytes,
+    persistent_bound_of,
     recompute_time_s,
     step_time_lower_bound_s,
     unit_times,
@@ -38,6 +39,7 @@ from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.fit import (
     beaten_by,
     first_overflow_bytes,
+    least_bounds,
     memory_bound,
     options,
     per_stage_choices,
@@ -53,7 +55,7 @@ from ratrain.planner.space import (
     structures,
 )
 
-__all__ = ["Candidate", "Near", "SearchResult", "search"]
+__all__ = ["Candidate", "Near", "SearchResult", "search", "states_lower_bound_bytes"]
 
 
 @dataclass
@@ -381,7 +383,8 @@ class _State:
     misses: list = field(default_factory=list)
     """(a lower bound on its overflow, order, plan, structure, knobs, family) of the
     candidates ruled out by a quick bound: the model states alone overflow a stage (plan
-    given), or a stage overflows under every recompute policy (plan None)."""
+    `_STATES`, built when ranked), or a stage overflows under every recompute policy (plan
+    None)."""
     deadline: float | None = None
     hard_deadline: float | None = None
     floor: float | None = None
@@ -410,13 +413,14 @@ class _State:
         for over, _, plan, st, kn, fam in sorted(self.misses, key=lambda x: x[:2])[:_NEAR_TRIES]:
             if not _may_be_closer(near, over):
                 break
-            if plan is not None:
+            if plan is _STATES:
+                plan = make_plan(req, st, kn, ("full",) * st.pp)
                 floor = tuple(memory_bound(req, plan).stage(s, "full") for s in range(plan.pp))
                 miss = Near(plan, fam.name, floor, limit, measured=False)
             else:
-                opts = options(req, st, kn, None)
-                plan = make_plan(req, st, kn, opts.most_saving)
-                miss = Near(plan, fam.name, opts.bound_bytes, limit, measured=False)
+                bound_bytes, most_saving = least_bounds(req, st, kn)
+                plan = make_plan(req, st, kn, most_saving)
+                miss = Near(plan, fam.name, bound_bytes, limit, measured=False)
             near = _closer(near, miss)
         return near
 
@@ -441,12 +445,9 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
     out = []
     for kn in kns:
         state.evaluated += 1
-        plan = make_plan(req, st, kn, ("full",) * st.pp)
-        persistent = max(persistent_lower_bound_bytes(req.spec, plan))
-        if persistent > limit:
+        if _states_overflow(req, st, fam, kn, limit, state):
             # The model states alone overflow a stage. Such a miss is ranked by the fuller
             # bound, which is no smaller: computed at the end, and only if nothing fits.
-            state.misses.append((persistent - limit, len(state.misses), plan, st, kn, fam))
             continue
         over = first_overflow_bytes(req, st, kn)
         if over is not None:  # a stage overflows under every policy: ranked at the end
@@ -499,13 +500,24 @@ def _n_saving(kn) -> int:
 
 def _states_overflow(req, st, fam, kn, limit: int, state: _State) -> bool:
     """Whether the model states alone overflow a stage under knobs `kn` (a miss is
-    recorded)."""
-    plan = make_plan(req, st, kn, ("full",) * st.pp)
-    persistent = max(persistent_lower_bound_bytes(req.spec, plan))
+    recorded; its plan is built only if the explanation ranks it)."""
+    persistent = max(states_lower_bound_bytes(req, st, kn))
     if persistent > limit:
-        state.misses.append((persistent - limit, len(state.misses), plan, st, kn, fam))
+        state.misses.append((persistent - limit, len(state.misses), _STATES, st, kn, fam))
         return True
     return False
+
+
+_STATES = "states"
+"""A miss's mark: the model states alone overflow a stage (its plan is built on demand)."""
+
+
+def states_lower_bound_bytes(req: Request, st: Structure, kn) -> tuple[int, ...]:
+    """`persistent_lower_bound_bytes` of the plan `make_plan(req, st, kn, ...)` would
+    build (whatever its recompute), without building it."""
+    n_shards = st.dp if kn.shard_optimizer else 1
+    most = max(view_bytes_per_param(kn), grad_bytes_per_param(kn))
+    return persistent_bound_of(req.spec, st.layer_split, n_shards, most)
 
 
 def _ruled_out(req, st, fam, kn, limit: int, state: _State) -> bool:

@@ -19,6 +19,7 @@ import heapq
 import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 
 from ratrain.config import DTYPES, SCHEDULES, Plan, even_split
 from ratrain.errors import RatrainError
@@ -310,7 +311,7 @@ def _split_costs(req: Request, pp: int, mode: str) -> list[tuple[float, float]]:
     from ratrain.memory.activations import activation_bytes
 
     plan = Plan(global_batch=1, seq=req.seq, compute_dtype=req.compute_dtype)
-    m = max(1, req.global_batch // max(1, req.clusters // pp))
+    m = _memory_split_m(req, pp)
 
     act = {u: activation_bytes(spec, plan, u, "none", flash=True) for u in (emb, 1, head)}
 
@@ -319,6 +320,11 @@ def _split_costs(req: Request, pp: int, mode: str) -> list[tuple[float, float]]:
 
     costs = [(cost(1, s), 0.0) for s in range(pp)]
     return _edges(costs, cost(emb, 0), cost(head, pp - 1))
+
+
+def _memory_split_m(req: Request, pp: int) -> int:
+    """The microbatches the memory split assumes per pipeline (the most replicas)."""
+    return max(1, req.global_batch // max(1, req.clusters // pp))
 
 
 def _edges(
@@ -333,6 +339,12 @@ def _edges(
 _SPLITS_CACHE: dict[tuple, tuple[int, ...]] = {}
 
 
+@lru_cache(maxsize=4096)
+def _even_split(n_layers: int, pp: int) -> tuple[int, ...]:
+    """`even_split`, memoised (every cluster count the explanation tries asks again)."""
+    return tuple(even_split(n_layers, pp))
+
+
 def splits(req: Request, pp: int, modes: tuple[str, ...]) -> list[tuple[int, ...]]:
     """Distinct layer splits for `pp` stages under the split modes of a family."""
     out: list[tuple[int, ...]] = []
@@ -345,11 +357,13 @@ def splits(req: Request, pp: int, modes: tuple[str, ...]) -> list[tuple[int, ...
 
 def _split(req: Request, pp: int, mode: str) -> tuple[int, ...]:
     if mode == "even":
-        return even_split(req.spec.n_layers, pp)
-    # Only the memory mode reads the clusters and the batch (microbatches in flight).
+        return _even_split(req.spec.n_layers, pp)
+    # Only the memory mode reads the clusters and the batch, through the microbatches a
+    # stage holds at once, min(pp - s, m): m past pp splits alike (one entry for the many
+    # cluster counts the explanation tries).
     key = (req.spec, req.platform.name, req.seq, req.compute_dtype, pp, mode)
     if mode == "memory":
-        key += (req.clusters, req.global_batch)
+        key += (min(pp, _memory_split_m(req, pp)),)
     hit = _SPLITS_CACHE.get(key)
     if hit is None:
         if len(_SPLITS_CACHE) > 100_000:

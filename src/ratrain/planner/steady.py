@@ -1,4 +1,8 @@
-"""A long step's simulation from two short ones: the 1F1B steady state repeats.
+"""A long step's simulation from short ones: the 1F1B steady state repeats.
+
+The evaluator uses ONE short step whose period is measured inside it
+(`ratrain.planner.steady_one`, `extrapolate(runs=1)`); the two-run path described here
+(`runs=2`) is the check it replaced, kept for the tests.
 
 A step of m microbatches costs the simulator O(m x units) events: at a global batch of
 4096 on 8 clusters that is millions of events and tens of seconds per candidate. Past its
@@ -37,8 +41,9 @@ MIN_MICROBATCHES = 48
 extrapolation's two short simulations pay off only above it."""
 
 MIN_SAVING = 2
-"""derived: the two short steps (2 m1 + pp microbatches together) are simulated only when the
-full step is at least 2x as long: where they repeat they cost at most half the full step.
+"""derived: the short step (one run: m2 = m1 + pp microbatches; two runs: 2 m1 + pp
+together) is simulated only when the full step is at least 2x as long: where it repeats
+it costs at most half the full step.
 Where they do not, tries with twice the warm-up follow while all the short steps together
 stay no longer than the full step, which is then simulated after them: at worst twice its
 cost. At 3x and one try, before, qwen2.5-32b on 8 a100-80g at 256 sequences (8 stages,
@@ -107,14 +112,25 @@ def _shifts_by(long_events, short_events, period_s: float, scale_s: float) -> bo
     return True
 
 
-def extrapolate(plan: Plan, simulate: Callable[[Plan], object], memory=None):
-    """`plan`'s simulation result from two short steps (`simulate` runs one), or None
-    when the step is short or no short steps found to repeat. A step whose short steps do
-    not repeat yet (a backlog still building) is tried again with twice the warm-up, while
-    that stays shorter than the step. The result carries no events and no memory timeline;
-    its peaks and breakdowns are `memory` ((peaks, breakdowns) of the plan, from the
-    shortened replay) or else the longer short step's."""
+def extrapolate(plan: Plan, simulate: Callable[[Plan], object], memory=None, runs: int = 1):
+    """`plan`'s simulation result from short steps (`simulate` runs one), or None when the
+    step is short or no short step is found to repeat: with `runs` = 1 one short step whose
+    period is measured inside it (`ratrain.planner.steady_one`), with 2 two short steps
+    whose difference is the period. A step whose short steps do not repeat yet (a backlog
+    still building) is tried again with twice the warm-up, while that stays shorter than
+    the step. The result carries no events and no memory timeline; its peaks and
+    breakdowns are `memory` ((peaks, breakdowns) of the plan, from the shortened replay)
+    or else the (longer) short step's."""
     attempt = spent = 0
+    if runs == 1:
+        from ratrain.planner.steady_one import from_one_run, one_point
+
+        while (m2 := one_point(plan, attempt, spent, MIN_SAVING, MIN_MICROBATCHES)) is not None:
+            res = from_one_run(plan, m2, simulate, memory, REL_TOL)
+            if res is not None:
+                return res
+            attempt, spent = attempt + 1, spent + m2
+        return None
     while (pts := points(plan, attempt, spent)) is not None:
         res = _from_points(plan, pts, simulate, memory)
         if res is not None:

@@ -1,0 +1,155 @@
+"""A long step's simulation from ONE short one: the period is measured inside the run.
+
+`ratrain.planner.steady` times a step of m microbatches from two short steps, m1 and
+m2 = m1 + d (d = pp), and takes the period from T(m2) - T(m1). Here only m2 is simulated
+(m2 = m mod d, at least the two-run path's m1 + d, so that its middle three periods are
+clear of warm-up and cool-down), and the period P is read from the run itself:
+
+- P is the shift between stage 0's forward of its first unit at microbatch c + d and at
+  c, c the first microbatch of the middle 3d;
+- per stage, from that forward at c on, over two whole periods, every action (by stage,
+  op and units) starts and ends exactly P after its occurrence q before, q being how many
+  times it occurs in one period, [a, a + P); an action that occurs in the three periods
+  but not in the first (a one-off action amid the steady state) fails it;
+- no resource of a stage gets more work in one period (the durations of the actions that
+  start in it) than P: a backlog that grows fails it.
+
+Soundness, as for the two-run path: the engine is deterministic and an action's
+dependencies reach back less than two periods, so a state that repeats, shifted by P,
+over two whole periods repeats for every period inserted: a step of m2 + k d microbatches
+is the same step with k more periods, its cool-down and tail shifted by k P. So
+T(m) = T(m2) + k P, each resource's busy time grows by its busy time in one period (the
+length of the union of its actions within a period's window), and the tail after the
+last backward (`exposed`) is the same. The two-run path stays as the check
+(`tests/test_planner_steady_one.py` compares both against full simulations). It costs m2
+microbatches instead of 2 m1 + d. Pure Python.
+"""
+
+from __future__ import annotations
+
+from ratrain.config import Plan
+from ratrain.planner.evaluate import memory_microbatches
+from ratrain.schedule.ir import Op
+from ratrain.sim.result import busy_s
+
+__all__ = ["one_point", "from_one_run"]
+
+
+def one_point(plan: Plan, attempt: int, spent: int, min_saving: float, min_m: int):
+    """The microbatch count to simulate in place of `plan`'s, or None: the two-run path's
+    longer step (`steady.points`), each further `attempt` with twice the warm-up, made
+    while the microbatches simulated so far (`spent`) and its own stay no more than the
+    step's (so a step that never repeats costs at most twice its full simulation, as on
+    the two-run path); the first only when the step is `min_saving` times longer.
+
+    The later tries pay off on long steps and cost most on short ones: llama2-70b on 64
+    a100-80g clusters, pp=4 with offload, repeats at 76 microbatches, not at 24 or 40, so
+    at 4096 sequences (256 microbatches) the tries cost 140 microbatches in place of 256;
+    at 1024 (64 microbatches) the tries at 24 and 40 fail and the full step follows, about
+    2x its simulation. Allowing the tries half the step instead bounds that at 1.5x but
+    loses the first (measured on a loaded machine)."""
+    m, d = plan.microbatches, max(1, plan.pp)
+    base = max(memory_microbatches(plan), 4 * plan.pp + 2) * 2**attempt + d
+    m2 = base + (m - base) % d
+    if m < min_m or m < min_saving * m2 and not attempt or spent + m2 > m:
+        return None
+    return m2
+
+
+def from_one_run(plan: Plan, m2: int, simulate, memory, rel_tol: float):
+    """`plan`'s result from the step of `m2` microbatches, or None where that step is not
+    found to repeat (see the module docstring)."""
+    d = max(1, plan.pp)
+    res = simulate(plan.replace(global_batch=plan.micro_batch * plan.dp * m2))
+    tol = rel_tol * res.step_time_s
+    c = (m2 - 3 * d) // 2
+    if c < 0:
+        return None
+    per_stage: dict[int, list] = {}
+    anchor: dict[int, dict[int, float]] = {}  # stage -> mb -> start of its first F
+    for e in res.events:
+        per_stage.setdefault(e.stage, []).append(e)
+        a = e.action
+        if a.op is Op.F:
+            first = anchor.setdefault(e.stage, {})
+            if a.mb not in first:
+                first[a.mb] = e.start_s
+    if 0 not in anchor or c not in anchor[0] or c + d not in anchor[0]:
+        return None
+    period_s = anchor[0][c + d] - anchor[0][c]
+    if period_s <= tol:
+        return None
+    extra_busy: list[dict[str, float]] = []
+    for s in range(len(res.utilization)):
+        start = anchor.get(s, {}).get(c)
+        if start is None:
+            return None
+        busy = _repeats(per_stage.get(s, []), start, period_s, tol)
+        if busy is None:
+            return None
+        extra_busy.append(busy)
+    k = (plan.microbatches - m2) // d
+    step_s = res.step_time_s + k * period_s
+    util = [
+        {r: (u * res.step_time_s + k * extra_busy[s].get(r, 0.0)) / step_s for r, u in us.items()}
+        for s, us in enumerate(res.utilization)
+    ]
+    bubble = [1.0 - u["compute"] for u in util]
+    peaks, parts = memory if memory is not None else (res.peak_memory_bytes, res.memory_breakdown)
+    return res.__class__(
+        step_time_s=step_s,
+        tokens_per_s=plan.tokens_per_step / step_s,
+        bubble_fraction=sum(bubble) / len(bubble),
+        stage_bubble=bubble,
+        utilization=util,
+        exposed=[dict(e) for e in res.exposed],
+        events=[],
+        peak_memory_bytes=list(peaks),
+        memory_breakdown=[dict(b) for b in parts],
+        memory_cap_bytes=res.memory_cap_bytes,
+        workspace_bytes=res.workspace_bytes,
+        schedule=res.schedule,
+        platform=res.platform,
+        model=res.model,
+        plan=plan.to_dict(),
+    )
+
+
+def _repeats(events, start: float, period_s: float, tol: float) -> dict[str, float] | None:
+    """One stage's check from `start` over two periods (None where it fails), and else
+    each resource's busy time in one period."""
+    by_key: dict[tuple, list[tuple[float, float]]] = {}
+    for e in events:
+        a = e.action
+        by_key.setdefault((a.op, a.units), []).append((e.start_s, e.end_s))
+    for times in by_key.values():
+        times.sort()
+    one, three = start + period_s - tol, start + 3 * period_s - tol
+    for times in by_key.values():
+        lo = next((n for n, (s0, _) in enumerate(times) if s0 >= start - tol), len(times))
+        q = sum(1 for s0, _ in times[lo:] if s0 < one)
+        if q == 0:
+            if lo < len(times) and times[lo][0] < three:
+                return None  # occurs amid the periods but not in each: no repeat
+            continue
+        if lo + 3 * q > len(times):
+            return None
+        for n in range(lo, lo + 2 * q):
+            (s0, e0), (s1, e1) = times[n], times[n + q]
+            if abs(s1 - s0 - period_s) > tol or abs(e1 - e0 - period_s) > tol:
+                return None
+    # The second period's window: every action overlapping it started at `start` or later
+    # (one that began earlier and runs into it would be a backlog, and fails).
+    lo_s, hi_s = start + period_s, start + 2 * period_s
+    work: dict[str, float] = {}
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.end_s > lo_s and e.start_s < hi_s:
+            if e.start_s < start - tol:
+                return None
+            spans.setdefault(e.resource, []).append((e.start_s, e.end_s))
+        if lo_s - tol <= e.start_s < hi_s - tol:
+            work[e.resource] = work.get(e.resource, 0.0) + (e.end_s - e.start_s)
+    if any(w > period_s + tol for w in work.values()):
+        return None  # more work per period than the period: a backlog that grows
+    return {r: busy_s(iv, lo_s, hi_s) for r, iv in spans.items()}
