@@ -56,6 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ratrain.config import Plan
+from ratrain.gcpause import gc_paused
 from ratrain.memory.activations import (
     activation_bytes,
     backward_workspace_bytes,
@@ -122,6 +123,7 @@ class Ledger:
         return max(self.stages, key=lambda m: m.peak_bytes).stage
 
 
+@gc_paused()
 def replay(
     schedule: Schedule,
     spec: ModelSpec,

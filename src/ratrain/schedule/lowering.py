@@ -52,6 +52,7 @@ one UPDATE (and refresh) per bucket; ``gpu-style`` fills its buckets with whole 
 from __future__ import annotations
 
 from ratrain.config import Plan
+from ratrain.gcpause import gc_paused
 from ratrain.memory.activations import activation_bytes, boundary_bytes
 from ratrain.memory.states import (
     ADAM_BYTES_PER_PARAM,
@@ -84,6 +85,7 @@ RELOAD_AHEAD_UNITS = 2
 _SCALAR_BYTES = 4  # fp32 partial norm / overflow flag per stage
 
 
+@gc_paused()  # bulk building of acyclic data: see ratrain.gcpause
 def build_schedule(spec: ModelSpec, plan: Plan) -> Schedule:
     """One training step of `plan`, lowered as ``plan.schedule`` says."""
     plan.check_for(spec)

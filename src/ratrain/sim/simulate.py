@@ -5,50 +5,88 @@ a rank computes faster while the node's other ranks wait."""
 
 from __future__ import annotations
 
+import itertools
+
 from ratrain.config import Plan
 from ratrain.cost.model import CostModel
+from ratrain.gcpause import gc_paused
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import Platform, load
-from ratrain.schedule.ir import Resource, Schedule
+from ratrain.schedule.ir import _MB_OPS, Action, Op, Resource, Schedule
 from ratrain.sim.engine import run_flat
-from ratrain.sim.result import SimEvent, SimResult, stage_metrics
+from ratrain.sim.flat import graph, run_plain
+from ratrain.sim.result import SimEvent, SimResult, stage_metrics_flat
 from ratrain.sim.sharing import node_sharing, run_shared
 
 __all__ = ["simulate", "simulate_schedule", "platform_ledger"]
 
 
-def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list[list[float]]]:
-    """Replay the schedule; return its events and, per stage, when each action takes its
-    memory: a compute action when it starts, any other when it is issued (the ledger counts
-    an async action's allocations from its issue). Both orders follow the stage's list."""
-    acts = [a for stage in schedule.stages for a in stage]
+def _timeline(
+    schedule: Schedule, cost: CostModel
+) -> tuple[list[SimEvent], list[list[float]], list]:
+    """Replay the schedule; return its events, per stage when each action takes its memory
+    (a compute action when it starts, any other when it is issued: the ledger counts an
+    async action's allocations from its issue; both orders follow the stage's list), and
+    the per-stage columns `stage_metrics_flat` reads."""
+    g = graph(schedule)
+    acts = g.acts
     costs = [cost.action(a) for a in acts]
-    resources = [cost.resource(a) for a in acts]
+    resources = _resources(cost, acts)
     durations = [c.time_s for c in costs]
     if cost.platform.collective_compute_s_per_byte:
         _charge_stolen_compute(schedule, cost, durations, resources)
     sharing = node_sharing(cost)
-    if sharing is None:
-        issue, start, end = run_flat(schedule, durations, resources)
-    else:  # ranks share their node's cores: a rank computes faster while others wait
+    if sharing is not None:  # ranks share their node's cores: faster while others wait
         fixed = [c.fixed_s for c in costs]
         issue, start, end = run_shared(schedule, durations, resources, fixed, sharing)
-    events = [
-        SimEvent(a.stage, a, r.value, start[i], end[i], issue[i], c.bound, c.algorithm)
-        for i, (a, c, r) in enumerate(zip(acts, costs, resources, strict=True))
-    ]
-    starts, k = [], 0
-    for stage in schedule.stages:
+    else:
+        times = run_plain(g, durations, resources)
+        if times is None:
+            run_flat(schedule, durations, resources)  # raises, saying where it deadlocks
+        issue, start, end = times
+    value = {r: r.value for r in Resource}
+    res_values = [value[r] for r in resources]
+    # SimEvent(stage, action, resource, start_s, end_s, issue_s, bound, algorithm), built by
+    # tuple.__new__ on its fields in order (no Python-level constructor per event).
+    fields = zip(
+        g.stage,
+        acts,
+        res_values,
+        start,
+        end,
+        issue,
+        [c.bound for c in costs],
+        [c.algorithm for c in costs],
+        strict=True,
+    )
+    events = list(map(tuple.__new__, itertools.repeat(SimEvent), fields))
+    compute = Resource.COMPUTE
+    starts, columns = [], []
+    for s in range(schedule.pp):
+        lo, hi = g.first[s], g.first[s + 1]
         starts.append(
             [
-                start[i] if r is Resource.COMPUTE else issue[i]
-                for i, r in zip(
-                    range(k, k + len(stage)), resources[k : k + len(stage)], strict=True
-                )
+                t0 if r is compute else t
+                for t0, t, r in zip(start[lo:hi], issue[lo:hi], resources[lo:hi], strict=True)
             ]
         )
-        k += len(stage)
-    return events, starts
+        columns.append((acts[lo:hi], res_values[lo:hi], start[lo:hi], end[lo:hi], issue[lo:hi]))
+    return events, starts, columns
+
+
+def _resources(cost: CostModel, acts: list) -> list[Resource]:
+    """`cost.resource(a)` of every action: looked up per op where the cost model's method
+    is `CostModel.resource` (it depends on the op alone)."""
+    if type(cost).resource is not CostModel.resource:
+        return [cost.resource(a) for a in acts]
+    by_op = {op: cost.resource(_probe(op)) for op in Op}
+    return [by_op[a.op] for a in acts]
+
+
+def _probe(op: Op) -> Action:
+    """Some action with op `op`, for what depends on the op alone."""
+    mb = 0 if op in _MB_OPS else None
+    return Action(op, 0, (0,), mb)
 
 
 def _charge_stolen_compute(
@@ -81,12 +119,13 @@ def _memory(ledger, starts: list[list[float]]):
     return timeline, peaks, breakdowns
 
 
+@gc_paused()
 def simulate_schedule(schedule: Schedule, cost: CostModel, *, ledger=None) -> SimResult:
     """Time a given schedule with a given cost model; `ledger` (from `ratrain.memory.replay`)
     adds memory over time, or None to leave memory out."""
-    events, starts = _timeline(schedule, cost)
-    step_s = max((e.end_s for e in events), default=0.0)
-    bubble, util, exposed = stage_metrics(events, schedule.pp, step_s)
+    events, starts, columns = _timeline(schedule, cost)
+    step_s = max((e[4] for e in events), default=0.0)  # end_s
+    bubble, util, exposed = stage_metrics_flat(columns, step_s)
     plan = cost.plan
     result = SimResult(
         step_time_s=step_s,
