@@ -79,28 +79,32 @@ def graph(schedule: Schedule) -> Graph:
     for s, lst in enumerate(schedule.stages):
         first.append(first[-1] + len(lst))
         stage += [s] * len(lst)
-    deps: list[list[int]] = [[] for _ in range(n)]
     get_id, get = by_id.get, gid.get
-    for a, ds in schedule.deps.items():
-        i = get_id(id(a))
+
+    def resolve(d) -> int | None:
+        j = get_id(id(d))
+        return get(d) if j is None else j
+
+    deps: list = [()] * n  # no deps: one shared empty tuple
+    stated = schedule.deps
+    for i, (a, ds) in zip(map(get_id, map(id, stated)), stated.items(), strict=True):
         if i is None:
             i = get(a)
             if i is None:
                 raise RatrainError(f"schedule: deps name {a}, which is in no stage's list")
-        lst = deps[i]
-        for d in ds:
-            j = get_id(id(d))
-            if j is None:
-                j = get(d)
+        lst = list(map(get_id, map(id, ds)))
+        if None in lst:
+            lst = [resolve(d) for d in ds]
+            for d, j in zip(ds, lst, strict=True):
                 if j is None:
                     raise RatrainError(f"schedule: {a} depends on {d}, which is in no stage's list")
-            lst.append(j)
+        deps[i] = lst
     for send, recv in _sends_recvs(schedule, first):
-        deps[recv].append(send)
+        deps[recv] = [*deps[recv], send]
     rdeps: list[list[int]] = [[] for _ in range(n)]
     for i, lst in enumerate(deps):
-        if len(lst) > 1:
-            lst[:] = dict.fromkeys(lst)  # distinct, as a set of deps
+        if len(lst) > 1 and len(set(lst)) < len(lst):
+            lst = deps[i] = list(dict.fromkeys(lst))  # distinct, as a set of deps
         for d in lst:
             rdeps[d].append(i)
     return Graph(acts, first, stage, deps, rdeps)
@@ -113,7 +117,7 @@ def run_plain(
     or None where the schedule deadlocks (the caller explains why with `_Engine`)."""
     n, pp, first, stage = len(g.acts), len(g.first) - 1, g.first, g.stage
     rdeps = g.rdeps
-    pending = [len(d) for d in g.deps]
+    pending = list(map(len, g.deps))
     # Compute or not by the IR's resource (as `_Engine`), whatever queue `resources` names.
     compute = [a.op in _COMPUTE_OPS for a in g.acts]
     # One FIFO per (stage, resource), addressed by an integer.
