@@ -121,9 +121,9 @@ def run_plain(
     # Compute or not by the IR's resource (as `_Engine`), whatever queue `resources` names.
     compute = [a.op in _COMPUTE_OPS for a in g.acts]
     # One FIFO per (stage, resource), addressed by an integer.
-    rid = {r: k for k, r in enumerate(Resource)}
+    rid = {r.value: k for k, r in enumerate(Resource)}  # by value: no enum hash per action
     nr = len(rid)
-    qid = [s * nr + rid[r] for s, r in zip(stage, resources, strict=True)]
+    qid = [s * nr + rid[r._value_] for s, r in zip(stage, resources, strict=True)]
     queues = [deque() for _ in range(pp * nr)]
     busy = [False] * (pp * nr)
     # Global reductions: instances with the same (op, units, mb), one per stage.
@@ -194,7 +194,8 @@ def run_plain(
             queues[q].append(i)
             i += 1
             walk[s] = i
-            try_queue(q, now)
+            if not busy[q]:  # (try_queue's own first test, saving the call)
+                try_queue(q, now)
         walk[s] = i
 
     for s in range(pp):
@@ -208,7 +209,8 @@ def run_plain(
         else:
             q = qid[i]
             busy[q] = False
-            try_queue(q, now)
+            if queues[q]:
+                try_queue(q, now)
         for j in rdeps[i]:
             p = pending[j] - 1
             pending[j] = p
@@ -218,7 +220,7 @@ def run_plain(
                 sj = stage[j]
                 if walk[sj] == j:
                     advance(sj, now)
-            elif issue[j] >= 0:
+            elif issue[j] >= 0 and not busy[qid[j]]:
                 try_queue(qid[j], now)
         if ci:
             advance(stage[i], now)

@@ -61,7 +61,11 @@ def busy_s(
     intervals: list[tuple[float, float]], lo: float = 0.0, hi: float = float("inf")
 ) -> float:
     """Length of the union of intervals, clipped to [lo, hi]."""
-    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in _union(intervals))
+    merged = _union(intervals)
+    if hi == float("inf") and (not merged or merged[0][0] >= lo):
+        # Nothing to clip (min(b, inf) is b, max(a, lo) is a, and b > a): the same terms.
+        return sum([b - a for a, b in merged])
+    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merged)
 
 
 def _clip(intervals: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:

@@ -6,6 +6,7 @@ a rank computes faster while the node's other ranks wait."""
 from __future__ import annotations
 
 import itertools
+import operator
 
 from ratrain.config import Plan
 from ratrain.cost.model import CostModel
@@ -20,6 +21,11 @@ from ratrain.sim.sharing import node_sharing, run_shared
 
 __all__ = ["simulate", "simulate_schedule", "platform_ledger"]
 
+_COST_KEY = operator.attrgetter("op", "stage", "units")  # CostModel.action's cache key
+_TIME_S = operator.attrgetter("time_s")
+_BOUND = operator.attrgetter("bound")
+_ALGORITHM = operator.attrgetter("algorithm")
+
 
 def _timeline(
     schedule: Schedule, cost: CostModel
@@ -30,9 +36,9 @@ def _timeline(
     the per-stage columns `stage_metrics_flat` reads."""
     g = graph(schedule)
     acts = g.acts
-    costs = [cost.action(a) for a in acts]
+    costs = _costs(cost, acts)
     resources = _resources(cost, acts)
-    durations = [c.time_s for c in costs]
+    durations = list(map(_TIME_S, costs))
     if cost.platform.collective_compute_s_per_byte:
         _charge_stolen_compute(schedule, cost, durations, resources)
     sharing = node_sharing(cost)
@@ -44,8 +50,7 @@ def _timeline(
         if times is None:
             run_flat(schedule, durations, resources)  # raises, saying where it deadlocks
         issue, start, end = times
-    value = {r: r.value for r in Resource}
-    res_values = [value[r] for r in resources]
+    res_values = [r._value_ for r in resources]  # Resource.value, without the enum descriptor
     # SimEvent(stage, action, resource, start_s, end_s, issue_s, bound, algorithm), built by
     # tuple.__new__ on its fields in order (no Python-level constructor per event).
     fields = zip(
@@ -55,8 +60,8 @@ def _timeline(
         start,
         end,
         issue,
-        [c.bound for c in costs],
-        [c.algorithm for c in costs],
+        map(_BOUND, costs),
+        map(_ALGORITHM, costs),
         strict=True,
     )
     events = list(map(tuple.__new__, itertools.repeat(SimEvent), fields))
@@ -72,6 +77,19 @@ def _timeline(
         )
         columns.append((acts[lo:hi], res_values[lo:hi], start[lo:hi], end[lo:hi], issue[lo:hi]))
     return events, starts, columns
+
+
+def _costs(cost: CostModel, acts: list) -> list:
+    """`cost.action(a)` of every action. `CostModel.action` caches by (op, stage, units):
+    where it is not overridden, it is called once per such key, on the key's first action
+    and in the order of first occurrence (the calls the plain loop makes that miss its
+    cache), and the cached costs are laid out by key."""
+    if type(cost).action is not CostModel.action:
+        return [cost.action(a) for a in acts]
+    keys = list(map(_COST_KEY, acts))
+    first = dict(zip(reversed(keys), reversed(acts), strict=True))  # key -> its first action
+    memo = {k: cost.action(first[k]) for k in dict.fromkeys(keys)}
+    return list(map(memo.__getitem__, keys))
 
 
 def _resources(cost: CostModel, acts: list) -> list[Resource]:
