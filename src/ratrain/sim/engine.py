@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ratrain.errors import RatrainError
+from ratrain.gcpause import gc_paused
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
 from ratrain.sim.flat import graph, run_plain
 
@@ -214,6 +215,7 @@ class _Engine:
         ]
 
 
+@gc_paused()
 def run_flat(
     schedule: Schedule, durations: list[float], resources: list[Resource]
 ) -> tuple[list[float], list[float], list[float]]:
@@ -228,6 +230,7 @@ def run_flat(
     return times
 
 
+@gc_paused()
 def replay(
     schedule: Schedule,
     duration_s: Callable[[Action], float],

@@ -169,13 +169,11 @@ def stage_metrics_flat(stages, step_s: float, *, ops=None):
     given where the caller has it. The same sums in the same order as over the events."""
     bubble, util, exposed = [], [], []
     for s, (acts, res, start, end, issue) in enumerate(stages):
-        by: dict[str, list[tuple[float, float]]] = {}
-        for r, iv in zip(res, zip(start, end, strict=True), strict=True):
-            lst = by.get(r)
-            if lst is None:
-                by[r] = [iv]
-            else:
-                lst.append(iv)
+        ivs = list(zip(start, end, strict=True))
+        # Each resource's intervals in event order (one filtering pass per resource present).
+        by = {
+            r: [iv for rr, iv in zip(res, ivs, strict=True) if rr == r] for r in dict.fromkeys(res)
+        }
         u = {r: busy_s(by.get(r, [])) / step_s if step_s > 0 else 0.0 for r in RESOURCES}
         util.append(u)
         bubble.append(1.0 - u["compute"])
