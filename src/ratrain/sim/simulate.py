@@ -84,7 +84,7 @@ def _costs(cost: CostModel, acts: list) -> list:
     where it is not overridden, it is called once per such key, on the key's first action
     and in the order of first occurrence (the calls the plain loop makes that miss its
     cache), and the cached costs are laid out by key."""
-    if type(cost).action is not CostModel.action:
+    if getattr(cost.action, "__func__", None) is not CostModel.action:  # overridden
         return [cost.action(a) for a in acts]
     keys = list(map(_COST_KEY, acts))
     first = dict(zip(reversed(keys), reversed(acts), strict=True))  # key -> its first action
@@ -95,7 +95,7 @@ def _costs(cost: CostModel, acts: list) -> list:
 def _resources(cost: CostModel, acts: list) -> list[Resource]:
     """`cost.resource(a)` of every action: looked up per op where the cost model's method
     is `CostModel.resource` (it depends on the op alone)."""
-    if type(cost).resource is not CostModel.resource:
+    if getattr(cost.resource, "__func__", None) is not CostModel.resource:  # overridden
         return [cost.resource(a) for a in acts]
     by_op = {op: cost.resource(_probe(op)) for op in Op}
     return [by_op[a.op] for a in acts]
