@@ -27,13 +27,10 @@ _BOUND = operator.attrgetter("bound")
 _ALGORITHM = operator.attrgetter("algorithm")
 
 
-def _timeline(
-    schedule: Schedule, cost: CostModel
-) -> tuple[list[SimEvent], list[list[float]], list]:
-    """Replay the schedule; return its events, per stage when each action takes its memory
-    (a compute action when it starts, any other when it is issued: the ledger counts an
-    async action's allocations from its issue; both orders follow the stage's list), and
-    the per-stage columns `stage_metrics_flat` reads."""
+def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list]:
+    """Replay the schedule; return its events and the per-stage columns (actions,
+    resource values, start_s, end_s, issue_s) that `stage_metrics_flat` and
+    `_memory_starts` read."""
     g = graph(schedule)
     acts = g.acts
     costs = _costs(cost, acts)
@@ -65,18 +62,22 @@ def _timeline(
         strict=True,
     )
     events = list(map(tuple.__new__, itertools.repeat(SimEvent), fields))
-    compute = Resource.COMPUTE
-    starts, columns = [], []
+    columns = []
     for s in range(schedule.pp):
         lo, hi = g.first[s], g.first[s + 1]
-        starts.append(
-            [
-                t0 if r is compute else t
-                for t0, t, r in zip(start[lo:hi], issue[lo:hi], resources[lo:hi], strict=True)
-            ]
-        )
         columns.append((acts[lo:hi], res_values[lo:hi], start[lo:hi], end[lo:hi], issue[lo:hi]))
-    return events, starts, columns
+    return events, columns
+
+
+def _memory_starts(columns: list) -> list[list[float]]:
+    """Per stage, when each action takes its memory: a compute action when it starts, any
+    other when it is issued (the ledger counts an async action's allocations from its
+    issue). Both follow the stage's list."""
+    compute = Resource.COMPUTE.value
+    return [
+        [t0 if r == compute else t for r, t0, t in zip(res, start, issue, strict=True)]
+        for _, res, start, _, issue in columns
+    ]
 
 
 def _costs(cost: CostModel, acts: list) -> list:
@@ -141,7 +142,7 @@ def _memory(ledger, starts: list[list[float]]):
 def simulate_schedule(schedule: Schedule, cost: CostModel, *, ledger=None) -> SimResult:
     """Time a given schedule with a given cost model; `ledger` (from `ratrain.memory.replay`)
     adds memory over time, or None to leave memory out."""
-    events, starts, columns = _timeline(schedule, cost)
+    events, columns = _timeline(schedule, cost)
     step_s = max((e[4] for e in events), default=0.0)  # end_s
     bubble, util, exposed = stage_metrics_flat(columns, step_s)
     plan = cost.plan
@@ -162,7 +163,7 @@ def simulate_schedule(schedule: Schedule, cost: CostModel, *, ledger=None) -> Si
     )
     if ledger is not None:
         result.memory_timeline, result.peak_memory_bytes, result.memory_breakdown = _memory(
-            ledger, starts
+            ledger, _memory_starts(columns)
         )
     return result
 
