@@ -1,84 +1,169 @@
-"""How long one simulated step takes: LLaMA-2-70B, pp=16, dp=64, m=128 on mt3000.
+"""How long one simulated step takes, by phase, on a few deep or varied plans.
 
-    python benchmarks/sim_speed.py [--repeat 3] [--model llama2-70b] [--platform mt3000]
+    python benchmarks/sim_speed.py [--quick] [--repeat 3] [--json]
 
-Reports, per schedule, the median wall time of `simulate` (schedule build, memory ledger,
-costing, event replay, metrics) over the repeats, split into its phases. The first call in
-a process also pays for planning each new kernel shape (a tile model caches its plans per
-shape); it is reported apart as "cold". CPU time is reported too: on a shared machine it
-is what the wall time would be on an idle core. Target: under 2 s per schedule (warm).
+Plans (`--quick` keeps the first three and one repeat):
+- `70b-pp32`: LLaMA-2-70B on 256 mt3000 clusters at 4096 sequences, the planner's answer
+  (pp=32, dp=8, 512 microbatches, ratrain, transient views, offload): ~340k actions;
+- `32b-a100`: Qwen2.5-32B on a100-80g, pp=8, dp=1, 256 microbatches, offload;
+- `cpu-local`: the tiny model on cpu-local, pp=2, dp=2, 256 microbatches (processor sharing);
+- `70b-pp16-<schedule>`: LLaMA-2-70B, pp=16, dp=64, 128 microbatches on mt3000, each schedule.
+
+Phases, each timed on its own (median wall time over the repeats):
+- `build`: `build_schedule`;
+- `cost`: `CostModel` setup and every action's cost and resource;
+- `engine`: the event engine on those durations (`run_flat`, or `run_shared` under sharing);
+- `sim`: `simulate_schedule` without a ledger, as the planner times a candidate
+  (costs, engine, events, metrics); `result` is `sim` minus `cost` and `engine`;
+- `ledger`: the memory ledger's replay, with its trace (as `ratrain simulate` does);
+- `planner`: `build` + `sim`, the planner's path for one simulation.
+The first run in a process also plans each kernel shape (cached per shape) and is dropped.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
 from ratrain.config import SCHEDULES, Plan
 from ratrain.cost import CostModel
-from ratrain.memory.ledger import replay as ledger_replay
 from ratrain.models.presets import get_preset
 from ratrain.platforms import load
 from ratrain.schedule import build_schedule
-from ratrain.sim import simulate_schedule
+from ratrain.sim.engine import run_flat
+from ratrain.sim.sharing import node_sharing, run_shared
+from ratrain.sim.simulate import _charge_stolen_compute, platform_ledger, simulate_schedule
+
+PHASES = ("build", "cost", "engine", "result", "sim", "ledger", "planner")
+
+
+def _plans() -> list[tuple[str, str, str, Plan]]:
+    """(name, model, platform, plan)."""
+    out = [
+        (
+            "70b-pp32",
+            "llama2-70b",
+            "mt3000",
+            Plan(
+                pp=32,
+                dp=8,
+                global_batch=4096,
+                seq=4096,
+                schedule="ratrain",
+                layer_split=(2,) + (3,) * 16 + (2,) * 15,
+                recompute=("none",) + ("first:1",) * 16 + ("none",) * 15,
+                shard_optimizer=True,
+                view_policy="transient",
+                compute_dtype="fp16",
+                grad_dtype="fp16",
+                offload_activations=True,
+            ),
+        ),
+        (
+            "32b-a100",
+            "qwen2.5-32b",
+            "a100-80g",
+            Plan(
+                pp=8,
+                dp=1,
+                global_batch=256,
+                seq=4096,
+                schedule="ratrain",
+                recompute="full",
+                compute_dtype="bf16",
+                offload_activations=True,
+            ),
+        ),
+        (
+            "cpu-local",
+            "tiny",
+            "cpu-local",
+            Plan(pp=2, dp=2, global_batch=512, seq=128, schedule="ratrain", shard_optimizer=True),
+        ),
+    ]
+    for schedule in SCHEDULES:
+        plan = Plan(
+            pp=16,
+            dp=64,
+            global_batch=128 * 64,
+            seq=4096,
+            schedule=schedule,
+            compute_dtype="fp16",
+            recompute="full",
+            shard_optimizer=schedule == "fsdp-pp",
+        )
+        out.append((f"70b-pp16-{schedule}", "llama2-70b", "mt3000", plan))
+    return out
 
 
 def _phases(spec, plan, platform) -> dict[str, float]:
-    c0 = time.process_time()
+    t = {}
     t0 = time.perf_counter()
     sch = build_schedule(spec, plan)
-    t1 = time.perf_counter()
-    ledger = ledger_replay(sch, spec, plan)
-    t2 = time.perf_counter()
-    result = simulate_schedule(sch, CostModel(spec, plan, platform), ledger=ledger)
-    t3 = time.perf_counter()
-    c3 = time.process_time()
-    return {
-        "cpu_s": c3 - c0,
-        "build_s": t1 - t0,
-        "ledger_s": t2 - t1,
-        "sim_s": t3 - t2,
-        "total_s": t3 - t0,
-        "step_time_s": result.step_time_s,
-        "actions": sum(len(s) for s in sch.stages),
-    }
+    t["build"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    cost = CostModel(spec, plan, platform)
+    acts = [a for stage in sch.stages for a in stage]
+    costs = [cost.action(a) for a in acts]
+    resources = [cost.resource(a) for a in acts]
+    durations = [c.time_s for c in costs]
+    if platform.collective_compute_s_per_byte:
+        _charge_stolen_compute(sch, cost, durations, resources)
+    t["cost"] = time.perf_counter() - t0
+
+    sharing = node_sharing(cost)
+    t0 = time.perf_counter()
+    if sharing is None:
+        run_flat(sch, durations, resources)
+    else:
+        run_shared(sch, durations, resources, [c.fixed_s for c in costs], sharing)
+    t["engine"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    result = simulate_schedule(sch, CostModel(spec, plan, platform))
+    t["sim"] = time.perf_counter() - t0
+    t["result"] = t["sim"] - t["cost"] - t["engine"]
+
+    t0 = time.perf_counter()
+    platform_ledger(sch, spec, plan, platform, keep_trace=True)
+    t["ledger"] = time.perf_counter() - t0
+    t["planner"] = t["build"] + t["sim"]
+    t["actions"] = len(acts)
+    t["step_time_s"] = result.step_time_s
+    return t
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="llama2-70b")
-    ap.add_argument("--platform", default="mt3000")
-    ap.add_argument("--pp", type=int, default=16)
-    ap.add_argument("--dp", type=int, default=64)
-    ap.add_argument("--microbatches", type=int, default=128)
-    ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs per plan (median)")
+    ap.add_argument("--quick", action="store_true", help="the first three plans, one run each")
+    ap.add_argument("--only", default=None, help="run only the plans whose name contains this")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = ap.parse_args()
-    spec, platform = get_preset(args.model), load(args.platform)
-    print(f"{args.model} on {args.platform}: pp={args.pp} dp={args.dp} m={args.microbatches}")
-    for schedule in SCHEDULES:
-        plan = Plan(
-            pp=args.pp,
-            dp=args.dp,
-            micro_batch=1,
-            global_batch=args.microbatches * args.dp,
-            seq=args.seq,
-            schedule=schedule,
-            compute_dtype="fp16",
-            recompute="full",
-        )
-        t = time.perf_counter()
-        _phases(spec, plan, platform)
-        cold_s = time.perf_counter() - t
-        runs = [_phases(spec, plan, platform) for _ in range(args.repeat)]
+    plans = _plans()[:3] if args.quick else _plans()
+    if args.only:
+        plans = [p for p in plans if args.only in p[0]]
+    repeat = 1 if args.quick else max(1, args.repeat)
+    rows = []
+    if not args.json:
+        head = " ".join(f"{p:>7s}" for p in PHASES)
+        print(f"{'plan':22s} {'actions':>7s} {head}   (median s over {repeat})")
+    for name, model, platform_name, plan in plans:
+        spec, platform = get_preset(model), load(platform_name)
+        _phases(spec, plan, platform)  # warm the per-shape kernel caches
+        runs = [_phases(spec, plan, platform) for _ in range(repeat)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        print(
-            f"  {schedule:10s} {int(med['actions']):6d} actions  median {med['total_s']:.2f} s "
-            f"(build {med['build_s']:.2f}, ledger {med['ledger_s']:.2f}, sim {med['sim_s']:.2f}; "
-            f"CPU {med['cpu_s']:.2f} s); "
-            f"cold {cold_s:.2f} s; step {med['step_time_s']:.1f} s"
-        )
+        row = {"plan": name, "model": model, "platform": platform_name, **med}
+        row["actions"] = int(row["actions"])
+        rows.append(row)
+        if not args.json:
+            cells = " ".join(f"{med[p]:7.2f}" for p in PHASES)
+            print(f"{name:22s} {row['actions']:7d} {cells}", flush=True)
+    if args.json:
+        print(json.dumps({"repeat": repeat, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

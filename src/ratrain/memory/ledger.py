@@ -56,6 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ratrain.config import Plan
+from ratrain.gcpause import gc_paused
 from ratrain.memory.activations import (
     activation_bytes,
     backward_workspace_bytes,
@@ -88,6 +89,22 @@ _COMPUTE_OPS = (Op.F, Op.B, Op.RECOMPUTE, Op.UPDATE)
 _LAND_BY_DEPENDENT = (Op.GRAD_SYNC,)
 _LAND_AFTER_COMPUTE = (Op.SEND_F, Op.SEND_B, Op.OFFLOAD)
 _WAITED_ON = (Op.GRAD_SYNC, Op.GRAD_NORM, Op.OVERFLOW)
+# Op members as module constants: the per-action code below reads no enum class attribute.
+_B = Op.B
+_F = Op.F
+_GRAD_NORM = Op.GRAD_NORM
+_GRAD_SYNC = Op.GRAD_SYNC
+_OFFLOAD = Op.OFFLOAD
+_OVERFLOW = Op.OVERFLOW
+_RECOMPUTE = Op.RECOMPUTE
+_RECV_B = Op.RECV_B
+_RECV_F = Op.RECV_F
+_RELOAD = Op.RELOAD
+_SEND_B = Op.SEND_B
+_SEND_F = Op.SEND_F
+_UPDATE = Op.UPDATE
+_VIEW_DROP = Op.VIEW_DROP
+_VIEW_FETCH = Op.VIEW_FETCH
 
 
 @dataclass
@@ -122,6 +139,7 @@ class Ledger:
         return max(self.stages, key=lambda m: m.peak_bytes).stage
 
 
+@gc_paused()
 def replay(
     schedule: Schedule,
     spec: ModelSpec,
@@ -162,7 +180,13 @@ def _landings(schedule: Schedule) -> list[dict[int, int]]:
     out = []
     for s, acts in enumerate(schedule.stages):
         wanted = {x for d, bs in waits[s].items() for x in (d, *bs)}
-        pos = {a: i for i, a in enumerate(acts) if a.op in _WAITED_ON or a in wanted}
+        # An action equal to one wanted has its op: test that before hashing the action.
+        wanted_ops = {x.op for x in wanted}
+        pos = {
+            a: i
+            for i, a in enumerate(acts)
+            if (op := a.op) in _WAITED_ON or (op in wanted_ops and a in wanted)
+        }
         dependents = {
             pos[d]: [pos[b] for b in bs if b in pos and pos[b] > pos[d]]
             for d, bs in waits[s].items()
@@ -231,7 +255,7 @@ class _StageReplay:
     def _start(self, a: Action) -> list[tuple[int, int]]:
         """Apply what `a` allocates; return the (class, bytes) it frees when it ends."""
         st, op = self.state, a.op
-        if op is Op.F:
+        if op is _F:
             u = a.units[0]
             st[_ACT] += self.keep[u]
             self.act[(u, a.mb)] = self.keep[u]
@@ -244,7 +268,7 @@ class _StageReplay:
                 st[_COMM] += self.boundary  # the output, held until its SEND lands
             st[_WS] += self.fws[u]
             return [(_WS, self.fws[u])]
-        if op is Op.B:
+        if op is _B:
             u = a.units[0]
             if u not in self.grad:
                 for v in self.bucket_of.get(u, (u,)):
@@ -257,30 +281,30 @@ class _StageReplay:
             if u == self.last_unit and self.send_output:
                 ends.append((_COMM, self.boundary))  # the received gradient is consumed
             return ends
-        if op is Op.VIEW_FETCH:
+        if op is _VIEW_FETCH:
             for u in a.units:
                 if u not in self.live_views:
                     self.live_views.add(u)
                     st[_VIEW] += self.view[u]
-        elif op is Op.VIEW_DROP:
+        elif op is _VIEW_DROP:
             for u in a.units:
                 self.live_views.discard(u)
             return [(_VIEW, sum(self.view[u] for u in a.units))]
-        elif op is Op.RECOMPUTE:
+        elif op is _RECOMPUTE:
             u = a.units[0]
             st[_ACT] += self.recomputed[u]
             self.act[(u, a.mb)] += self.recomputed[u]
-        elif op is Op.UPDATE:
+        elif op is _UPDATE:
             ws = max(self.uws[u] for u in a.units)
             st[_WS] += ws
             return [(_GRAD, self.grad.pop(u)) for u in a.units] + [(_WS, ws)]
-        elif op is Op.GRAD_NORM or op is Op.OVERFLOW:
-            ws = self.nws if op is Op.GRAD_NORM else self.ows
+        elif op is _GRAD_NORM or op is _OVERFLOW:
+            ws = self.nws if op is _GRAD_NORM else self.ows
             st[_WS] += ws
             return [(_WS, ws)]
-        elif op is Op.RECV_F or op is Op.RECV_B:
+        elif op is _RECV_F or op is _RECV_B:
             st[_COMM] += self.boundary
-        elif op is Op.RELOAD:
+        elif op is _RELOAD:
             key = (a.units[0], a.mb)
             back = self.host.pop(key)
             st[_ACT] += back
@@ -290,13 +314,13 @@ class _StageReplay:
     def _land(self, a: Action) -> None:
         """What an async action frees once it has landed."""
         st = self.state
-        if a.op is Op.GRAD_SYNC and self.sharded:
+        if a.op is _GRAD_SYNC and self.sharded:
             for u in a.units:
                 st[_GRAD] -= self.grad[u] - self.grad_shard[u]
                 self.grad[u] = self.grad_shard[u]
-        elif a.op in (Op.SEND_F, Op.SEND_B):
+        elif a.op in (_SEND_F, _SEND_B):
             st[_COMM] -= self.boundary
-        elif a.op is Op.OFFLOAD:
+        elif a.op is _OFFLOAD:
             key = (a.units[0], a.mb)
             self.host[key] = self.act[key]
             st[_ACT] -= self.act[key]
@@ -328,7 +352,7 @@ class _StageReplay:
                 for b in pending:
                     self._land(b)
                 pending = []
-            elif sends_held and a.op in (Op.SEND_F, Op.SEND_B):
+            elif sends_held and a.op in (_SEND_F, _SEND_B):
                 pass  # lands at the step's end, after the last entry
             elif a.op in _LAND_AFTER_COMPUTE or (a.op in _LAND_BY_DEPENDENT and i not in land):
                 pending.append(a)

@@ -52,6 +52,7 @@ one UPDATE (and refresh) per bucket; ``gpu-style`` fills its buckets with whole 
 from __future__ import annotations
 
 from ratrain.config import Plan
+from ratrain.gcpause import gc_paused
 from ratrain.memory.activations import activation_bytes, boundary_bytes
 from ratrain.memory.states import (
     ADAM_BYTES_PER_PARAM,
@@ -84,6 +85,7 @@ RELOAD_AHEAD_UNITS = 2
 _SCALAR_BYTES = 4  # fp32 partial norm / overflow flag per stage
 
 
+@gc_paused()  # bulk building of acyclic data: see ratrain.gcpause
 def build_schedule(spec: ModelSpec, plan: Plan) -> Schedule:
     """One training step of `plan`, lowered as ``plan.schedule`` says."""
     plan.check_for(spec)
@@ -145,7 +147,8 @@ def _add_recompute(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
 
 def _last_b_index(acts: list[Action], m: int) -> dict[int, int]:
     """Unit -> index of its last microbatch's B, by one scan (no hashing)."""
-    return {a.units[0]: i for i, a in enumerate(acts) if a.op is Op.B and a.mb == m - 1}
+    b, last = Op.B, m - 1
+    return {a.units[0]: i for i, a in enumerate(acts) if a.op is b and a.mb == last}
 
 
 def _last_bs(s: int, units, m: int) -> list[Action]:
@@ -303,15 +306,20 @@ def _add_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
         f_at: dict[tuple[int, int], int] = {}
         work_at: dict[tuple[int, int], int] = {}  # where the backward work of (u, mb) starts
         pass_start: dict[int, int] = {}  # mb -> first action of its backward pass
+        f, b, rc, recv_b = Op.F, Op.B, Op.RECOMPUTE, Op.RECV_B  # locals: no enum lookups
         for i, a in enumerate(acts):
-            if a.mb not in offloaded:
+            if (mb := a.mb) not in offloaded:
                 continue
-            if a.op is Op.F:
-                f_at[(a.units[0], a.mb)] = i
-            elif a.op in (Op.B, Op.RECOMPUTE):
-                work_at.setdefault((a.units[0], a.mb), i)
-            if a.op in (Op.RECV_B, Op.B, Op.RECOMPUTE):
-                pass_start.setdefault(a.mb, i)
+            op = a.op
+            if op is f:
+                f_at[(a.units[0], mb)] = i
+                continue
+            if op is b or op is rc:
+                work_at.setdefault((a.units[0], mb), i)
+            elif op is not recv_b:
+                continue
+            if mb not in pass_start:
+                pass_start[mb] = i
         before: dict[int, list[Action]] = {}
         after: dict[int, list[Action]] = {}
         for (u, mb), i in f_at.items():
@@ -332,10 +340,11 @@ def _view_uses(acts: list[Action]) -> list[tuple[int, int]]:
     """(index, unit) of every action of a stage's list that reads its unit's view: F,
     RECOMPUTE, and B of any unit but the embedding (`reads_view`, inlined: this scan runs
     over every action of the step)."""
+    f, rc, b = Op.F, Op.RECOMPUTE, Op.B  # locals: no enum class lookups per action
     return [
         (i, a.units[0])
         for i, a in enumerate(acts)
-        if a.op is Op.F or a.op is Op.RECOMPUTE or (a.op is Op.B and a.units[0] != 0)
+        if (op := a.op) is f or op is rc or (op is b and a.units[0] != 0)
     ]
 
 
@@ -355,23 +364,33 @@ def _add_transient_views(sch: Schedule, lookahead: int) -> None:
         visit: dict[int, int] = {}
         fetched: dict[int, Action] = {}  # unit -> its fetch, until the first use depends on it
         live: set[int] = set()
+        vf_op, vd_op, get = Op.VIEW_FETCH, Op.VIEW_DROP, deps.get
         for k, (i, u) in enumerate(uses):
             if u not in live:
-                vf = Action(Op.VIEW_FETCH, s, (u,), visit=visit.get(u, 0))
+                vf = Action(vf_op, s, (u,), None, visit.get(u, 0))
                 at = uses[k - lookahead][0] if k - lookahead > 0 else 0
-                before.setdefault(at, []).append(vf)
+                lst = before.get(at)
+                if lst is None:
+                    before[at] = [vf]
+                else:
+                    lst.append(vf)
                 live.add(u)
                 fetched[u] = vf
             use = acts[i]
             if u in fetched:
-                deps[use] = deps.get(use, ()) + (fetched.pop(u),)
+                deps[use] = get(use, ()) + (fetched.pop(u),)
             nk = next_use[k]
             if nk is None or nk - lookahead > k + 1:
-                vd = Action(Op.VIEW_DROP, s, (u,), visit=visit.get(u, 0))
+                v = visit.get(u, 0)
+                vd = Action(vd_op, s, (u,), None, v)
                 deps[vd] = (use,)
-                after.setdefault(i, []).append(vd)
+                lst = after.get(i)
+                if lst is None:
+                    after[i] = [vd]
+                else:
+                    lst.append(vd)
                 live.discard(u)
-                visit[u] = visit.get(u, 0) + 1
+                visit[u] = v + 1
         sch.stages[s] = splice(acts, before, after)
 
 

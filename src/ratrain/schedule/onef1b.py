@@ -50,8 +50,9 @@ def _forward_pass(s: int, pp: int, units: range, last_prev: int | None, mb: int,
         prev = Action(Op.RECV_F, s, (last_prev,), mb)
         deps[prev] = (Action(Op.SEND_F, s - 1, (last_prev,), mb),)
         acts.append(prev)
+    op_f = Op.F  # a local: no enum class lookup per unit
     for u in units:
-        f = Action(Op.F, s, (u,), mb)
+        f = Action(op_f, s, (u,), mb)
         if prev is not None:
             deps[f] = (prev,)
         acts.append(f)
@@ -67,14 +68,16 @@ def _backward_pass(s: int, pp: int, units: range, first_next: int | None, fwd: l
     """`fwd`: the forward pass of the same microbatch (its F actions are reused)."""
     acts: list[Action] = []
     mb = fwd[0].mb
-    f_of = {a.units[0]: a for a in fwd if a.op is Op.F}
+    op_f = Op.F
+    f_of = {a.units[0]: a for a in fwd if a.op is op_f}
     prev: Action | None = None
     if s < pp - 1:
         prev = Action(Op.RECV_B, s, (first_next,), mb)
         deps[prev] = (Action(Op.SEND_B, s + 1, (first_next,), mb),)
         acts.append(prev)
+    op_b = Op.B  # a local: no enum class lookup per unit
     for u in reversed(units):
-        b = Action(Op.B, s, (u,), mb)
+        b = Action(op_b, s, (u,), mb)
         f = f_of[u]
         deps[b] = (f,) if prev is None else (f, prev)
         acts.append(b)

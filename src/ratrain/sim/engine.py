@@ -25,7 +25,9 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ratrain.errors import RatrainError
+from ratrain.gcpause import gc_paused
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
+from ratrain.sim.flat import graph, run_plain
 
 __all__ = ["Timing", "replay", "run_flat", "p2p_pairs"]
 
@@ -68,25 +70,20 @@ class _Engine:
         self, schedule: Schedule, durations: list[float], resources: list[Resource]
     ) -> None:
         self.schedule = schedule
-        acts = [a for stage in schedule.stages for a in stage]
-        self.acts = acts
-        self.gid = {a: i for i, a in enumerate(acts)}
-        if len(self.gid) != len(acts):
-            raise RatrainError("schedule: an action appears twice; each action must be unique")
+        g = graph(schedule)
+        acts = self.acts = g.acts
         n = len(acts)
         # Global ids number the stages' lists one after another.
-        self.lists, self.pos, self.stage = [], [], []
-        for s, stage in enumerate(schedule.stages):
-            first = len(self.pos)
-            self.lists.append(range(first, first + len(stage)))
-            self.pos.extend(range(len(stage)))
-            self.stage.extend([s] * len(stage))
+        self.lists = [range(g.first[s], g.first[s + 1]) for s in range(schedule.pp)]
+        self.pos = [i - g.first[s] for i, s in enumerate(g.stage)]
+        self.stage = g.stage
         assert len(durations) == len(resources) == n
         self.res = resources
         compute = Resource.COMPUTE
         self.compute = [a.resource is compute for a in acts]
         self.dur = durations
-        self._deps(schedule)
+        self.deps, self.rdeps = g.deps, g.rdeps
+        self.pending = [len(d) for d in g.deps]
         self._globals()
         self.issue = [-1.0] * n
         self.start = [-1.0] * n
@@ -98,28 +95,6 @@ class _Engine:
         self.heap: list[tuple[float, int, int]] = []
         self.seq = 0
         self.now = 0.0
-
-    def _deps(self, schedule: Schedule) -> None:
-        n = len(self.acts)
-        gid = self.gid
-        deps: list[set[int]] = [set() for _ in range(n)]
-        for a, ds in schedule.deps.items():
-            i = gid.get(a)
-            if i is None:
-                raise RatrainError(f"schedule: deps name {a}, which is in no stage's list")
-            for d in ds:
-                j = gid.get(d)
-                if j is None:
-                    raise RatrainError(f"schedule: {a} depends on {d}, which is in no stage's list")
-                deps[i].add(j)
-        for send, recv in p2p_pairs(schedule):
-            deps[self.gid[recv]].add(self.gid[send])
-        self.deps = deps
-        self.pending = [len(d) for d in deps]
-        self.rdeps: list[list[int]] = [[] for _ in range(n)]
-        for i, ds in enumerate(deps):
-            for d in sorted(ds):
-                self.rdeps[d].append(i)
 
     def _globals(self) -> None:
         """Instances of one global reduction: same op, units and mb, one per stage."""
@@ -240,16 +215,22 @@ class _Engine:
         ]
 
 
+@gc_paused()
 def run_flat(
     schedule: Schedule, durations: list[float], resources: list[Resource]
 ) -> tuple[list[float], list[float], list[float]]:
     """The engine on flat lists, in the order of the stages' lists one after another:
     each action's duration and resource in, its (issue, start, end) times out."""
-    eng = _Engine(schedule, durations, resources)
-    eng.run()
-    return eng.issue, eng.start, eng.end
+    assert len(durations) == len(resources)
+    times = run_plain(graph(schedule), durations, resources)
+    if times is None:  # deadlock: the reference engine says where
+        eng = _Engine(schedule, durations, resources)
+        eng.run()
+        raise AssertionError("the engines disagree on a deadlock")
+    return times
 
 
+@gc_paused()
 def replay(
     schedule: Schedule,
     duration_s: Callable[[Action], float],
@@ -261,6 +242,14 @@ def replay(
     a cost model may say that, e.g., an all-gather view fetch occupies the DP network)."""
     acts = [a for stage in schedule.stages for a in stage]
     resources = [resource_of(a) if resource_of else a.resource for a in acts]
-    eng = _Engine(schedule, [float(duration_s(a)) for a in acts], resources)
-    eng.run()
-    return eng.timings()
+    issue, start, end = run_flat(schedule, [float(duration_s(a)) for a in acts], resources)
+    out, k = [], 0
+    for stage in schedule.stages:
+        out.append(
+            [
+                Timing(a, p, issue[i], start[i], end[i])
+                for p, (i, a) in enumerate(enumerate(stage, start=k))
+            ]
+        )
+        k += len(stage)
+    return out

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from ratrain.schedule.ir import Action, Op, Resource, format_action
 
-__all__ = ["SimEvent", "SimResult", "busy_s", "stage_metrics", "RESOURCES"]
+__all__ = ["SimEvent", "SimResult", "busy_s", "stage_metrics", "stage_metrics_flat", "RESOURCES"]
 
 RESOURCES = tuple(r.value for r in Resource if r is not Resource.NONE)
 _CHECKS = (Op.GRAD_NORM, Op.OVERFLOW)
@@ -61,7 +61,11 @@ def busy_s(
     intervals: list[tuple[float, float]], lo: float = 0.0, hi: float = float("inf")
 ) -> float:
     """Length of the union of intervals, clipped to [lo, hi]."""
-    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in _union(intervals))
+    merged = _union(intervals)
+    if hi == float("inf") and (not merged or merged[0][0] >= lo):
+        # Nothing to clip (min(b, inf) is b, max(a, lo) is a, and b > a): the same terms.
+        return sum([b - a for a, b in merged])
+    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merged)
 
 
 def _clip(intervals: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
@@ -148,32 +152,50 @@ class SimResult:
 
 def stage_metrics(events: list[SimEvent], pp: int, step_s: float):
     """Bubble, utilization and exposed tail per stage, from the events."""
-    by: dict[tuple[int, str], list[tuple[float, float]]] = {}
     per_stage: list[list[SimEvent]] = [[] for _ in range(pp)]
     for e in events:
-        by.setdefault((e.stage, e.resource), []).append((e.start_s, e.end_s))
         per_stage[e.stage].append(e)
+    cols = [list(zip(*mine, strict=True)) if mine else [()] * 6 for mine in per_stage]
+    return stage_metrics_flat(
+        [(c[1], c[2], c[3], c[4], c[5]) for c in cols],
+        step_s,
+        ops=[[a.op for a in c[1]] for c in cols],
+    )
+
+
+def stage_metrics_flat(stages, step_s: float, *, ops=None):
+    """`stage_metrics` on columns: per stage (actions, resource values, start_s, end_s,
+    issue_s), each in the stage's event order; `ops` (per stage, each action's op) may be
+    given where the caller has it. The same sums in the same order as over the events."""
     bubble, util, exposed = [], [], []
-    for s in range(pp):
-        u = {r: busy_s(by.get((s, r), [])) / step_s if step_s > 0 else 0.0 for r in RESOURCES}
+    for s, (acts, res, start, end, issue) in enumerate(stages):
+        ivs = list(zip(start, end, strict=True))
+        # Each resource's intervals in event order (one filtering pass per resource present).
+        by = {
+            r: [iv for rr, iv in zip(res, ivs, strict=True) if rr == r] for r in dict.fromkeys(res)
+        }
+        u = {r: busy_s(by.get(r, [])) / step_s if step_s > 0 else 0.0 for r in RESOURCES}
         util.append(u)
         bubble.append(1.0 - u["compute"])
-        exposed.append(_exposed(per_stage[s], s, by))
+        op_of = ops[s] if ops is not None else [a.op for a in acts]
+        exposed.append(_exposed(op_of, start, end, issue, by.get("compute", [])))
     return bubble, util, exposed
 
 
-def _exposed(mine: list[SimEvent], s: int, by: dict) -> dict[str, float]:
+def _exposed(ops, start, end, issue, compute) -> dict[str, float]:
     """Split the tail after the stage's last backward by what the compute resource waits on."""
-    backs = [e.end_s for e in mine if e.action.op is Op.B]
-    end = max((e.end_s for e in mine), default=0.0)
-    lo = max(backs, default=end)
-    compute = by.get((s, "compute"), [])
-    syncs = [(e.start_s, e.end_s) for e in mine if e.action.op is Op.GRAD_SYNC]
-    checks = [(e.issue_s, e.end_s) for e in mine if e.action.op in _CHECKS]
-    update = busy_s([(e.start_s, e.end_s) for e in mine if e.action.op is Op.UPDATE], lo, end)
-    sync = _minus(syncs, compute, lo, end)
-    checks_s = _minus(checks, compute + syncs, lo, end)
-    tail = end - lo
+    b, sync_op, upd = Op.B, Op.GRAD_SYNC, Op.UPDATE
+    backs = [e for op, e in zip(ops, end, strict=True) if op is b]
+    last = max(end, default=0.0)
+    lo = max(backs, default=last)
+    syncs = [(t0, t1) for op, t0, t1 in zip(ops, start, end, strict=True) if op is sync_op]
+    checks = [(t0, t1) for op, t0, t1 in zip(ops, issue, end, strict=True) if op in _CHECKS]
+    update = busy_s(
+        [(t0, t1) for op, t0, t1 in zip(ops, start, end, strict=True) if op is upd], lo, last
+    )
+    sync = _minus(syncs, compute, lo, last)
+    checks_s = _minus(checks, compute + syncs, lo, last)
+    tail = last - lo
     return {
         "tail_s": tail,
         "update_s": update,

@@ -5,50 +5,107 @@ a rank computes faster while the node's other ranks wait."""
 
 from __future__ import annotations
 
+import itertools
+import operator
+
 from ratrain.config import Plan
 from ratrain.cost.model import CostModel
+from ratrain.gcpause import gc_paused
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import Platform, load
-from ratrain.schedule.ir import Resource, Schedule
+from ratrain.schedule.ir import _MB_OPS, Action, Op, Resource, Schedule
 from ratrain.sim.engine import run_flat
-from ratrain.sim.result import SimEvent, SimResult, stage_metrics
+from ratrain.sim.flat import graph, run_plain
+from ratrain.sim.result import SimEvent, SimResult, stage_metrics_flat
 from ratrain.sim.sharing import node_sharing, run_shared
 
 __all__ = ["simulate", "simulate_schedule", "platform_ledger"]
 
+_COST_KEY = operator.attrgetter("op", "stage", "units")  # CostModel.action's cache key
+_TIME_S = operator.attrgetter("time_s")
+_BOUND = operator.attrgetter("bound")
+_ALGORITHM = operator.attrgetter("algorithm")
 
-def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list[list[float]]]:
-    """Replay the schedule; return its events and, per stage, when each action takes its
-    memory: a compute action when it starts, any other when it is issued (the ledger counts
-    an async action's allocations from its issue). Both orders follow the stage's list."""
-    acts = [a for stage in schedule.stages for a in stage]
-    costs = [cost.action(a) for a in acts]
-    resources = [cost.resource(a) for a in acts]
-    durations = [c.time_s for c in costs]
+
+def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list]:
+    """Replay the schedule; return its events and the per-stage columns (actions,
+    resource values, start_s, end_s, issue_s) that `stage_metrics_flat` and
+    `_memory_starts` read."""
+    g = graph(schedule)
+    acts = g.acts
+    costs = _costs(cost, acts)
+    resources = _resources(cost, acts)
+    durations = list(map(_TIME_S, costs))
     if cost.platform.collective_compute_s_per_byte:
         _charge_stolen_compute(schedule, cost, durations, resources)
     sharing = node_sharing(cost)
-    if sharing is None:
-        issue, start, end = run_flat(schedule, durations, resources)
-    else:  # ranks share their node's cores: a rank computes faster while others wait
+    if sharing is not None:  # ranks share their node's cores: faster while others wait
         fixed = [c.fixed_s for c in costs]
         issue, start, end = run_shared(schedule, durations, resources, fixed, sharing)
-    events = [
-        SimEvent(a.stage, a, r.value, start[i], end[i], issue[i], c.bound, c.algorithm)
-        for i, (a, c, r) in enumerate(zip(acts, costs, resources, strict=True))
+    else:
+        times = run_plain(g, durations, resources)
+        if times is None:
+            run_flat(schedule, durations, resources)  # raises, saying where it deadlocks
+        issue, start, end = times
+    res_values = [r._value_ for r in resources]  # Resource.value, without the enum descriptor
+    # SimEvent(stage, action, resource, start_s, end_s, issue_s, bound, algorithm), built by
+    # tuple.__new__ on its fields in order (no Python-level constructor per event).
+    fields = zip(
+        g.stage,
+        acts,
+        res_values,
+        start,
+        end,
+        issue,
+        map(_BOUND, costs),
+        map(_ALGORITHM, costs),
+        strict=True,
+    )
+    events = list(map(tuple.__new__, itertools.repeat(SimEvent), fields))
+    columns = []
+    for s in range(schedule.pp):
+        lo, hi = g.first[s], g.first[s + 1]
+        columns.append((acts[lo:hi], res_values[lo:hi], start[lo:hi], end[lo:hi], issue[lo:hi]))
+    return events, columns
+
+
+def _memory_starts(columns: list) -> list[list[float]]:
+    """Per stage, when each action takes its memory: a compute action when it starts, any
+    other when it is issued (the ledger counts an async action's allocations from its
+    issue). Both follow the stage's list."""
+    compute = Resource.COMPUTE.value
+    return [
+        [t0 if r == compute else t for r, t0, t in zip(res, start, issue, strict=True)]
+        for _, res, start, _, issue in columns
     ]
-    starts, k = [], 0
-    for stage in schedule.stages:
-        starts.append(
-            [
-                start[i] if r is Resource.COMPUTE else issue[i]
-                for i, r in zip(
-                    range(k, k + len(stage)), resources[k : k + len(stage)], strict=True
-                )
-            ]
-        )
-        k += len(stage)
-    return events, starts
+
+
+def _costs(cost: CostModel, acts: list) -> list:
+    """`cost.action(a)` of every action. `CostModel.action` caches by (op, stage, units):
+    where it is not overridden, it is called once per such key, on the key's first action
+    and in the order of first occurrence (the calls the plain loop makes that miss its
+    cache), and the cached costs are laid out by key."""
+    if getattr(cost.action, "__func__", None) is not CostModel.action:  # overridden
+        return [cost.action(a) for a in acts]
+    keys = list(map(_COST_KEY, acts))
+    first = dict(zip(reversed(keys), reversed(acts), strict=True))  # key -> its first action
+    memo = {k: cost.action(first[k]) for k in dict.fromkeys(keys)}
+    return list(map(memo.__getitem__, keys))
+
+
+def _resources(cost: CostModel, acts: list) -> list[Resource]:
+    """`cost.resource(a)` of every action: looked up per op where the cost model's method
+    is `CostModel.resource` (it depends on the op alone)."""
+    if getattr(cost.resource, "__func__", None) is not CostModel.resource:  # overridden
+        return [cost.resource(a) for a in acts]
+    by_op = {op: cost.resource(_probe(op)) for op in Op}
+    return [by_op[a.op] for a in acts]
+
+
+def _probe(op: Op) -> Action:
+    """Some action with op `op`, for what depends on the op alone."""
+    mb = 0 if op in _MB_OPS else None
+    return Action(op, 0, (0,), mb)
 
 
 def _charge_stolen_compute(
@@ -81,12 +138,13 @@ def _memory(ledger, starts: list[list[float]]):
     return timeline, peaks, breakdowns
 
 
+@gc_paused()
 def simulate_schedule(schedule: Schedule, cost: CostModel, *, ledger=None) -> SimResult:
     """Time a given schedule with a given cost model; `ledger` (from `ratrain.memory.replay`)
     adds memory over time, or None to leave memory out."""
-    events, starts = _timeline(schedule, cost)
-    step_s = max((e.end_s for e in events), default=0.0)
-    bubble, util, exposed = stage_metrics(events, schedule.pp, step_s)
+    events, columns = _timeline(schedule, cost)
+    step_s = max((e[4] for e in events), default=0.0)  # end_s
+    bubble, util, exposed = stage_metrics_flat(columns, step_s)
     plan = cost.plan
     result = SimResult(
         step_time_s=step_s,
@@ -105,7 +163,7 @@ def simulate_schedule(schedule: Schedule, cost: CostModel, *, ledger=None) -> Si
     )
     if ledger is not None:
         result.memory_timeline, result.peak_memory_bytes, result.memory_breakdown = _memory(
-            ledger, starts
+            ledger, _memory_starts(columns)
         )
     return result
 

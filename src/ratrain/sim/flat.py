@@ -1,0 +1,229 @@
+"""The event engine's plain path on integer ids: the same semantics, event order and float
+operations as `ratrain.sim.engine._Engine` (which stays the overridable reference that the
+processor-sharing engine extends), at a fraction of the Python work per action.
+
+Actions are numbered by their position in the stages' lists laid one after another (the
+engine's global ids). `graph` turns a schedule's dependencies into integer lists once;
+`run_plain` replays them with every per-action fact (stage, compute or not, resource queue,
+duration, pending deps) in flat lists and every resource queue addressed by an integer, so
+the hot loop hashes no `Action`, no enum member and no tuple key. `tests/test_sim_flat.py`
+checks it against `_Engine` on random schedules. Pure Python.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from typing import NamedTuple
+
+from ratrain.errors import RatrainError
+from ratrain.schedule.ir import _RESOURCE, Op, Resource, Schedule
+
+__all__ = ["Graph", "graph", "run_plain"]
+
+_GLOBAL = (Op.GRAD_NORM, Op.OVERFLOW)
+_PAIRS = ((Op.SEND_F, Op.RECV_F, 1), (Op.SEND_B, Op.RECV_B, -1))
+# `Action.resource` by op, for a membership test by identity hash in the hot paths.
+_COMPUTE_OPS = frozenset(op for op, r in _RESOURCE.items() if r is Resource.COMPUTE)
+
+
+class Graph(NamedTuple):
+    """A schedule's actions and dependencies on global ids."""
+
+    acts: list
+    """The actions, stage after stage, in list order."""
+    first: list[int]
+    """Per stage: the global id of its list's first action (and `first[pp]` = n)."""
+    stage: list[int]
+    deps: list[list[int]]
+    """Per action: the distinct actions it waits for (stated deps, then the p2p pairing)."""
+    rdeps: list[list[int]]
+    """Per action: the actions that wait for it, in increasing id."""
+
+
+def _sends_recvs(schedule: Schedule, first: list[int]) -> list[tuple[int, int]]:
+    """(send, recv) global ids, matched in order per stage boundary and direction (as
+    `ratrain.sim.engine.p2p_pairs`)."""
+    out = []
+    pp = schedule.pp
+    for send_op, recv_op, step in _PAIRS:
+        for s in range(pp):
+            peer = s + step
+            if not 0 <= peer < pp:
+                continue
+            fs, fp = first[s], first[peer]
+            sends = [fs + k for k, a in enumerate(schedule.stages[s]) if a.op is send_op]
+            recvs = [fp + k for k, a in enumerate(schedule.stages[peer]) if a.op is recv_op]
+            if len(sends) != len(recvs):
+                raise RatrainError(
+                    f"schedule: stage {s} has {len(sends)} {send_op.value} but stage {peer} has "
+                    f"{len(recvs)} {recv_op.value}; every send needs a matching receive"
+                )
+            out.extend(zip(sends, recvs, strict=True))
+    return out
+
+
+def graph(schedule: Schedule) -> Graph:
+    """The schedule's dependencies as integer lists, with its checks: every action unique,
+    every dependency in some stage's list, every send matched by a receive."""
+    acts = [a for stage in schedule.stages for a in stage]
+    n = len(acts)
+    gid = {a: i for i, a in enumerate(acts)}
+    if len(gid) != n:
+        raise RatrainError("schedule: an action appears twice; each action must be unique")
+    # Most deps name the very objects in the lists: find those by identity (no hashing of
+    # an Action), the others (equal, distinct objects) by value.
+    by_id = {id(a): i for i, a in enumerate(acts)}
+    first, stage = [0], []
+    for s, lst in enumerate(schedule.stages):
+        first.append(first[-1] + len(lst))
+        stage += [s] * len(lst)
+    get_id, get = by_id.get, gid.get
+
+    def resolve(d) -> int | None:
+        j = get_id(id(d))
+        return get(d) if j is None else j
+
+    deps: list = [()] * n  # no deps: one shared empty tuple
+    stated = schedule.deps
+    for i, (a, ds) in zip(map(get_id, map(id, stated)), stated.items(), strict=True):
+        if i is None:
+            i = get(a)
+            if i is None:
+                raise RatrainError(f"schedule: deps name {a}, which is in no stage's list")
+        lst = list(map(get_id, map(id, ds)))
+        if None in lst:
+            lst = [resolve(d) for d in ds]
+            for d, j in zip(ds, lst, strict=True):
+                if j is None:
+                    raise RatrainError(f"schedule: {a} depends on {d}, which is in no stage's list")
+        deps[i] = lst
+    for send, recv in _sends_recvs(schedule, first):
+        deps[recv] = [*deps[recv], send]
+    rdeps: list[list[int]] = [[] for _ in range(n)]
+    for i, lst in enumerate(deps):
+        if len(lst) > 1 and len(set(lst)) < len(lst):
+            lst = deps[i] = list(dict.fromkeys(lst))  # distinct, as a set of deps
+        for d in lst:
+            rdeps[d].append(i)
+    return Graph(acts, first, stage, deps, rdeps)
+
+
+def run_plain(
+    g: Graph, durations: list[float], resources: list[Resource]
+) -> tuple[list[float], list[float], list[float]] | None:
+    """Replay `g` with each action's duration and resource; its (issue, start, end) times,
+    or None where the schedule deadlocks (the caller explains why with `_Engine`)."""
+    n, pp, first, stage = len(g.acts), len(g.first) - 1, g.first, g.stage
+    rdeps = g.rdeps
+    pending = list(map(len, g.deps))
+    # Compute or not by the IR's resource (as `_Engine`), whatever queue `resources` names.
+    compute = [a.op in _COMPUTE_OPS for a in g.acts]
+    # One FIFO per (stage, resource), addressed by an integer.
+    rid = {r.value: k for k, r in enumerate(Resource)}  # by value: no enum hash per action
+    nr = len(rid)
+    qid = [s * nr + rid[r._value_] for s, r in zip(stage, resources, strict=True)]
+    queues = [deque() for _ in range(pp * nr)]
+    busy = [False] * (pp * nr)
+    # Global reductions: instances with the same (op, units, mb), one per stage.
+    group = [-1] * n
+    members: list[list[int]] = []
+    keys: dict[tuple, int] = {}
+    for i, a in enumerate(g.acts):
+        if a.op in _GLOBAL:
+            k = keys.setdefault((a.op, a.units, a.mb), len(keys))
+            if k == len(members):
+                members.append([])
+            members[k].append(i)
+            group[i] = k
+    ready: list[set[int]] = [set() for _ in members]
+    dur = durations
+    issue, start, end = [-1.0] * n, [-1.0] * n, [-1.0] * n
+    walk = first[:pp]  # next global id each stage's walk reaches
+    stop = first[1:]
+    walk_busy = [False] * pp
+    heap: list[tuple[float, int, int]] = []
+    push, pop, seq = heapq.heappush, heapq.heappop, itertools.count().__next__
+
+    def try_queue(q: int, now: float) -> None:
+        dq = queues[q]
+        if not dq or busy[q]:
+            return
+        i = dq[0]
+        if pending[i]:
+            return
+        k = group[i]
+        if k >= 0:
+            rd = ready[k]
+            if i in rd:
+                return
+            rd.add(i)
+            if len(rd) < len(members[k]):
+                return
+            for j in members[k]:
+                qj = qid[j]
+                assert queues[qj][0] == j
+                queues[qj].popleft()
+                busy[qj] = True
+                start[j] = now
+                push(heap, (now + dur[j], seq(), j))
+            return
+        dq.popleft()
+        busy[q] = True
+        start[i] = now
+        push(heap, (now + dur[i], seq(), i))
+
+    def advance(s: int, now: float) -> None:
+        if walk_busy[s]:
+            return
+        i, e = walk[s], stop[s]
+        while i < e:
+            if compute[i]:
+                if issue[i] < 0:
+                    issue[i] = now  # the walk reached it; it may still wait
+                if pending[i]:
+                    break  # woken when its last dep completes
+                walk_busy[s] = True
+                walk[s] = i + 1
+                start[i] = now
+                push(heap, (now + dur[i], seq(), i))
+                return
+            issue[i] = now
+            q = qid[i]
+            queues[q].append(i)
+            i += 1
+            walk[s] = i
+            if not busy[q]:  # (try_queue's own first test, saving the call)
+                try_queue(q, now)
+        walk[s] = i
+
+    for s in range(pp):
+        advance(s, 0.0)
+    while heap:
+        now, _, i = pop(heap)
+        end[i] = now
+        ci = compute[i]
+        if ci:
+            walk_busy[stage[i]] = False
+        else:
+            q = qid[i]
+            busy[q] = False
+            if queues[q]:
+                try_queue(q, now)
+        for j in rdeps[i]:
+            p = pending[j] - 1
+            pending[j] = p
+            if p:
+                continue
+            if compute[j]:
+                sj = stage[j]
+                if walk[sj] == j:
+                    advance(sj, now)
+            elif issue[j] >= 0 and not busy[qid[j]]:
+                try_queue(qid[j], now)
+        if ci:
+            advance(stage[i], now)
+    if min(end, default=0.0) < 0:
+        return None
+    return issue, start, end
