@@ -174,6 +174,22 @@ def test_a_slow_proof_leaves_the_explanation_less_time():
     assert explain_budget_s(b, 5.0) == pytest.approx(EXPLAIN_MIN_FACTOR * b)
 
 
+def test_the_commands_start_up_counts_against_the_infeasible_budget(monkeypatch):
+    """Run through `main`, the time before the search (imports, the platform) is spent from
+    the answer's budget; run without it, the search's own time is."""
+    import time
+    from types import SimpleNamespace
+
+    import ratrain.cli
+    from ratrain.cli.plan import _spent_s
+
+    res = SimpleNamespace(search_time_s=0.1)
+    monkeypatch.setattr(ratrain.cli, "STARTED_AT", None)
+    assert _spent_s(res) == 0.1
+    monkeypatch.setattr(ratrain.cli, "STARTED_AT", time.perf_counter() - 0.5)
+    assert 0.5 <= _spent_s(res) < 5.0
+
+
 @pytest.mark.parametrize("name,seq", [("tiny", 128), ("llama2-7b", 1024)])
 def test_bound_with_held_sends_stays_below_the_ledger_that_holds_them(name, seq):
     """cpu-local's sends are held to the step's end: the bound counts those already made,

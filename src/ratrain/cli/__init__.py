@@ -7,11 +7,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 import warnings
 
 from ratrain.errors import RatrainError
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["main", "COMMANDS", "STARTED_AT"]
+
+STARTED_AT: float | None = None
+"""When `main` started (perf_counter), before the subcommand's imports: the time a command's
+answer is due from (`ratrain plan` counts its own start-up, imports and platform reading, in
+its budget). None when a subcommand runs without `main`."""
 
 COMMANDS = {
     "train": "train a model (default: a tiny model on the synthetic source, CPU, ~1 minute)",
@@ -47,6 +53,8 @@ def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global STARTED_AT
+    STARTED_AT = time.perf_counter()
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv:
         argv = ["train"]  # the built-in default job
