@@ -34,7 +34,7 @@ from collections.abc import Callable
 from ratrain.config import Plan
 from ratrain.planner.evaluate import memory_microbatches
 
-__all__ = ["MIN_MICROBATCHES", "MIN_SAVING", "REL_TOL", "points", "extrapolate"]
+__all__ = ["MIN_MICROBATCHES", "MIN_SAVING", "REL_TOL", "points", "extrapolate", "extended_result"]
 
 MIN_MICROBATCHES = 48
 """assumed: below this many microbatches a full simulation costs well under a second; the
@@ -162,22 +162,31 @@ def _from_points(plan: Plan, pts: tuple[int, int], simulate, memory):
     util = [
         {r: (v + k * (v - b2[s][r])) / step_s for r, v in b3[s].items()} for s in range(len(b3))
     ]
+    return extended_result(plan, r3, step_s, util, memory)
+
+
+def extended_result(plan: Plan, short, step_s: float, util: list[dict], memory):
+    """`plan`'s result from a short step's (`short`): the extended step time and
+    utilization, the short step's exposed tails, no events; the peaks and breakdowns are
+    `memory` ((peaks, breakdowns) of the plan) or else the short step's."""
     bubble = [1.0 - u["compute"] for u in util]
-    peaks, parts = memory if memory is not None else (r3.peak_memory_bytes, r3.memory_breakdown)
-    return r3.__class__(
+    peaks, parts = (
+        memory if memory is not None else (short.peak_memory_bytes, short.memory_breakdown)
+    )
+    return short.__class__(
         step_time_s=step_s,
         tokens_per_s=plan.tokens_per_step / step_s,
         bubble_fraction=sum(bubble) / len(bubble),
         stage_bubble=bubble,
         utilization=util,
-        exposed=[dict(e) for e in r3.exposed],
+        exposed=[dict(e) for e in short.exposed],
         events=[],
         peak_memory_bytes=list(peaks),
         memory_breakdown=[dict(b) for b in parts],
-        memory_cap_bytes=r3.memory_cap_bytes,
-        workspace_bytes=r3.workspace_bytes,
-        schedule=r3.schedule,
-        platform=r3.platform,
-        model=r3.model,
+        memory_cap_bytes=short.memory_cap_bytes,
+        workspace_bytes=short.workspace_bytes,
+        schedule=short.schedule,
+        platform=short.platform,
+        model=short.model,
         plan=plan.to_dict(),
     )

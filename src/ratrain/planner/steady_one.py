@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from ratrain.config import Plan
 from ratrain.planner.evaluate import memory_microbatches
+from ratrain.planner.steady import extended_result
 from ratrain.schedule.ir import Op
 from ratrain.sim.result import busy_s
 
@@ -94,25 +95,7 @@ def from_one_run(plan: Plan, m2: int, simulate, memory, rel_tol: float):
         {r: (u * res.step_time_s + k * extra_busy[s].get(r, 0.0)) / step_s for r, u in us.items()}
         for s, us in enumerate(res.utilization)
     ]
-    bubble = [1.0 - u["compute"] for u in util]
-    peaks, parts = memory if memory is not None else (res.peak_memory_bytes, res.memory_breakdown)
-    return res.__class__(
-        step_time_s=step_s,
-        tokens_per_s=plan.tokens_per_step / step_s,
-        bubble_fraction=sum(bubble) / len(bubble),
-        stage_bubble=bubble,
-        utilization=util,
-        exposed=[dict(e) for e in res.exposed],
-        events=[],
-        peak_memory_bytes=list(peaks),
-        memory_breakdown=[dict(b) for b in parts],
-        memory_cap_bytes=res.memory_cap_bytes,
-        workspace_bytes=res.workspace_bytes,
-        schedule=res.schedule,
-        platform=res.platform,
-        model=res.model,
-        plan=plan.to_dict(),
-    )
+    return extended_result(plan, res, step_s, util, memory)
 
 
 def _repeats(events, start: float, period_s: float, tol: float) -> dict[str, float] | None:

@@ -20,6 +20,7 @@ order in which simultaneous events are processed. Pure Python.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
@@ -27,12 +28,11 @@ from typing import NamedTuple
 from ratrain.errors import RatrainError
 from ratrain.gcpause import gc_paused
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
-from ratrain.sim.flat import graph, run_plain
+from ratrain.sim.flat import graph, run_plain, sends_recvs
 
 __all__ = ["Timing", "replay", "run_flat", "p2p_pairs"]
 
 _GLOBAL = (Op.GRAD_NORM, Op.OVERFLOW)
-_PAIRS = ((Op.SEND_F, Op.RECV_F, 1), (Op.SEND_B, Op.RECV_B, -1))
 
 
 class Timing(NamedTuple):
@@ -47,22 +47,11 @@ class Timing(NamedTuple):
 
 
 def p2p_pairs(schedule: Schedule) -> list[tuple[Action, Action]]:
-    """(send, recv) pairs, matched in order per stage boundary and direction."""
-    out = []
-    for send_op, recv_op, step in _PAIRS:
-        for s in range(schedule.pp):
-            peer = s + step
-            if not 0 <= peer < schedule.pp:
-                continue
-            sends = [a for a in schedule.stages[s] if a.op is send_op]
-            recvs = [a for a in schedule.stages[peer] if a.op is recv_op]
-            if len(sends) != len(recvs):
-                raise RatrainError(
-                    f"schedule: stage {s} has {len(sends)} {send_op.value} but stage {peer} has "
-                    f"{len(recvs)} {recv_op.value}; every send needs a matching receive"
-                )
-            out.extend(zip(sends, recvs, strict=True))
-    return out
+    """(send, recv) pairs, matched in order per stage boundary and direction (the flat
+    engine's pairing, `ratrain.sim.flat`, as actions)."""
+    acts = [a for stage in schedule.stages for a in stage]
+    first = list(itertools.accumulate((len(st) for st in schedule.stages), initial=0))
+    return [(acts[i], acts[j]) for i, j in sends_recvs(schedule, first)]
 
 
 class _Engine:

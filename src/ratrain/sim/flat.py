@@ -20,7 +20,7 @@ from typing import NamedTuple
 from ratrain.errors import RatrainError
 from ratrain.schedule.ir import _RESOURCE, Op, Resource, Schedule
 
-__all__ = ["Graph", "graph", "run_plain"]
+__all__ = ["Graph", "graph", "run_plain", "sends_recvs"]
 
 _GLOBAL = (Op.GRAD_NORM, Op.OVERFLOW)
 _PAIRS = ((Op.SEND_F, Op.RECV_F, 1), (Op.SEND_B, Op.RECV_B, -1))
@@ -42,9 +42,9 @@ class Graph(NamedTuple):
     """Per action: the actions that wait for it, in increasing id."""
 
 
-def _sends_recvs(schedule: Schedule, first: list[int]) -> list[tuple[int, int]]:
-    """(send, recv) global ids, matched in order per stage boundary and direction (as
-    `ratrain.sim.engine.p2p_pairs`)."""
+def sends_recvs(schedule: Schedule, first: list[int]) -> list[tuple[int, int]]:
+    """(send, recv) global ids (`first[s]`: stage s's first id), matched in order per stage
+    boundary and direction: every send needs a matching receive."""
     out = []
     pp = schedule.pp
     for send_op, recv_op, step in _PAIRS:
@@ -99,7 +99,7 @@ def graph(schedule: Schedule) -> Graph:
                 if j is None:
                     raise RatrainError(f"schedule: {a} depends on {d}, which is in no stage's list")
         deps[i] = lst
-    for send, recv in _sends_recvs(schedule, first):
+    for send, recv in sends_recvs(schedule, first):
         deps[recv] = [*deps[recv], send]
     rdeps: list[list[int]] = [[] for _ in range(n)]
     for i, lst in enumerate(deps):
