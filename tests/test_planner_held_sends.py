@@ -7,12 +7,12 @@ import random
 
 from ratrain.config import Plan
 from ratrain.errors import RatrainError
-from ratrain.memory import replay
 from ratrain.memory.activations import boundary_bytes
 from ratrain.models.presets import get_preset
 from ratrain.planner.bounds import MemoryBound
 from ratrain.platforms.load import load
 from ratrain.schedule import build_schedule
+from ratrain.sim.simulate import platform_ledger
 
 
 def _random_plans(n: int, seed: int = 0):
@@ -47,14 +47,7 @@ def test_held_send_bound_stays_below_the_ledger_and_counts_the_last_backward():
             plan.check_for(spec)
         except RatrainError:
             continue
-        led = replay(
-            build_schedule(spec, plan),
-            spec,
-            plan,
-            keep_trace=False,
-            eager_kernels=pl.eager_kernels,
-            sends_held=True,
-        )
+        led = platform_ledger(build_schedule(spec, plan), spec, plan, pl, keep_trace=False)
         bound = MemoryBound(spec, plan, sends_held=True, eager_kernels=pl.eager_kernels)
         rec = plan.recompute[0]
         for s, st in enumerate(led.stages):
@@ -85,12 +78,5 @@ def test_the_last_backward_pass_is_where_held_sends_peak():
     )
     bound = MemoryBound(spec, plan, sends_held=True, eager_kernels=pl.eager_kernels)
     assert bound.breakdown(1, "full")["comm_buffer"] == (2 * m - 1) * boundary_bytes(spec, plan)
-    led = replay(
-        build_schedule(spec, plan),
-        spec,
-        plan,
-        keep_trace=False,
-        eager_kernels=pl.eager_kernels,
-        sends_held=True,
-    )
+    led = platform_ledger(build_schedule(spec, plan), spec, plan, pl, keep_trace=False)
     assert bound.stage(1, "full") <= led.stages[1].peak_bytes

@@ -194,9 +194,9 @@ def test_the_commands_start_up_counts_against_the_infeasible_budget(monkeypatch)
 def test_bound_with_held_sends_stays_below_the_ledger_that_holds_them(name, seq):
     """cpu-local's sends are held to the step's end: the bound counts those already made,
     and stays below the ledger's peak replayed as the simulator replays it there."""
-    from ratrain.memory import replay
     from ratrain.planner.bounds import MemoryBound
     from ratrain.schedule import build_schedule
+    from ratrain.sim.simulate import platform_ledger
 
     spec, pl = get_preset(name), load("cpu-local")
     assert pl.sends_held_until_waited
@@ -218,14 +218,7 @@ def test_bound_with_held_sends_stays_below_the_ledger_that_holds_them(name, seq)
             grad_dtype="fp16",
             offload_activations=off,
         )
-        led = replay(
-            build_schedule(spec, plan),
-            spec,
-            plan,
-            keep_trace=False,
-            eager_kernels=pl.eager_kernels,
-            sends_held=True,
-        )
+        led = platform_ledger(build_schedule(spec, plan), spec, plan, pl, keep_trace=False)
         held, plain = MemoryBound(spec, plan, sends_held=True), MemoryBound(spec, plan)
         for s, st in enumerate(led.stages):
             lb = held.stage(s, rec)

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from _steady import assert_same_result
 from ratrain.config import Plan
 from ratrain.models.presets import get_preset
 from ratrain.planner import steady
@@ -60,14 +61,7 @@ def test_extrapolated_step_equals_the_full_simulation(platform, monkeypatch):
             fell_back.append(plan)
             continue
         full = simulate(TINY, plan, pl, memory_timeline=False)
-        assert got.step_time_s == pytest.approx(full.step_time_s, rel=1e-9, abs=0)
-        assert got.tokens_per_s == pytest.approx(full.tokens_per_s, rel=1e-9, abs=0)
-        assert got.bubble_fraction == pytest.approx(full.bubble_fraction, rel=1e-8, abs=1e-12)
-        for u, v in zip(got.utilization, full.utilization, strict=True):
-            assert u == pytest.approx(v, rel=1e-8, abs=1e-12)
-        assert got.peak_memory_bytes == full.peak_memory_bytes
-        for e, f in zip(got.exposed, full.exposed, strict=True):
-            assert e == pytest.approx(f, rel=1e-9, abs=1e-9 * full.step_time_s)
+        assert_same_result(got, full)
         checked += 1
     # Without offload the tiny model's steps repeat; only offload's copy traffic may not.
     assert all(p.offload_activations for p in fell_back), fell_back

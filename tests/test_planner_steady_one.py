@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 
+from _steady import assert_same_result
 from ratrain.config import Plan
 from ratrain.models.presets import get_preset
 from ratrain.planner import steady
@@ -19,17 +20,6 @@ from ratrain.sim import simulate
 TINY = get_preset("tiny")
 DEEP = dataclasses.replace(TINY, name="tiny-deep", n_layers=32)
 """tiny's blocks, 32 of them: pipelines up to 32 stages at test cost."""
-
-
-def _same(got, full):
-    assert got.step_time_s == pytest.approx(full.step_time_s, rel=1e-9, abs=0)
-    assert got.tokens_per_s == pytest.approx(full.tokens_per_s, rel=1e-9, abs=0)
-    assert got.bubble_fraction == pytest.approx(full.bubble_fraction, rel=1e-8, abs=1e-12)
-    for u, v in zip(got.utilization, full.utilization, strict=True):
-        assert u == pytest.approx(v, rel=1e-8, abs=1e-12)
-    assert got.peak_memory_bytes == full.peak_memory_bytes
-    for e, f in zip(got.exposed, full.exposed, strict=True):
-        assert e == pytest.approx(f, rel=1e-9, abs=1e-9 * full.step_time_s)
 
 
 def _plans(m: int):
@@ -79,9 +69,9 @@ def test_one_run_equals_the_full_simulation_and_the_two_run_path(platform, monke
             assert two is None or plan.offload_activations, plan
             continue
         full = simulate(TINY, plan, pl, memory_timeline=False)
-        _same(got, full)
+        assert_same_result(got, full)
         if two is not None:
-            _same(two, full)
+            assert_same_result(two, full)
         one_runs += from_one_run(plan, m2, short, None, steady.REL_TOL) is not None
     # Without offload every step repeats within one run; only offload's copies may not.
     assert all(p.offload_activations for p in fell_back), fell_back
@@ -127,7 +117,7 @@ def test_deep_pipelines_from_one_run(pp, sched, rec, view, off):
     if got is None:
         assert off, "a deep pipeline without offload repeats"
         return
-    _same(got, full)
+    assert_same_result(got, full)
 
 
 def test_a_one_off_action_amid_the_periods_is_no_repeat():
