@@ -1,6 +1,8 @@
 """The default backend: PyTorch's own GEMM and scaled-dot-product attention.
 
-Backward passes come from autograd. ALiBi is passed to `scaled_dot_product_attention` as
+Backward passes come from autograd, except a 16-bit linear layer's on a CPU without
+16-bit GEMM units, whose input gradient takes the GEMM layout that runs fast there
+(`ratrain.kernels.cpu_half`). ALiBi is passed to `scaled_dot_product_attention` as
 an additive float bias that already carries the causal mask, because SDPA accepts either
 `is_causal` or `attn_mask`, not both.
 """
@@ -11,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ratrain.kernels.base import register_backend
+from ratrain.kernels.cpu_half import HalfLinear, use_half_linear
 
 __all__ = ["TorchBackend", "alibi_bias"]
 
@@ -43,6 +46,8 @@ class TorchBackend:
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if use_half_linear(x, weight):  # 16-bit on a CPU without 16-bit GEMM units
+            return HalfLinear.apply(x, weight, bias)
         return F.linear(x, weight, bias)
 
     def attention(
