@@ -79,6 +79,9 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys):
     for f in ("f_block", "b_block", "f_head", "b_head"):
         assert getattr(fast, f) <= getattr(charged, f), f
     assert p.overhead_s("F") > 0 and p.collectives["all_reduce"][0][0] == 2
+    # The speed probe, timed at calibration's start and end, for validate to compare with.
+    assert p.measured_on["speed_probe_s"] > 0
+    assert p.notes["measured_on.speed_probe_s"].startswith("measured")
 
 
 def test_calibrate_bad_input_is_one_line(tmp_path, capsys):

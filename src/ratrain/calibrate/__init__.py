@@ -87,6 +87,7 @@ def calibrate(
     from ratrain.calibrate.load import OthersLoad
     from ratrain.calibrate.overhead import measure_action_overhead
     from ratrain.calibrate.platform_file import build_platform
+    from ratrain.calibrate.probe import probe_s
     from ratrain.calibrate.sharing import measure_rank_speed, rank_counts
     from ratrain.calibrate.timing import Progress, Timer
 
@@ -111,7 +112,7 @@ def calibrate(
     u_items = U.unit_items(dtypes, quick)
     items = [("k", it) for it in k_items] + [("u", it) for it in u_items]
     n_steps = len(items) * windows + 2
-    n_steps += len(rank_counts(nproc)) if device == "cpu" else 0
+    n_steps += len(rank_counts(nproc)) + 2 if device == "cpu" else 0
     bar = Progress(n_steps, enabled=progress)
     dev = torch.device(device)
     timer = Timer(dev, budget)
@@ -131,7 +132,14 @@ def calibrate(
         if device == "cpu":
             torch.set_num_threads(1)  # the curves are one thread's; sharing is modelled apart
         U.prepare_units(dev)
+        probes = []  # the speed probe at the start and the end of the windows
+        if device == "cpu":
+            bar.step("speed probe")
+            probes.append(probe_s(dev))
         got = run_windows(items, measure, windows, max_spread, label, bar)
+        if device == "cpu":
+            bar.step("speed probe")
+            probes.append(probe_s(dev))
         torch.set_num_threads(saved)
         sharing = measure_rank_speed(nproc, quick, bar, windows) if device == "cpu" else {}
         bar.step(f"p2p and collectives, {nproc} ranks")
@@ -173,6 +181,7 @@ def calibrate(
         "quick": quick,
         "windows": {label(item): w for item, w in got.items()},
         "others_share": busy,
+        "probes_s": probes,
     }
     raw = {"kernels": kernels, "comm": comm, "overhead": overhead, "units": units}
     raw["sharing"] = sharing

@@ -5,7 +5,10 @@ it (the network between nodes)."""
 
 from __future__ import annotations
 
+import math
+
 from ratrain.calibrate.comm import fit_alpha_beta
+from ratrain.calibrate.probe import PROBE_WHAT
 from ratrain.config import DTYPE_BYTES
 from ratrain.platforms.host import host_fingerprint
 
@@ -231,6 +234,14 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
         "cpu": _v(here["cpu"], f"measured: /proc/cpuinfo model name, {on}"),
         "cores": _v(here["cores"], f"measured: sched_getaffinity, {on}"),
     }
+    probes = ctx.get("probes_s") or []
+    if probes:
+        data["measured_on"]["speed_probe_s"] = _v(
+            float(f"{math.prod(probes) ** (1 / len(probes)):.4g}"),
+            f"measured: {PROBE_WHAT}, median of 3 windows, geometric mean of the probes at "
+            f"calibration's start and end ({', '.join(f'{p:.4g}' for p in probes)} s); "
+            f"`ratrain validate` times it again to report how far the machine moved, {on}",
+        )
     if cpu:
         data["compute"]["cores_per_node"] = _v(
             cores, f"measured: CPUs this process may run on (sched_getaffinity), {on}"

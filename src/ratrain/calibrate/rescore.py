@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ratrain.calibrate.grid import DEFAULT_MODELS, GridPlan, load_grid_models
+from ratrain.calibrate.probe import machine_speed
 from ratrain.calibrate.validate import PlanResult, planner_pick, summarize
 from ratrain.config import Plan
 from ratrain.errors import RatrainError
@@ -141,7 +142,13 @@ def rescore(
         row["pick_measured"] = model in picks
         row["pick_plan"] = unmeasured.get(model)  # None: measured, or no search
     summary["rescored_from"] = str(path)
-    return results, summary, doc.get("summary") or {}
+    # The machine's speed during the measurements, against this file's calibration.
+    before = doc.get("summary") or {}
+    probes_s = (before.get("machine_speed") or {}).get("probes_s") or []
+    summary["machine_speed"] = machine_speed(
+        (platform.measured_on or {}).get("speed_probe_s"), probes_s
+    )
+    return results, summary, before
 
 
 def _describe(plan: Plan) -> str:

@@ -204,6 +204,7 @@ def validate(
     progress=None,
     plan_picks: bool = True,
     passes: int = 1,
+    probe=None,
 ) -> tuple[list[PlanResult], dict]:
     """Run every plan of `grid`, and `ratrain plan`'s pick per model when `plan_picks`;
     (per-plan results, summary).
@@ -211,7 +212,17 @@ def validate(
     `passes` > 1 splits the timed steps over that many passes through the grid, in
     alternating order (forward, backward, ...), each plan a fresh job per pass: a machine
     whose speed drifts over the minutes a grid takes (±10-25% on a shared VM) then slows
-    every plan's median alike instead of the plans that ran during a slow spell."""
+    every plan's median alike instead of the plans that ran during a slow spell.
+
+    `probe` (a callable returning seconds: `ratrain.calibrate.probe.probe_s`) is timed
+    before the first pass and after every pass, against the platform file's
+    `measured_on.speed_probe_s`: the summary's `machine_speed` says how fast the machine ran
+    relative to calibration (a diagnostic; nothing is scaled by it)."""
+    from ratrain.calibrate.probe import machine_speed
+
+    calibrated_probe_s = (platform.measured_on or {}).get("speed_probe_s")
+    probe = probe if calibrated_probe_s else None
+    probes_s = [probe()] if probe else []
     picks: dict[str, str] = {}
     todo = list(grid)
     if plan_picks:
@@ -233,6 +244,8 @@ def validate(
                 progress(i, total, f"{g.name} (pass {p + 1}/{passes})", time.perf_counter() - t0)
             runs[g.name].append(_timing(g, per_pass, warmup))
             i += 1
+        if probe:
+            probes_s.append(probe())
     results = []
     for g in todo:
         if progress:
@@ -241,7 +254,9 @@ def validate(
         i += 1
     if progress:
         progress(total, total, "done", time.perf_counter() - t0)
-    return results, summarize(results, picks)
+    summary = summarize(results, picks)
+    summary["machine_speed"] = machine_speed(calibrated_probe_s, probes_s)
+    return results, summary
 
 
 def result_dict(r: PlanResult) -> dict:

@@ -51,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _table(results, summary) -> str:
+    from ratrain.calibrate.probe import describe
+
     lines = [
         f"{'plan':<22} {'pred s':>8} {'meas s':>8} {'err':>7}  ledger / measured peak MiB (per rank)"
     ]
@@ -82,6 +84,9 @@ def _table(results, summary) -> str:
             f"(+{p['slower_than_fastest']:.1%}; within 5%: {'yes' if p['within_5pct'] else 'no'});"
             f" simulator's fastest of the grid {p['sim_pick']} (+{p['sim_pick_slower']:.1%})"
         )
+    speed = describe(summary.get("machine_speed"))
+    if speed:
+        lines.append(speed)
     return "\n".join(lines)
 
 
@@ -94,6 +99,7 @@ def _progress(i: int, n: int, name: str, elapsed_s: float) -> None:
 
 def run(args) -> int:
     from ratrain.calibrate.grid import default_grid, load_grid
+    from ratrain.calibrate.probe import probe_s
     from ratrain.calibrate.validate import result_dict, validate
     from ratrain.errors import RatrainError
     from ratrain.platforms import load
@@ -114,6 +120,7 @@ def run(args) -> int:
         progress=_progress,
         plan_picks=not args.no_plan_pick,
         passes=args.passes,
+        probe=probe_s,
     )
     if args.plot:
         _plots(args.plot, results, summary, platform)

@@ -45,6 +45,7 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       sends_held_until_waited: {value: true, note}  # a SEND's buffer lives to the step end
       waiting_ranks_lend_cores: {value: true, note}  # processor sharing (ratrain.sim.sharing)
     measured_on: {cpu: {value, note}, cores: {value, note}}   # warns on another host
+      # optional: speed_probe_s {value, note}: the speed probe's time when calibrated
 
 The loader (`ratrain.platforms.load`) turns this into the frozen dataclasses below.
 """
@@ -144,7 +145,8 @@ class Platform:
     collectives: dict[str, tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
     measured_on: dict | None = None
     """{"cpu", "cores"} of the machine a calibrated file measured; loading it elsewhere warns
-    (`ratrain.platforms.host`)."""
+    (`ratrain.platforms.host`). "speed_probe_s" where calibrate timed its speed probe
+    (`ratrain.calibrate.probe`; `ratrain validate` compares)."""
     """Measured intra-node collectives: kind -> (group size, α seconds, bytes/s) points."""
     notes: dict[str, str] = field(default_factory=dict)
     """Provenance of each value: dotted key -> 'sourced: ...' or 'assumed: ...'."""

@@ -243,6 +243,8 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
             "cpu": str(cpu),
             "cores": r.number(sec, "cores", "measured_on.", integer=True),
         }
+        if "speed_probe_s" in sec:  # the speed probe's time (`ratrain.calibrate.probe`)
+            out["measured_on"]["speed_probe_s"] = r.number(sec, "speed_probe_s", "measured_on.")
     return out
 
 
