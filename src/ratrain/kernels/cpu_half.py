@@ -21,8 +21,6 @@ CPU that oneDNN cannot run 16-bit GEMMs on natively (`torch.ops.mkldnn`'s own ch
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
@@ -31,16 +29,23 @@ __all__ = ["HalfLinear", "use_half_linear", "cpu_lacks_half_gemm"]
 _HALF = (torch.bfloat16, torch.float16)
 
 
-@functools.cache
-def cpu_lacks_half_gemm(dtype: torch.dtype) -> bool:
-    """True when oneDNN has no native 16-bit GEMM for `dtype` on this CPU (then torch's
-    fallback runs the NN layout slowly)."""
+def _onednn_lacks(dtype: torch.dtype) -> bool:
     ops = getattr(torch.ops, "mkldnn", None)
     name = "_is_mkldnn_bf16_supported" if dtype == torch.bfloat16 else "_is_mkldnn_fp16_supported"
     try:
         return not bool(getattr(ops, name)())
     except (AttributeError, RuntimeError):
         return True  # no way to ask: the TN layout is never slower than NN here
+
+
+# Asked once, at import (a cached call inside a compiled unit would be traced by dynamo).
+_LACKS = {dt: _onednn_lacks(dt) for dt in _HALF}
+
+
+def cpu_lacks_half_gemm(dtype: torch.dtype) -> bool:
+    """True when oneDNN has no native 16-bit GEMM for `dtype` on this CPU (then torch's
+    fallback runs the NN layout slowly)."""
+    return _LACKS[dtype]
 
 
 def use_half_linear(x: torch.Tensor, weight: torch.Tensor) -> bool:
