@@ -58,9 +58,10 @@ def kernel_plan(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, str, tu
     gemms, attn = (_GEMMS_QUICK, _ATTN_QUICK) if quick else (_GEMMS, _ATTN)
     out: list[tuple[str, str, tuple]] = []
     for dt in dtypes:
-        # No fast half-precision path on most CPUs: keep fp16 short, and bf16 short when
-        # quick (its largest GEMM alone took ~7 s a window on the 2-core reference).
-        small = dt == "fp16" or (quick and dt == "bf16")
+        # No fast half-precision path on most CPUs: keep fp16 short (its GEMMs run at 1-5
+        # GFLOP/s there). bf16 takes every shape: with the torch backend's 16-bit linear
+        # layer (`ratrain.kernels.cpu_half`) its largest quick GEMM's window is ~1 s.
+        small = dt == "fp16"
         out += [("gemm", dt, s) for s in (gemms[:2] if small else gemms)]
         out += [("attention", dt, s) for s in (attn[:1] if small else attn)]
         out += [("memory", dt, (op,)) for op in _MEM_OPS]
