@@ -54,6 +54,7 @@ __all__ = [
     "persistent_bound_of",
     "persistent_lower_bound_bytes",
     "MemoryBound",
+    "transient_views_of",
 ]
 
 
@@ -351,9 +352,12 @@ def _fetched_forward_s(spec: ModelSpec, plan: Plan, cm: CostModel, units) -> tup
 def _transient_views(plan: Plan) -> bool:
     """Whether views live only from a VIEW_FETCH to a VIEW_DROP within the step: ratrain's
     transient views, and fsdp-pp's under either resharding policy."""
-    return plan.schedule == "fsdp-pp" or (
-        plan.schedule == "ratrain" and plan.view_policy == "transient"
-    )
+    return transient_views_of(plan.schedule, plan.view_policy)
+
+
+def transient_views_of(schedule: str, view_policy: str) -> bool:
+    """`_transient_views` of a plan with this schedule and view policy."""
+    return schedule == "fsdp-pp" or (schedule == "ratrain" and view_policy == "transient")
 
 
 def step_time_lower_bound_s(
@@ -582,8 +586,11 @@ class MemoryBound:
         return (n_blocks, stage == 0, stage == plan.pp - 1, min(plan.pp - stage - 1, self.m))
 
     def stage(self, stage: int, policy: str) -> int:
-        key = (*self.stage_key(stage), policy)
-        key = (self._share, key)
+        return self.stage_at(self.stage_key(stage), policy)
+
+    def stage_at(self, stage_key: tuple[int, bool, bool, int], policy: str) -> int:
+        """`stage` of the stage whose `stage_key` is given (the plan's split not read)."""
+        key = (self._share, (*stage_key, policy))
         hit = _STAGE_MEMO.get(key)
         if hit is None:
             if len(_STAGE_MEMO) > 200_000:
@@ -641,6 +648,38 @@ class MemoryBound:
         for r, (_, _, c) in enumerate(runs):
             for j in sorted({*range(min(ahead, c - 1) + 1), c - 1}):
                 at.append((starts[r] + j, r, j))
+        # Per unit, what does not depend on the moment; two switches do: whether every
+        # unit's gradient exists (from the second backward pass on) and whether the
+        # microbatch is offloaded. The largest unit per setting of the two is found once,
+        # and each moment adds its own terms to it (integers: the same sums as unit by
+        # unit, and the first unit at the largest, as before).
+        terms = []
+        for u, r, j in at:
+            k, p, _ = runs[r]
+            keep_u = self.keep[(k, p)]
+            running = self.keep[(k, "none")] - keep_u + self.bws[k]
+            if self.transient and k != "emb":
+                running += self.params[k] * self.vbp
+            upto = below0[r] + (j + 1) * keep_u  # keep of units 0..u
+            # An offloaded microbatch holds the unit running and the ones reloaded ahead.
+            mine_off = upto - below(max(0, u - ahead))
+            met = met0[r] + j * self.params[k]
+            terms.append((k, running, upto, mine_off, all_grads - met * self.gbp))
+        largest: dict[tuple[bool, bool], tuple] = {}
+
+        def largest_unit(grads_all: bool, off: bool) -> tuple:
+            hit = largest.get((grads_all, off))
+            if hit is None:
+                top, arg = None, None
+                for k, running, upto, mine_off, grads_some in terms:
+                    grads = all_grads if grads_all else grads_some
+                    mine = mine_off if off else upto
+                    v = grads + mine + running
+                    if top is None or v > top:
+                        top, arg = v, (grads, mine, running, k)
+                hit = largest[(grads_all, off)] = (top, arg)
+            return hit
+
         best, at_best = 0, None
         m = plan.microbatches
         # B(., i) runs after F(min(i + w, m - 1)): microbatches i .. i + w are in flight.
@@ -650,25 +689,15 @@ class MemoryBound:
         moments = {0, min(1, m - 1), max(0, m - 1 - w)}
         if self.held_send_bytes:
             moments.add(m - 1)
-        for mb in sorted(moments):
+        for mb in sorted(moments) if terms else ():
             others, grads_all = min(w, m - 1 - mb), mb >= 1
-            mine_off, others_b = self._offload(mb, others, m, w, total_keep)
+            off, others_b = self._offload(mb, others, m, w, total_keep)
             sent = (0 if head else min(mb + w, m - 1) + 1) + (0 if emb else mb)
             held = sent * self.held_send_bytes
-            for u, r, j in at:
-                k, p, _ = runs[r]
-                keep_u = self.keep[(k, p)]
-                running = self.keep[(k, "none")] - keep_u + self.bws[k]
-                if self.transient and k != "emb":
-                    running += self.params[k] * self.vbp
-                upto = below0[r] + (j + 1) * keep_u  # keep of units 0..u
-                # An offloaded microbatch holds the unit running and the ones reloaded ahead.
-                mine = upto - below(max(0, u - ahead)) if mine_off else upto
-                met = met0[r] + j * self.params[k]
-                grads = all_grads if grads_all else all_grads - met * self.gbp
-                total = static + grads + mine + others_b + running + held
-                if total > best:
-                    best, at_best = total, (grads, mine + others_b, running, k, held)
+            v, (grads, mine, running, k) = largest_unit(grads_all, off)
+            total = static + others_b + held + v
+            if total > best:
+                best, at_best = total, (grads, mine + others_b, running, k, held)
         if not parts:
             return best
         return self._parts(static - views, views, at_best)

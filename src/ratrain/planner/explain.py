@@ -235,10 +235,10 @@ def find_feasible(
             if max(states_lower_bound_bytes(req, st, kn)) > limit:
                 ruled.setdefault(st, []).append(kn)
                 continue
-            plan = make_plan(req, st, kn, ("full",) * st.pp)
             if first_overflow_bytes(req, st, kn) is not None:
                 ruled.setdefault(st, []).append(kn)
                 continue
+            plan = make_plan(req, st, kn, ("full",) * st.pp)
             opts = options(req, st, kn, None)
             if not opts.feasible(True):
                 ruled.setdefault(st, []).append(kn)
