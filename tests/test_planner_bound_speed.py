@@ -18,7 +18,7 @@ from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
 
 
 class _UnitByUnit(MemoryBound):
-    """The bound as it was computed before: every moment x every unit."""
+    """The bound computed as before: every moment x every unit."""
 
     def _stage(
         self, n_blocks: int, emb: bool, head: bool, w: int, policy: str, parts: bool = False
@@ -83,6 +83,12 @@ class _UnitByUnit(MemoryBound):
                 running = self.keep[(k, "none")] - keep_u + self.bws[k]
                 if self.transient and k != "emb":
                     running += self.params[k] * self.vbp
+                # The next unit's view, fetched ahead (added with the faster walk).
+                below_kind = k if j > 0 else (runs[r - 1][0] if r > 0 else None)
+                ahead_view = 0
+                if self.prefetch and k != "emb" and below_kind == "block":
+                    ahead_view = self.params["block"] * self.vbp
+                running += ahead_view
                 upto = below0[r] + (j + 1) * keep_u  # keep of units 0..u
                 # An offloaded microbatch holds the unit running and the ones reloaded ahead.
                 mine = upto - below(max(0, u - ahead)) if mine_off else upto
@@ -90,7 +96,7 @@ class _UnitByUnit(MemoryBound):
                 grads = all_grads if grads_all else all_grads - met * self.gbp
                 total = static + grads + mine + others_b + running + held
                 if total > best:
-                    best, at_best = total, (grads, mine + others_b, running, k, held)
+                    best, at_best = total, (grads, mine + others_b, running, k, held, ahead_view)
         if not parts:
             return best
         return self._parts(static - views, views, at_best)

@@ -355,6 +355,16 @@ def _transient_views(plan: Plan) -> bool:
     return transient_views_of(plan.schedule, plan.view_policy)
 
 
+def prefetched_views_of(schedule: str, view_policy: str, view_lookahead: int) -> bool:
+    """Whether a view is fetched at least one use ahead of its use and dropped after it
+    (`lowering._add_transient_views`: ratrain's transient views, fsdp-pp resharding):
+    then while B(u) runs, the view of the unit the backward pass uses next is held too."""
+    return view_lookahead >= 1 and view_policy == "transient" and schedule in _PREFETCHING
+
+
+_PREFETCHING = ("ratrain", "fsdp-pp")
+
+
 def transient_views_of(schedule: str, view_policy: str) -> bool:
     """`_transient_views` of a plan with this schedule and view policy."""
     return schedule == "fsdp-pp" or (schedule == "ratrain" and view_policy == "transient")
@@ -538,6 +548,9 @@ class MemoryBound:
         self.keep, self.bws, self.params, boundary = tables
         self.gbp, vbp = grad_bytes_per_param(plan), view_bytes_per_param(plan)
         self.transient = _transient_views(plan) and vbp > 0
+        self.prefetch = self.transient and prefetched_views_of(
+            plan.schedule, plan.view_policy, plan.view_lookahead
+        )
         self.vbp = vbp
         self.state_per_param = (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM) / shards(plan)
         # Everything `_stage` reads besides the stage's key: bounds of other structures
@@ -547,6 +560,7 @@ class MemoryBound:
             shards(plan),
             plan.microbatches,
             self.transient,
+            self.prefetch,
             vbp,
             self.gbp,
             plan.offload_activations,
@@ -574,6 +588,7 @@ class MemoryBound:
             plan.compute_dtype,
             plan.grad_dtype,
             plan.offload_activations,
+            prefetched_views_of(plan.schedule, plan.view_policy, plan.view_lookahead),
         )
 
     def stage_key(self, stage: int) -> tuple[int, bool, bool, int]:
@@ -660,23 +675,30 @@ class MemoryBound:
             running = self.keep[(k, "none")] - keep_u + self.bws[k]
             if self.transient and k != "emb":
                 running += self.params[k] * self.vbp
+            # The unit the backward pass reads next (the one below, unless it is the
+            # embedding, whose B reads no view): its view is fetched before B(u) starts.
+            below_kind = k if j > 0 else (runs[r - 1][0] if r > 0 else None)
+            ahead_view = 0
+            if self.prefetch and k != "emb" and below_kind == "block":
+                ahead_view = self.params["block"] * self.vbp
+            running += ahead_view
             upto = below0[r] + (j + 1) * keep_u  # keep of units 0..u
             # An offloaded microbatch holds the unit running and the ones reloaded ahead.
             mine_off = upto - below(max(0, u - ahead))
             met = met0[r] + j * self.params[k]
-            terms.append((k, running, upto, mine_off, all_grads - met * self.gbp))
+            terms.append((k, running, upto, mine_off, all_grads - met * self.gbp, ahead_view))
         largest: dict[tuple[bool, bool], tuple] = {}
 
         def largest_unit(grads_all: bool, off: bool) -> tuple:
             hit = largest.get((grads_all, off))
             if hit is None:
                 top, arg = None, None
-                for k, running, upto, mine_off, grads_some in terms:
+                for k, running, upto, mine_off, grads_some, ahead_view in terms:
                     grads = all_grads if grads_all else grads_some
                     mine = mine_off if off else upto
                     v = grads + mine + running
                     if top is None or v > top:
-                        top, arg = v, (grads, mine, running, k)
+                        top, arg = v, (grads, mine, running, k, ahead_view)
                 hit = largest[(grads_all, off)] = (top, arg)
             return hit
 
@@ -694,18 +716,19 @@ class MemoryBound:
             off, others_b = self._offload(mb, others, m, w, total_keep)
             sent = (0 if head else min(mb + w, m - 1) + 1) + (0 if emb else mb)
             held = sent * self.held_send_bytes
-            v, (grads, mine, running, k) = largest_unit(grads_all, off)
+            v, (grads, mine, running, k, ahead_view) = largest_unit(grads_all, off)
             total = static + others_b + held + v
             if total > best:
-                best, at_best = total, (grads, mine + others_b, running, k, held)
+                best, at_best = total, (grads, mine + others_b, running, k, held, ahead_view)
         if not parts:
             return best
         return self._parts(static - views, views, at_best)
 
     def _parts(self, states: int, views: int, at_best) -> dict[str, int]:
         """`_stage`'s maximum split into the ledger's state classes."""
-        grads, kept, running, k, held = at_best or (0, 0, 0, "block", 0)
+        grads, kept, running, k, held, ahead_view = at_best or (0, 0, 0, "block", 0, 0)
         fetched = self.params[k] * self.vbp if self.transient and k != "emb" else 0
+        fetched += ahead_view
         workspace = self.bws[k] if at_best else 0
         share = MASTER_BYTES_PER_PARAM / (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM)
         master = int(states * share)  # each unit's states, rounded once: split by share

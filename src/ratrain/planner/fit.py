@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ratrain.planner.bounds import (
     MemoryBound,
     UnitTimes,
+    prefetched_views_of,
     recompute_time_s,
     step_time_lower_bound_s,
     transient_views_of,
@@ -114,6 +115,7 @@ def structure_bound(req: Request, st: Structure, kn: Knobs) -> MemoryBound:
             kn.compute_dtype,
             kn.grad_dtype,
             kn.offload_activations,
+            prefetched_views_of(kn.schedule, kn.view_policy, kn.view_lookahead),
         ),
     )
     mb = _BOUNDS.get(key)
