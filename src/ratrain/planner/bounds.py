@@ -55,6 +55,7 @@ __all__ = [
     "persistent_lower_bound_bytes",
     "MemoryBound",
     "transient_views_of",
+    "view_rank",
 ]
 
 
@@ -356,13 +357,27 @@ def _transient_views(plan: Plan) -> bool:
 
 
 def prefetched_views_of(schedule: str, view_policy: str, view_lookahead: int) -> bool:
-    """Whether a view is fetched at least one use ahead of its use and dropped after it
-    (`lowering._add_transient_views`: ratrain's transient views, fsdp-pp resharding):
-    then while B(u) runs, the view of the unit the backward pass uses next is held too."""
+    """Whether, while B(u) runs, the view of the unit the backward pass reads next is held
+    too: views fetched at least one use ahead and dropped after the use
+    (`lowering._add_transient_views`: ratrain's transient views, fsdp-pp resharding), or
+    gathered before their first use of the step and freed after their last (fsdp-pp
+    without resharding, `fsdp._add_step_views`: the unit below was used in the forward
+    passes and its last backward pass is still ahead)."""
+    if schedule == "fsdp-pp" and view_policy == "persistent":
+        return True
     return view_lookahead >= 1 and view_policy == "transient" and schedule in _PREFETCHING
 
 
 _PREFETCHING = ("ratrain", "fsdp-pp")
+
+
+def view_rank(schedule: str, view_policy: str, view_lookahead: int) -> int:
+    """How many views `MemoryBound` holds, as an order (knobs of a lower rank hold no more
+    by the bound, all else equal): 0 the running unit's alone, 1 with the next unit's
+    fetched ahead, 2 every view of the stage for the whole step."""
+    if not transient_views_of(schedule, view_policy):
+        return 2
+    return int(prefetched_views_of(schedule, view_policy, view_lookahead))
 
 
 def transient_views_of(schedule: str, view_policy: str) -> bool:

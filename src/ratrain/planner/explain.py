@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ratrain.config import Plan
 from ratrain.memory.states import DTYPE_BYTES
+from ratrain.planner.bounds import view_rank
 from ratrain.planner.evaluate import Evaluator, MemoryReport, memory_microbatches, usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, memory_bound, options
 from ratrain.planner.search import Near, states_lower_bound_bytes
@@ -262,20 +263,16 @@ def find_feasible(
 def _saves_across(a: Knobs, b: Knobs) -> bool:
     """Whether knobs `a` hold no more memory than `b` by the quick bounds (model states,
     `MemoryBound`), across families: as the search's `_saves` within one, with the views
-    compared as the bounds read them, living within the step or not (the only way the
-    schedule enters them)."""
+    compared as the bounds read them (`view_rank`: the only way the schedule enters
+    them)."""
     return (
         a.compute_dtype == b.compute_dtype != "fp32"
         and a.shard_optimizer >= b.shard_optimizer
-        and _views_within_step(a) >= _views_within_step(b)
+        and view_rank(a.schedule, a.view_policy, a.view_lookahead)
+        <= view_rank(b.schedule, b.view_policy, b.view_lookahead)
         and DTYPE_BYTES[a.grad_dtype] <= DTYPE_BYTES[b.grad_dtype]
         and a.offload_activations >= b.offload_activations
     )
-
-
-def _views_within_step(kn: Knobs) -> bool:
-    """`bounds._transient_views` of the plan the knobs make."""
-    return kn.schedule == "fsdp-pp" or (kn.schedule == "ratrain" and kn.view_policy == "transient")
 
 
 class _ReplayClock:

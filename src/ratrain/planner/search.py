@@ -34,6 +34,7 @@ from ratrain.planner.bounds import (
     step_time_lower_bound_s,
     unit_times,
     unit_times_known,
+    view_rank,
 )
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.fit import (
@@ -498,17 +499,21 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
 
 def _saves(a, b) -> bool:
     """Whether knobs `a` hold no more memory than `b` by the quick bounds (model states,
-    `MemoryBound`), knob by knob: sharded states, transient views, gradients no wider,
-    offload. Not under fp32 compute, where sharding adds a gathered fp32 view."""
+    `MemoryBound`), knob by knob: sharded states, views held no more (`view_rank`),
+    gradients no wider, offload. Not under fp32 compute, where sharding adds a gathered fp32 view."""
     from ratrain.memory.states import DTYPE_BYTES
 
     return (
         a.compute_dtype == b.compute_dtype != "fp32"
         and a.shard_optimizer >= b.shard_optimizer
-        and (a.view_policy == "transient") >= (b.view_policy == "transient")
+        and _view_rank(a) <= _view_rank(b)
         and DTYPE_BYTES[a.grad_dtype] <= DTYPE_BYTES[b.grad_dtype]
         and a.offload_activations >= b.offload_activations
     )
+
+
+def _view_rank(kn) -> int:
+    return view_rank(kn.schedule, kn.view_policy, kn.view_lookahead)
 
 
 @lru_cache(maxsize=256)
@@ -657,7 +662,13 @@ class _Ctx:
         rep = self.ev.memory(plan)  # the ledger first: a simulation costs several replays
         over = [s for s, p in enumerate(rep.peak_bytes) if p > rep.limit_bytes]
         if not over:
-            res = self.ev.simulate(plan)
+            # With a plan ranked, a simulation whose later steady-state tries or full
+            # fallback would end past the deadline is not run: cut there, as above.
+            res = self.ev.simulate(plan, self.state.deadline if self.best.items else None)
+            if res is None:
+                floor = self.state.floor
+                self.state.floor = self.lb if floor is None else min(floor, self.lb)
+                return "stop"
             peaks, parts = tuple(res.peak_memory_bytes), tuple(res.memory_breakdown)
             over = [s for s, p in enumerate(peaks) if p > rep.limit_bytes]
         else:
