@@ -35,7 +35,7 @@ from ratrain.planner.space import (
     structures,
 )
 
-__all__ = ["Change", "Explanation", "explain", "find_feasible"]
+__all__ = ["Change", "Explanation", "explain", "find_feasible", "saturation_clusters"]
 
 _SAVING_PINS = (
     "recompute",
@@ -475,14 +475,21 @@ def _more_clusters(req: Request, deadline: float | None = None):
     Returns (count, plan, report, note), None when no count fits, or, out of time, a note:
     then the smallest count the ledger confirmed so far is returned with the bound's count
     in the note, or the note says the bound's count alone."""
+    saturated = saturation_clusters(req)
     try:
         n = _smallest_clusters(
             req,
             lambda n: find_feasible(req.with_(clusters=n), confirm=False, deadline=deadline),
+            saturated,
         )
     except _OutOfTime:
         return f"more clusters: {_NOT_IN_TIME}"
     if n is None:
+        if saturated <= req.clusters * _MAX_CLUSTER_FACTOR:
+            return (
+                f"no cluster count fits (from {saturated} on, every pipeline depth has as "
+                "many replicas as the batch allows: more clusters change nothing)"
+            )
         return None
     found: dict[int, tuple] = {}
 
@@ -525,9 +532,19 @@ def _confirm_clusters(req: Request, n: int, fits, found: dict):
     return n, hit[0], hit[1], ""
 
 
-def _smallest_clusters(req: Request, fits):
+def saturation_clusters(req: Request) -> int:
+    """A cluster count from which more clusters change no structure the explanation's scan
+    reads: every pipeline depth pp <= n_layers then has dp = the largest divisor of the
+    sequences per micro-batch (at most the global batch) within clusters // pp, and the
+    memory-aware split reads min(pp, global batch // (clusters // pp)) = 1 (`structures`,
+    `space._split`). So a request that does not fit there fits at no larger count."""
+    return req.spec.n_layers * req.global_batch
+
+
+def _smallest_clusters(req: Request, fits, saturated: int | None = None):
     """Doubling then bisection: the smallest count in (clusters, factor x clusters] that
-    `fits`, or None."""
+    `fits`, or None; the doubling stops after the first count past `saturated`
+    (`saturation_clusters`)."""
     lo, hi, hit = req.clusters, None, None
     n = req.clusters * 2
     while n <= req.clusters * _MAX_CLUSTER_FACTOR:
@@ -535,6 +552,8 @@ def _smallest_clusters(req: Request, fits):
         if hit is not None:
             hi = n
             break
+        if saturated is not None and n >= saturated:
+            return None
         lo, n = n, n * 2
     if hi is None:
         return None
