@@ -276,8 +276,8 @@ def _saves_across(a: Knobs, b: Knobs) -> bool:
 
 
 class _ReplayClock:
-    """What a ledger confirmation is expected to take: its work (microbatches of the
-    shortened replay x the model's units) at the slowest rate seen so far in this process,
+    """What a ledger confirmation is expected to take: its work (microbatches replayed,
+    those of the shortened step where `Evaluator.memory` shortens it, x the model's units) at the slowest rate seen so far in this process,
     or a default before the first one."""
 
     DEFAULT_S_PER_WORK = 120e-6
@@ -289,7 +289,11 @@ class _ReplayClock:
 
     @staticmethod
     def work(req: Request, plan: Plan) -> int:
-        return memory_microbatches(plan) * (req.spec.n_layers + 2)
+        # Where sends are held to the step's end (cpu-local) the ledger replays the whole
+        # step, not the shortened one (`Evaluator.memory`).
+        full = req.platform.sends_held_until_waited
+        microbatches = plan.microbatches if full else memory_microbatches(plan)
+        return microbatches * (req.spec.n_layers + 2)
 
     def expected_s(self, req: Request, plan: Plan) -> float:
         rate = self.DEFAULT_S_PER_WORK if self.s_per_work is None else self.s_per_work
