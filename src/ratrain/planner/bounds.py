@@ -54,6 +54,8 @@ __all__ = [
     "persistent_bound_of",
     "persistent_lower_bound_bytes",
     "MemoryBound",
+    "transient_views_of",
+    "view_rank",
 ]
 
 
@@ -351,9 +353,36 @@ def _fetched_forward_s(spec: ModelSpec, plan: Plan, cm: CostModel, units) -> tup
 def _transient_views(plan: Plan) -> bool:
     """Whether views live only from a VIEW_FETCH to a VIEW_DROP within the step: ratrain's
     transient views, and fsdp-pp's under either resharding policy."""
-    return plan.schedule == "fsdp-pp" or (
-        plan.schedule == "ratrain" and plan.view_policy == "transient"
-    )
+    return transient_views_of(plan.schedule, plan.view_policy)
+
+
+def prefetched_views_of(schedule: str, view_policy: str, view_lookahead: int) -> bool:
+    """Whether, while B(u) runs, the view of the unit the backward pass reads next is held
+    too: views fetched at least one use ahead and dropped after the use
+    (`lowering._add_transient_views`: ratrain's transient views, fsdp-pp resharding), or
+    gathered before their first use of the step and freed after their last (fsdp-pp
+    without resharding, `fsdp._add_step_views`: the unit below was used in the forward
+    passes and its last backward pass is still ahead)."""
+    if schedule == "fsdp-pp" and view_policy == "persistent":
+        return True
+    return view_lookahead >= 1 and view_policy == "transient" and schedule in _PREFETCHING
+
+
+_PREFETCHING = ("ratrain", "fsdp-pp")
+
+
+def view_rank(schedule: str, view_policy: str, view_lookahead: int) -> int:
+    """How many views `MemoryBound` holds, as an order (knobs of a lower rank hold no more
+    by the bound, all else equal): 0 the running unit's alone, 1 with the next unit's
+    fetched ahead, 2 every view of the stage for the whole step."""
+    if not transient_views_of(schedule, view_policy):
+        return 2
+    return int(prefetched_views_of(schedule, view_policy, view_lookahead))
+
+
+def transient_views_of(schedule: str, view_policy: str) -> bool:
+    """`_transient_views` of a plan with this schedule and view policy."""
+    return schedule == "fsdp-pp" or (schedule == "ratrain" and view_policy == "transient")
 
 
 def step_time_lower_bound_s(
@@ -534,6 +563,9 @@ class MemoryBound:
         self.keep, self.bws, self.params, boundary = tables
         self.gbp, vbp = grad_bytes_per_param(plan), view_bytes_per_param(plan)
         self.transient = _transient_views(plan) and vbp > 0
+        self.prefetch = self.transient and prefetched_views_of(
+            plan.schedule, plan.view_policy, plan.view_lookahead
+        )
         self.vbp = vbp
         self.state_per_param = (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM) / shards(plan)
         # Everything `_stage` reads besides the stage's key: bounds of other structures
@@ -543,6 +575,7 @@ class MemoryBound:
             shards(plan),
             plan.microbatches,
             self.transient,
+            self.prefetch,
             vbp,
             self.gbp,
             plan.offload_activations,
@@ -570,6 +603,7 @@ class MemoryBound:
             plan.compute_dtype,
             plan.grad_dtype,
             plan.offload_activations,
+            prefetched_views_of(plan.schedule, plan.view_policy, plan.view_lookahead),
         )
 
     def stage_key(self, stage: int) -> tuple[int, bool, bool, int]:
@@ -582,8 +616,11 @@ class MemoryBound:
         return (n_blocks, stage == 0, stage == plan.pp - 1, min(plan.pp - stage - 1, self.m))
 
     def stage(self, stage: int, policy: str) -> int:
-        key = (*self.stage_key(stage), policy)
-        key = (self._share, key)
+        return self.stage_at(self.stage_key(stage), policy)
+
+    def stage_at(self, stage_key: tuple[int, bool, bool, int], policy: str) -> int:
+        """`stage` of the stage whose `stage_key` is given (the plan's split not read)."""
+        key = (self._share, (*stage_key, policy))
         hit = _STAGE_MEMO.get(key)
         if hit is None:
             if len(_STAGE_MEMO) > 200_000:
@@ -641,6 +678,45 @@ class MemoryBound:
         for r, (_, _, c) in enumerate(runs):
             for j in sorted({*range(min(ahead, c - 1) + 1), c - 1}):
                 at.append((starts[r] + j, r, j))
+        # Per unit, what does not depend on the moment; two switches do: whether every
+        # unit's gradient exists (from the second backward pass on) and whether the
+        # microbatch is offloaded. The largest unit per setting of the two is found once,
+        # and each moment adds its own terms to it (integers: the same sums as unit by
+        # unit, and the first unit at the largest, as before).
+        terms = []
+        for u, r, j in at:
+            k, p, _ = runs[r]
+            keep_u = self.keep[(k, p)]
+            running = self.keep[(k, "none")] - keep_u + self.bws[k]
+            if self.transient and k != "emb":
+                running += self.params[k] * self.vbp
+            # The unit the backward pass reads next (the one below, unless it is the
+            # embedding, whose B reads no view): its view is fetched before B(u) starts.
+            below_kind = k if j > 0 else (runs[r - 1][0] if r > 0 else None)
+            ahead_view = 0
+            if self.prefetch and k != "emb" and below_kind == "block":
+                ahead_view = self.params["block"] * self.vbp
+            running += ahead_view
+            upto = below0[r] + (j + 1) * keep_u  # keep of units 0..u
+            # An offloaded microbatch holds the unit running and the ones reloaded ahead.
+            mine_off = upto - below(max(0, u - ahead))
+            met = met0[r] + j * self.params[k]
+            terms.append((k, running, upto, mine_off, all_grads - met * self.gbp, ahead_view))
+        largest: dict[tuple[bool, bool], tuple] = {}
+
+        def largest_unit(grads_all: bool, off: bool) -> tuple:
+            hit = largest.get((grads_all, off))
+            if hit is None:
+                top, arg = None, None
+                for k, running, upto, mine_off, grads_some, ahead_view in terms:
+                    grads = all_grads if grads_all else grads_some
+                    mine = mine_off if off else upto
+                    v = grads + mine + running
+                    if top is None or v > top:
+                        top, arg = v, (grads, mine, running, k, ahead_view)
+                hit = largest[(grads_all, off)] = (top, arg)
+            return hit
+
         best, at_best = 0, None
         m = plan.microbatches
         # B(., i) runs after F(min(i + w, m - 1)): microbatches i .. i + w are in flight.
@@ -650,33 +726,24 @@ class MemoryBound:
         moments = {0, min(1, m - 1), max(0, m - 1 - w)}
         if self.held_send_bytes:
             moments.add(m - 1)
-        for mb in sorted(moments):
+        for mb in sorted(moments) if terms else ():
             others, grads_all = min(w, m - 1 - mb), mb >= 1
-            mine_off, others_b = self._offload(mb, others, m, w, total_keep)
+            off, others_b = self._offload(mb, others, m, w, total_keep)
             sent = (0 if head else min(mb + w, m - 1) + 1) + (0 if emb else mb)
             held = sent * self.held_send_bytes
-            for u, r, j in at:
-                k, p, _ = runs[r]
-                keep_u = self.keep[(k, p)]
-                running = self.keep[(k, "none")] - keep_u + self.bws[k]
-                if self.transient and k != "emb":
-                    running += self.params[k] * self.vbp
-                upto = below0[r] + (j + 1) * keep_u  # keep of units 0..u
-                # An offloaded microbatch holds the unit running and the ones reloaded ahead.
-                mine = upto - below(max(0, u - ahead)) if mine_off else upto
-                met = met0[r] + j * self.params[k]
-                grads = all_grads if grads_all else all_grads - met * self.gbp
-                total = static + grads + mine + others_b + running + held
-                if total > best:
-                    best, at_best = total, (grads, mine + others_b, running, k, held)
+            v, (grads, mine, running, k, ahead_view) = largest_unit(grads_all, off)
+            total = static + others_b + held + v
+            if total > best:
+                best, at_best = total, (grads, mine + others_b, running, k, held, ahead_view)
         if not parts:
             return best
         return self._parts(static - views, views, at_best)
 
     def _parts(self, states: int, views: int, at_best) -> dict[str, int]:
         """`_stage`'s maximum split into the ledger's state classes."""
-        grads, kept, running, k, held = at_best or (0, 0, 0, "block", 0)
+        grads, kept, running, k, held, ahead_view = at_best or (0, 0, 0, "block", 0, 0)
         fetched = self.params[k] * self.vbp if self.transient and k != "emb" else 0
+        fetched += ahead_view
         workspace = self.bws[k] if at_best else 0
         share = MASTER_BYTES_PER_PARAM / (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM)
         master = int(states * share)  # each unit's states, rounded once: split by share

@@ -89,6 +89,8 @@ class Evaluator:
     _mem: dict = field(default_factory=dict)
     _sim: dict = field(default_factory=dict)
     _schedule: tuple | None = None
+    _unit_s: float = 0.0
+    """The last short step's simulation time per microbatch x stage (`_short_until`)."""
 
     def memory(self, plan: Plan) -> MemoryReport:
         from ratrain.schedule import build_schedule
@@ -119,9 +121,11 @@ class Evaluator:
         self._mem[key] = rep
         return rep
 
-    def simulate(self, plan: Plan):
+    def simulate(self, plan: Plan, deadline: float | None = None):
         """The full step: `ratrain.sim.simulate`'s result (memory from `memory`'s replay,
-        the full step's peaks; no memory timeline)."""
+        the full step's peaks; no memory timeline). With `deadline` (a perf_counter time):
+        None instead of a short step or a full simulation expected to end past it (the
+        steady-state tries that fail would otherwise start a full one whatever the time)."""
         from ratrain.cost.model import CostModel
         from ratrain.sim.simulate import simulate_schedule
 
@@ -135,7 +139,13 @@ class Evaluator:
             from ratrain.planner.steady import extrapolate
 
             rep = self.memory(plan)  # the shortened replay: the full step's peaks
-            res = extrapolate(plan, self._simulate_short, (rep.peak_bytes, rep.breakdown))
+            short = self._simulate_short if deadline is None else self._short_until(deadline)
+            try:
+                res = extrapolate(plan, short, (rep.peak_bytes, rep.breakdown))
+            except _Late:
+                return None
+            if res is None and deadline is not None and self._late(plan, deadline):
+                return None
         if res is not None:
             pass
         elif self._schedule and self._schedule[0] == key:
@@ -165,6 +175,29 @@ class Evaluator:
         ratio = simulated_microbatches(plan, self.steady) / self.last_simulate_microbatches
         return self.last_simulate_s * ratio
 
+    def _short_until(self, deadline: float):
+        """`_simulate_short`, raising `_Late` instead of starting a step expected to end
+        past `deadline` (at the rate of the last short step simulated)."""
+
+        def short(plan: Plan):
+            if self._late(plan, deadline):
+                raise _Late
+            t0 = time.perf_counter()
+            res = self._simulate_short(plan)
+            self._unit_s = (time.perf_counter() - t0) / (plan.microbatches * plan.pp)
+            return res
+
+        return short
+
+    def _late(self, plan: Plan, deadline: float) -> bool:
+        """Whether simulating `plan` in full is expected to end past `deadline`: the events
+        grow with microbatches x stages, at the last short step's rate per one (none
+        measured yet: not late)."""
+        if not self._unit_s:
+            return False
+        expected_s = self._unit_s * plan.microbatches * plan.pp
+        return time.perf_counter() + expected_s > deadline
+
     def _simulate_short(self, plan: Plan):
         """A shortened step's timing alone (no ledger: its memory is the plan's replay)."""
         from ratrain.cost.model import CostModel
@@ -173,6 +206,10 @@ class Evaluator:
 
         cost = CostModel(self.req.spec, plan, self.req.platform)
         return simulate_schedule(build_schedule(self.req.spec, plan), cost)
+
+
+class _Late(Exception):
+    """A short step of the steady-state path would end past the simulation's deadline."""
 
 
 def simulated_microbatches(plan: Plan, steady: bool = True) -> int:

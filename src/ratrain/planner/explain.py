@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ratrain.config import Plan
 from ratrain.memory.states import DTYPE_BYTES
+from ratrain.planner.bounds import view_rank
 from ratrain.planner.evaluate import Evaluator, MemoryReport, memory_microbatches, usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, memory_bound, options
 from ratrain.planner.search import Near, states_lower_bound_bytes
@@ -34,7 +35,7 @@ from ratrain.planner.space import (
     structures,
 )
 
-__all__ = ["Change", "Explanation", "explain", "find_feasible"]
+__all__ = ["Change", "Explanation", "explain", "find_feasible", "saturation_clusters"]
 
 _SAVING_PINS = (
     "recompute",
@@ -235,10 +236,10 @@ def find_feasible(
             if max(states_lower_bound_bytes(req, st, kn)) > limit:
                 ruled.setdefault(st, []).append(kn)
                 continue
-            plan = make_plan(req, st, kn, ("full",) * st.pp)
             if first_overflow_bytes(req, st, kn) is not None:
                 ruled.setdefault(st, []).append(kn)
                 continue
+            plan = make_plan(req, st, kn, ("full",) * st.pp)
             opts = options(req, st, kn, None)
             if not opts.feasible(True):
                 ruled.setdefault(st, []).append(kn)
@@ -262,25 +263,21 @@ def find_feasible(
 def _saves_across(a: Knobs, b: Knobs) -> bool:
     """Whether knobs `a` hold no more memory than `b` by the quick bounds (model states,
     `MemoryBound`), across families: as the search's `_saves` within one, with the views
-    compared as the bounds read them, living within the step or not (the only way the
-    schedule enters them)."""
+    compared as the bounds read them (`view_rank`: the only way the schedule enters
+    them)."""
     return (
         a.compute_dtype == b.compute_dtype != "fp32"
         and a.shard_optimizer >= b.shard_optimizer
-        and _views_within_step(a) >= _views_within_step(b)
+        and view_rank(a.schedule, a.view_policy, a.view_lookahead)
+        <= view_rank(b.schedule, b.view_policy, b.view_lookahead)
         and DTYPE_BYTES[a.grad_dtype] <= DTYPE_BYTES[b.grad_dtype]
         and a.offload_activations >= b.offload_activations
     )
 
 
-def _views_within_step(kn: Knobs) -> bool:
-    """`bounds._transient_views` of the plan the knobs make."""
-    return kn.schedule == "fsdp-pp" or (kn.schedule == "ratrain" and kn.view_policy == "transient")
-
-
 class _ReplayClock:
-    """What a ledger confirmation is expected to take: its work (microbatches of the
-    shortened replay x the model's units) at the slowest rate seen so far in this process,
+    """What a ledger confirmation is expected to take: its work (microbatches replayed,
+    those of the shortened step where `Evaluator.memory` shortens it, x the model's units) at the slowest rate seen so far in this process,
     or a default before the first one."""
 
     DEFAULT_S_PER_WORK = 120e-6
@@ -292,7 +289,11 @@ class _ReplayClock:
 
     @staticmethod
     def work(req: Request, plan: Plan) -> int:
-        return memory_microbatches(plan) * (req.spec.n_layers + 2)
+        # Where sends are held to the step's end (cpu-local) the ledger replays the whole
+        # step, not the shortened one (`Evaluator.memory`).
+        full = req.platform.sends_held_until_waited
+        microbatches = plan.microbatches if full else memory_microbatches(plan)
+        return microbatches * (req.spec.n_layers + 2)
 
     def expected_s(self, req: Request, plan: Plan) -> float:
         rate = self.DEFAULT_S_PER_WORK if self.s_per_work is None else self.s_per_work
@@ -478,14 +479,21 @@ def _more_clusters(req: Request, deadline: float | None = None):
     Returns (count, plan, report, note), None when no count fits, or, out of time, a note:
     then the smallest count the ledger confirmed so far is returned with the bound's count
     in the note, or the note says the bound's count alone."""
+    saturated = saturation_clusters(req)
     try:
         n = _smallest_clusters(
             req,
             lambda n: find_feasible(req.with_(clusters=n), confirm=False, deadline=deadline),
+            saturated,
         )
     except _OutOfTime:
         return f"more clusters: {_NOT_IN_TIME}"
     if n is None:
+        if saturated <= req.clusters * _MAX_CLUSTER_FACTOR:
+            return (
+                f"no cluster count fits (from {saturated} on, every pipeline depth has as "
+                "many replicas as the batch allows: more clusters change nothing)"
+            )
         return None
     found: dict[int, tuple] = {}
 
@@ -528,9 +536,19 @@ def _confirm_clusters(req: Request, n: int, fits, found: dict):
     return n, hit[0], hit[1], ""
 
 
-def _smallest_clusters(req: Request, fits):
+def saturation_clusters(req: Request) -> int:
+    """A cluster count from which more clusters change no structure the explanation's scan
+    reads: every pipeline depth pp <= n_layers then has dp = the largest divisor of the
+    sequences per micro-batch (at most the global batch) within clusters // pp, and the
+    memory-aware split reads min(pp, global batch // (clusters // pp)) = 1 (`structures`,
+    `space._split`). So a request that does not fit there fits at no larger count."""
+    return req.spec.n_layers * req.global_batch
+
+
+def _smallest_clusters(req: Request, fits, saturated: int | None = None):
     """Doubling then bisection: the smallest count in (clusters, factor x clusters] that
-    `fits`, or None."""
+    `fits`, or None; the doubling stops after the first count past `saturated`
+    (`saturation_clusters`)."""
     lo, hi, hit = req.clusters, None, None
     n = req.clusters * 2
     while n <= req.clusters * _MAX_CLUSTER_FACTOR:
@@ -538,6 +556,8 @@ def _smallest_clusters(req: Request, fits):
         if hit is not None:
             hi = n
             break
+        if saturated is not None and n >= saturated:
+            return None
         lo, n = n, n * 2
     if hi is None:
         return None

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from ratrain.planner.bounds import (
     MemoryBound,
     UnitTimes,
+    prefetched_views_of,
     recompute_time_s,
     step_time_lower_bound_s,
+    transient_views_of,
 )
 from ratrain.planner.evaluate import usable_bytes
 from ratrain.planner.space import Family, Knobs, Request, Structure, make_plan
@@ -33,6 +35,7 @@ __all__ = [
     "first_overflow_bytes",
     "least_bounds",
     "stage_options",
+    "structure_bound",
     "options",
     "time_bound_s",
     "per_stage_choices",
@@ -91,19 +94,50 @@ def memory_bound(req: Request, plan) -> MemoryBound:
     return mb
 
 
+def structure_bound(req: Request, st: Structure, kn: Knobs) -> MemoryBound:
+    """`memory_bound` of the plan `make_plan(req, st, kn, ...)` builds, found by its key
+    without building the plan (built the first time the key is met). Only for the stage
+    values by key (`MemoryBound.stage_at`): its `plan` may be another plan of the key."""
+    held, eager = req.platform.sends_held_until_waited, req.platform.eager_kernels
+    transient = transient_views_of(kn.schedule, kn.view_policy)
+    key = (
+        req.spec,
+        held,
+        eager,
+        (
+            st.pp,
+            st.dp,
+            st.micro_batch,
+            st.microbatches(req.global_batch),
+            req.seq,
+            transient,
+            kn.shard_optimizer,
+            kn.compute_dtype,
+            kn.grad_dtype,
+            kn.offload_activations,
+            prefetched_views_of(kn.schedule, kn.view_policy, kn.view_lookahead),
+        ),
+    )
+    mb = _BOUNDS.get(key)
+    if mb is None:
+        mb = memory_bound(req, make_plan(req, st, kn, _ANY_POLICY * st.pp))
+    return mb
+
+
 def first_overflow_bytes(req: Request, st: Structure, kn: Knobs) -> int | None:
     """A quick infeasibility test: by how much the bound of some stage exceeds the cap
     under every policy, or None when each stage has a policy whose bound fits (then
     `options` is feasible for per-stage families). A stage fits under some policy iff it
     fits under none, selective or full (`_fitting`: first:K is no smaller than full).
     Stages are tried deepest warmup first, where the most microbatches are in flight."""
-    mb = memory_bound(req, make_plan(req, st, kn, _ANY_POLICY * st.pp))
+    mb = structure_bound(req, st, kn)
     limit = usable_bytes(req)
-    pp = st.pp
+    pp, split, m = st.pp, st.layer_split, mb.m
     for s in dict.fromkeys((0, pp - 1, *range(1, pp - 1))):
         least = None
+        key = (split[s], s == 0, s == pp - 1, min(pp - s - 1, m))  # `stage_key`
         for o in ("full", "selective", "none"):  # the likeliest to fit first
-            b = mb.stage(s, o)
+            b = mb.stage_at(key, o)
             if b <= limit:
                 break
             least = b if least is None else min(least, b)

@@ -34,6 +34,7 @@ from ratrain.planner.bounds import (
     step_time_lower_bound_s,
     unit_times,
     unit_times_known,
+    view_rank,
 )
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.fit import (
@@ -203,8 +204,10 @@ def _tasks(req: Request, families: tuple[str, ...], state: _State) -> tuple[list
     The fuller per-stage bound (`first_overflow_bytes`, a closed form per stage and
     policy) is left to `_memory_pass`, when the structure reaches the top of the heap:
     computed here for every structure it would cost a second on large spaces whose
-    searches end long before most structures are reached."""
-    out, known, seen, total = [], {}, {}, 0
+    searches end long before most structures are reached. Except until the first
+    structure that may fit (`_memory_proof`): a request none fits is proved infeasible
+    before any step-time bound."""
+    entries, total = [], 0  # (model-state bound, index, order, structure, family, knobs)
     combos: dict[tuple, list] = {}  # by knobs_key: the same combinations
     leads: dict[tuple, object] = {}
     limit = usable_bytes(req)
@@ -222,22 +225,57 @@ def _tasks(req: Request, families: tuple[str, ...], state: _State) -> tuple[list
                 continue
             total += len(kns)
             lead = leads[ck]
-            if lead is not None and _states_overflow(req, st, fam, lead, limit, state):
-                state.evaluated += len(kns)
-                continue
-            if st.micro_batch not in known:
-                known[st.micro_batch] = peak_unit_times(
-                    req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype
-                )
-            lb = seen.get(st)
-            if lb is None:  # families share structures: bound each once
-                m = st.microbatches(req.global_batch)
-                lb = seen[st] = step_time_lower_bound_s(st.layer_split, m, known[st.micro_batch])
-            out.append((lb, order, len(out), _PEAK, st, fam, kns, None))
+            states = 0
+            if lead is not None:
+                if _states_overflow(req, st, fam, lead, limit, state):
+                    state.evaluated += len(kns)
+                    continue
+                states = max(states_lower_bound_bytes(req, st, lead))  # memoised
+            entries.append((states, len(entries), order, st, fam, kns))
         combos.clear()  # per family
         leads.clear()
+    passed = _memory_proof(req, entries, state)
+    if passed is None:
+        return [], total
+    out, known, seen = [], {}, {}
+    for _, i, order, st, fam, kns in entries:
+        kept = passed.get(i)
+        if kept is not None and not kept:
+            continue  # ruled out by the memory proof
+        if st.micro_batch not in known:
+            known[st.micro_batch] = peak_unit_times(
+                req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype
+            )
+        lb = seen.get(st)
+        if lb is None:  # families share structures: bound each once
+            m = st.microbatches(req.global_batch)
+            lb = seen[st] = step_time_lower_bound_s(st.layer_split, m, known[st.micro_batch])
+        mark = None if kept is None else _PASSED
+        out.append((lb, order, len(out), _PEAK, st, fam, kept or kns, mark))
     heapq.heapify(out)
     return out, total
+
+
+_PASSED = "passed"
+"""A heap entry's mark at `_PEAK`: its knobs have been through `_memory_pass` already."""
+
+
+def _memory_proof(req: Request, entries: list, state: _State) -> dict[int, list] | None:
+    """`_memory_pass` over the structures, the smallest model-state bound first (the
+    likeliest to fit), until one keeps a knob combination: the knobs each kept, by entry
+    index, or None when none keeps any (the request is then proved infeasible by the
+    memory bounds alone, and no step-time bound is computed: on such requests they were
+    about a third of the search). The order only decides how soon a structure that may
+    fit is met; the misses recorded are those of every structure either way. Past the hard
+    deadline it stops with the knobs kept so far (the search then stops too)."""
+    passed: dict[int, list] = {}
+    for _, i, _, st, fam, kns in sorted(entries, key=lambda e: e[:2]):
+        if state.past_hard_deadline():  # the rest in the heap: the search stops there
+            return passed
+        kept = passed[i] = _memory_pass(req, st, fam, kns, state)
+        if kept:
+            return passed
+    return None
 
 
 def search(
@@ -259,12 +297,12 @@ def search(
     t0 = time.perf_counter()
     ev = evaluator or Evaluator(req)
     best, state = _Top(max(1, top)), _State()
-    tasks, total = _tasks(req, req.families, state)
-    n_tasks = len(tasks)
     if time_budget_s is not None:
         state.deadline = t0 + time_budget_s
     if hard_budget_s is not None:
         state.hard_deadline = t0 + hard_budget_s
+    tasks, total = _tasks(req, req.families, state)
+    n_tasks = len(tasks)
     last_report, done = t0, 0
     queue_floor = None
     while tasks:
@@ -286,7 +324,8 @@ def search(
         m = st.microbatches(req.global_batch)
         if level == _PEAK:
             # Memory first (no kernel model): the knobs whose memory bound may fit.
-            kns = _memory_pass(req, st, fam, kns, state)
+            if queue is not _PASSED:
+                kns = _memory_pass(req, st, fam, kns, state)
             if not kns:
                 continue
             # Then the kernel model's times, and back in the heap.
@@ -363,7 +402,8 @@ def _tighten(req: Request, tasks: list, until: float) -> float | None:
             break
         heapq.heappop(tasks)
         if level == _PEAK:
-            kns = _memory_pass(req, st, fam, kns, scratch)
+            if queue is not _PASSED:
+                kns = _memory_pass(req, st, fam, kns, scratch)
             if kns:
                 m = st.microbatches(req.global_batch)
                 lb = step_time_lower_bound_s(st.layer_split, m, unit_times(*args))
@@ -459,17 +499,21 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
 
 def _saves(a, b) -> bool:
     """Whether knobs `a` hold no more memory than `b` by the quick bounds (model states,
-    `MemoryBound`), knob by knob: sharded states, transient views, gradients no wider,
-    offload. Not under fp32 compute, where sharding adds a gathered fp32 view."""
+    `MemoryBound`), knob by knob: sharded states, views held no more (`view_rank`),
+    gradients no wider, offload. Not under fp32 compute, where sharding adds a gathered fp32 view."""
     from ratrain.memory.states import DTYPE_BYTES
 
     return (
         a.compute_dtype == b.compute_dtype != "fp32"
         and a.shard_optimizer >= b.shard_optimizer
-        and (a.view_policy == "transient") >= (b.view_policy == "transient")
+        and _view_rank(a) <= _view_rank(b)
         and DTYPE_BYTES[a.grad_dtype] <= DTYPE_BYTES[b.grad_dtype]
         and a.offload_activations >= b.offload_activations
     )
+
+
+def _view_rank(kn) -> int:
+    return view_rank(kn.schedule, kn.view_policy, kn.view_lookahead)
 
 
 @lru_cache(maxsize=256)
@@ -618,7 +662,13 @@ class _Ctx:
         rep = self.ev.memory(plan)  # the ledger first: a simulation costs several replays
         over = [s for s, p in enumerate(rep.peak_bytes) if p > rep.limit_bytes]
         if not over:
-            res = self.ev.simulate(plan)
+            # With a plan ranked, a simulation whose later steady-state tries or full
+            # fallback would end past the deadline is not run: cut there, as above.
+            res = self.ev.simulate(plan, self.state.deadline if self.best.items else None)
+            if res is None:
+                floor = self.state.floor
+                self.state.floor = self.lb if floor is None else min(floor, self.lb)
+                return "stop"
             peaks, parts = tuple(res.peak_memory_bytes), tuple(res.memory_breakdown)
             over = [s for s, p in enumerate(peaks) if p > rep.limit_bytes]
         else:

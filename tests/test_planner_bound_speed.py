@@ -1,0 +1,181 @@
+"""The quick memory test's speed-ups give the same answers: `MemoryBound._stage` with the
+largest unit found once per setting of the two moment switches equals the unit-by-unit
+walk it replaced (value and breakdown), and `first_overflow_bytes` found by the bound's
+key without building a Plan equals the test on the Plan's own bound."""
+
+import random
+
+from ratrain.config import Plan
+from ratrain.errors import RatrainError
+from ratrain.models.presets import get_preset
+from ratrain.planner import fit
+from ratrain.planner.bounds import MemoryBound
+from ratrain.planner.evaluate import usable_bytes
+from ratrain.planner.fit import first_overflow_bytes, memory_bound, structure_bound
+from ratrain.planner.space import Request, family_of, knob_combos, make_plan, structures
+from ratrain.platforms.load import load
+from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
+
+
+class _UnitByUnit(MemoryBound):
+    """The bound computed as before: every moment x every unit."""
+
+    def _stage(
+        self, n_blocks: int, emb: bool, head: bool, w: int, policy: str, parts: bool = False
+    ):
+        plan = self.plan
+        # The stage's units as runs of units alike: (kind, policy, count).
+        runs = [("emb", "none", 1)] if emb else []
+        if policy.startswith("first:"):
+            k = min(int(policy.split(":")[1]), n_blocks)
+            runs += [("block", "full", k), ("block", "none", n_blocks - k)]
+        else:
+            runs.append(("block", policy, n_blocks))
+        if head:
+            runs.append(("head", "none", 1))
+        runs = [r for r in runs if r[2] > 0]
+        static = sum(c * int(self.params[k] * self.state_per_param) for k, _, c in runs)
+        n_params = sum(c * self.params[k] for k, _, c in runs)
+        views = 0 if self.transient else n_params * self.vbp
+        static += views
+        total_keep = sum(c * self.keep[(k, p)] for k, p, c in runs)
+        all_grads = n_params * self.gbp
+        starts, below0, met0 = [], [0], [0]  # per run: first unit, keep and params before it
+        i = 0
+        for k, p, c in runs:
+            starts.append(i)
+            i += c
+            below0.append(below0[-1] + c * self.keep[(k, p)])
+            met0.append(met0[-1] + c * self.params[k])
+
+        def below(u: int) -> int:
+            """Keep of the units before unit u."""
+            for r, (k, p, c) in enumerate(runs):
+                if u <= starts[r] + c:
+                    return below0[r] + (u - starts[r]) * self.keep[(k, p)]
+            return below0[-1]
+
+        ahead = RELOAD_AHEAD_UNITS
+        # Within a run, what is held grows or shrinks linearly with the unit, except the
+        # reload window near the run's start: the largest value is at the run's first
+        # `ahead` + 1 units or at its last. Those units: (index, run).
+        at = []
+        for r, (_, _, c) in enumerate(runs):
+            for j in sorted({*range(min(ahead, c - 1) + 1), c - 1}):
+                at.append((starts[r] + j, r, j))
+        best, at_best = 0, None
+        m = plan.microbatches
+        # B(., i) runs after F(min(i + w, m - 1)): microbatches i .. i + w are in flight.
+        # From i = 1 on every unit's gradient exists; i = m - 1 - w is the last steady pair.
+        # With sends held, the last backward pass too: fewer microbatches in flight, but
+        # every forward pass's send and all the earlier backward passes' are held.
+        moments = {0, min(1, m - 1), max(0, m - 1 - w)}
+        if self.held_send_bytes:
+            moments.add(m - 1)
+        for mb in sorted(moments):
+            others, grads_all = min(w, m - 1 - mb), mb >= 1
+            mine_off, others_b = self._offload(mb, others, m, w, total_keep)
+            sent = (0 if head else min(mb + w, m - 1) + 1) + (0 if emb else mb)
+            held = sent * self.held_send_bytes
+            for u, r, j in at:
+                k, p, _ = runs[r]
+                keep_u = self.keep[(k, p)]
+                running = self.keep[(k, "none")] - keep_u + self.bws[k]
+                if self.transient and k != "emb":
+                    running += self.params[k] * self.vbp
+                # The next unit's view, fetched ahead (added with the faster walk).
+                below_kind = k if j > 0 else (runs[r - 1][0] if r > 0 else None)
+                ahead_view = 0
+                if self.prefetch and k != "emb" and below_kind == "block":
+                    ahead_view = self.params["block"] * self.vbp
+                running += ahead_view
+                upto = below0[r] + (j + 1) * keep_u  # keep of units 0..u
+                # An offloaded microbatch holds the unit running and the ones reloaded ahead.
+                mine = upto - below(max(0, u - ahead)) if mine_off else upto
+                met = met0[r] + j * self.params[k]
+                grads = all_grads if grads_all else all_grads - met * self.gbp
+                total = static + grads + mine + others_b + running + held
+                if total > best:
+                    best, at_best = total, (grads, mine + others_b, running, k, held, ahead_view)
+        if not parts:
+            return best
+        return self._parts(static - views, views, at_best)
+
+
+def _random_plans(n: int, seed: int):
+    rnd = random.Random(seed)
+    for _ in range(n):
+        pp, dp, m = rnd.choice([1, 2, 3, 4, 6]), rnd.choice([1, 2, 4]), rnd.choice([1, 2, 3, 7])
+        sched = rnd.choice(["gpu-style", "ratrain", "fsdp-pp", "zero1-pp"])
+        ours = sched == "ratrain"
+        yield dict(
+            pp=pp,
+            dp=dp,
+            micro_batch=rnd.choice([1, 2]),
+            global_batch=m * dp * 2,
+            seq=rnd.choice([64, 128]),
+            schedule=sched,
+            view_policy=rnd.choice(["transient", "persistent"]) if ours else "persistent",
+            shard_optimizer=sched == "fsdp-pp" or (dp > 1 and rnd.random() < 0.5),
+            compute_dtype=rnd.choice(["fp16", "bf16", "fp32"]),
+            grad_dtype=rnd.choice(["fp32", "bf16"]),
+            offload_activations=ours and rnd.random() < 0.5,
+        )
+
+
+def test_stage_bound_equals_the_unit_by_unit_walk():
+    spec = get_preset("tiny")
+    checked = 0
+    for held in (False, True):
+        for eager in (False, True):
+            for fields in _random_plans(60, seed=held + 2 * eager):
+                try:
+                    plan = Plan(**fields)
+                    plan.check_for(spec)
+                except RatrainError:
+                    continue
+                new = MemoryBound(spec, plan, sends_held=held, eager_kernels=eager)
+                old = _UnitByUnit(spec, plan, sends_held=held, eager_kernels=eager)
+                n = max(plan.blocks_per_stage(spec))
+                for s in range(plan.pp):
+                    key = new.stage_key(s)
+                    for pol in ("none", "selective", "full", *(f"first:{k}" for k in (1, n))):
+                        assert new._stage(*key, pol) == old._stage(*key, pol), (plan, s, pol)
+                        got = new._stage(*key, pol, parts=True)
+                        assert got == old._stage(*key, pol, parts=True), (plan, s, pol)
+                checked += 1
+    assert checked >= 100
+
+
+def test_first_overflow_by_key_equals_the_plan_bound():
+    """Over whole spaces (every structure and knob combination) of two models on a GPU
+    preset and on cpu-local (sends held, eager kernels), with caps that rule some out."""
+    seen = 0
+    for platform, model, clusters, gb in (
+        ("cpu-local", "llama2-7b", 16, 64),
+        ("a100-80g", "llama2-13b", 8, 32),
+    ):
+        req = Request(get_preset(model), load(platform), clusters, gb, 2048)
+        limit = usable_bytes(req)
+        for name in req.families:
+            fam = family_of(name)
+            for st in structures(req, fam):
+                for kn in knob_combos(req, fam, st):
+                    plan = make_plan(req, st, kn, ("full",) * st.pp)
+                    mb = memory_bound(req, plan)
+                    assert structure_bound(req, st, kn) is mb
+                    want = None
+                    for s in dict.fromkeys((0, st.pp - 1, *range(1, st.pp - 1))):
+                        bounds = [mb.stage(s, o) for o in ("full", "selective", "none")]
+                        if min(bounds) > limit:
+                            want = min(bounds) - limit
+                            break
+                    assert first_overflow_bytes(req, st, kn) == want, (st, kn)
+                    seen += want is not None
+    assert seen > 0
+    fit._BOUNDS.clear()  # the key path must also work from an empty memo
+    req = Request(get_preset("llama2-7b"), load("cpu-local"), 16, 64, 2048)
+    fam = family_of(req.families[0])
+    st = next(iter(structures(req, fam)))
+    kn = knob_combos(req, fam, st)[0]
+    assert structure_bound(req, st, kn) is memory_bound(req, make_plan(req, st, kn, ("full",)))
