@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(result_json(res, explanation=ex)))
         else:
-            print("\n".join(ex.lines()))
+            print("\n".join(_untimed_lines(res, ex.lines())))
         return 2
     baselines = _baselines(req, progress, budget) if args.baselines else None
     best = res.best
@@ -227,6 +227,25 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print(res, baselines, args)
     return 0
+
+
+def _untimed_lines(res, lines: list[str]) -> list[str]:
+    """The explanation's lines, or, where a plan was found to fit but not timed, that plan
+    (the closest miss examined says nothing more then)."""
+    u = res.untimed
+    if u is None:
+        return lines
+    from ratrain.planner.report import describe
+
+    gb = 1e9
+    return [
+        f"no plan timed within the time budget ({res.structures_left} structures not examined; "
+        "--time-budget 0 searches them all).",
+        f"fits, not timed: {describe(u.plan)}: its worst stage peaks at "
+        f"{max(u.peak_bytes) / gb:.2f} of {u.limit_bytes / gb:.2f} GB by the ledger; its step "
+        f"takes at least {u.step_lower_bound_s:.3f} s by the bound and was not simulated in "
+        "time (--time-budget 0 simulates it)",
+    ]
 
 
 def _spent_s(res) -> float:

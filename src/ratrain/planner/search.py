@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from ratrain import deadline
 from ratrain.config import Plan
 from ratrain.memory.states import grad_bytes_per_param, view_bytes_per_param
 from ratrain.planner.bounds import (
@@ -112,6 +113,28 @@ class Near:
         return max(range(len(self.peak_bytes)), key=lambda s: self.peak_bytes[s])
 
 
+@dataclass(frozen=True)
+class Untimed:
+    """A plan whose replay fits the cap but whose step the search could not simulate before
+    its hard deadline (the search stopped there, with no plan ranked)."""
+
+    plan: Plan
+    family: str
+    step_lower_bound_s: float
+    """No policy of its knobs steps faster (the search's step-time bound)."""
+    peak_bytes: tuple[int, ...]
+    limit_bytes: int
+
+    def to_json(self) -> dict:
+        return {
+            "family": self.family,
+            "plan": self.plan.to_dict(),
+            "step_time_lower_bound_s": self.step_lower_bound_s,
+            "peak_memory_bytes": list(self.peak_bytes),
+            "limit_bytes": self.limit_bytes,
+        }
+
+
 @dataclass
 class SearchResult:
     request: Request
@@ -132,6 +155,8 @@ class SearchResult:
     step-time bound left), so no plan of the space is faster than min(floor, best)."""
     structures_left: int = 0
     """When cut: structures not examined."""
+    untimed: Untimed | None = None
+    """When unfinished: a plan found to fit whose step was not simulated in time."""
 
     @property
     def unfinished(self) -> bool:
@@ -377,6 +402,7 @@ def search(
         cut=state.floor is not None or state.stopped,
         floor_step_s=state.floor,
         structures_left=state.pruned if state.floor is not None or state.stopped else 0,
+        untimed=None if best.items else state.untimed,
     )
 
 
@@ -431,6 +457,8 @@ class _State:
     """Set when the search is cut at `deadline`: the smallest step-time bound left."""
     stopped: bool = False
     """Set when the search stops at `hard_deadline` with no plan ranked."""
+    untimed: Untimed | None = None
+    """A plan the ledger found to fit whose simulation the hard deadline interrupted."""
 
     def out_of_time(self, best: _Top, ahead_s: float = 0.0) -> bool:
         """Past the deadline with some plan ranked (without one, the search goes on), or
@@ -646,8 +674,9 @@ class _Ctx:
         (out of time), or the stages the full replay finds over the cap."""
         if rec is None:
             return "pruned"
-        # A simulation is not interrupted: stop before one that would overrun the deadline
-        # (expected to cost what the last one did, per microbatch simulated).
+        # With a plan ranked, a simulation is not interrupted: stop before one that would
+        # overrun the deadline (expected to cost what the last one did, per microbatch
+        # simulated).
         plan = make_plan(self.req, self.st, self.kn, rec)
         if self.state.out_of_time(self.best, self.ev.expected_simulate_s(plan)):
             floor = self.state.floor
@@ -664,7 +693,18 @@ class _Ctx:
         if not over:
             # With a plan ranked, a simulation whose later steady-state tries or full
             # fallback would end past the deadline is not run: cut there, as above.
-            res = self.ev.simulate(plan, self.state.deadline if self.best.items else None)
+            # Without one, it runs until the hard deadline at most (checked between its
+            # phases, `ratrain.deadline`): past it, the plan that fits is reported untimed.
+            hard = self.state.hard_deadline if not self.best.items else None
+            try:
+                with deadline.until(hard):
+                    res = self.ev.simulate(plan, self.state.deadline if self.best.items else None)
+            except deadline.DeadlinePassed:
+                self.state.stopped = True
+                if self.state.untimed is None:
+                    fits = (plan, self.fam.name, lb, tuple(rep.peak_bytes), rep.limit_bytes)
+                    self.state.untimed = Untimed(*fits)
+                return "stop"
             if res is None:
                 floor = self.state.floor
                 self.state.floor = self.lb if floor is None else min(floor, self.lb)

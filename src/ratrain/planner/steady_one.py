@@ -27,6 +27,7 @@ microbatches instead of 2 m1 + d. Pure Python.
 
 from __future__ import annotations
 
+from ratrain import deadline
 from ratrain.config import Plan
 from ratrain.planner.evaluate import memory_microbatches
 from ratrain.planner.steady import extended_result
@@ -62,6 +63,7 @@ def from_one_run(plan: Plan, m2: int, simulate, memory, rel_tol: float):
     found to repeat (see the module docstring)."""
     d = max(1, plan.pp)
     res = simulate(plan.replace(global_batch=plan.micro_batch * plan.dp * m2))
+    deadline.check()  # between phases: a planner's deadline (`ratrain.deadline`)
     tol = rel_tol * res.step_time_s
     c = (m2 - 3 * d) // 2
     if c < 0:
@@ -86,6 +88,7 @@ def from_one_run(plan: Plan, m2: int, simulate, memory, rel_tol: float):
         if start is None:
             return None
         busy = _repeats(per_stage.get(s, []), start, period_s, tol)
+        deadline.check()
         if busy is None:
             return None
         extra_busy.append(busy)

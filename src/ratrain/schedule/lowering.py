@@ -51,6 +51,7 @@ one UPDATE (and refresh) per bucket; ``gpu-style`` fills its buckets with whole 
 
 from __future__ import annotations
 
+from ratrain import deadline
 from ratrain.config import Plan
 from ratrain.gcpause import gc_paused
 from ratrain.memory.activations import activation_bytes, boundary_bytes
@@ -265,10 +266,13 @@ def _bucket_syncs(
 def lower_ratrain(spec: ModelSpec, plan: Plan) -> Schedule:
     view_policy = plan.view_policy if view_bytes_per_param(plan) else "persistent"
     sch = _base(spec, plan, "ratrain", view_policy)
+    deadline.check()  # between phases: a planner's deadline (`ratrain.deadline`)
     if plan.offload_activations:
         _add_offload(sch, spec, plan)
+        deadline.check()
     if view_policy == "transient":
         _add_transient_views(sch, plan.view_lookahead)
+        deadline.check()
     m = plan.microbatches
     for s, acts in enumerate(sch.stages):
         after, syncs = _bucket_syncs(sch, s, acts, m)

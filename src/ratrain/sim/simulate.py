@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import operator
 
+from ratrain import deadline
 from ratrain.config import Plan
 from ratrain.cost.model import CostModel
 from ratrain.gcpause import gc_paused
@@ -32,8 +33,10 @@ def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list
     resource values, start_s, end_s, issue_s) that `stage_metrics_flat` and
     `_memory_starts` read."""
     g = graph(schedule)
+    deadline.check()  # between phases: a planner's deadline (`ratrain.deadline`)
     acts = g.acts
     costs = _costs(cost, acts)
+    deadline.check()
     resources = _resources(cost, acts)
     durations = list(map(_TIME_S, costs))
     if cost.platform.collective_compute_s_per_byte:
@@ -47,6 +50,7 @@ def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list
         if times is None:
             run_flat(schedule, durations, resources)  # raises, saying where it deadlocks
         issue, start, end = times
+    deadline.check()
     res_values = [r._value_ for r in resources]  # Resource.value, without the enum descriptor
     # SimEvent(stage, action, resource, start_s, end_s, issue_s, bound, algorithm), built by
     # tuple.__new__ on its fields in order (no Python-level constructor per event).
@@ -194,6 +198,7 @@ def simulate(
     plan.check_for(spec)
     if schedule is None:
         schedule = build_schedule(spec, plan)
+        deadline.check()  # between phases: a planner's deadline (`ratrain.deadline`)
     if check:
         check_schedule(schedule, spec, plan)
     cost = CostModel(spec, plan, platform, scale=cost_scale, rank_layout=rank_layout)
