@@ -9,7 +9,10 @@ ranks with the launcher's own thread policy (cores // k threads each, at least o
 every rank runs the model's own `Block` forward and backward (`ratrain.models.llama`, a
 calibration shape) over and over for the same wall-clock window, all starting together
 after a barrier. The speed of a rank is the time one iteration takes on one thread alone
-(measured first, in the k = 1 run) over the time it takes there. So the table holds what
+over the time it takes there; the one-thread time is measured by rank 0 alone (the others
+waiting in a barrier) right before each window, so that the machine's drift between the
+two does not enter the ratio (a reference measured once, minutes apart from the windows,
+moved every rank speed, and so every prediction, by the VM's drift: ±15-35% here). So the table holds what
 the cost model's `compute_speed` needs, measured rather than derived from one GEMM's
 thread scaling: memory-bound kernels, dispatch and the ranks' contention for the cores
 and the memory bus are in it.
@@ -79,21 +82,40 @@ def _seconds_per_iteration(block, x, window_s: float, sync: bool) -> float:
             return elapsed / n
 
 
-def _windows(block, x, window_s: float, windows: int, sync: bool) -> list[float]:
-    """Seconds per iteration in each of `windows` windows (every rank starts each window
-    together after a barrier when `sync`)."""
-    return [_seconds_per_iteration(block, x, window_s, sync) for _ in range(windows)]
+def _paired_windows(block, x, window_s: float, windows: int) -> tuple[list[float], list[float]]:
+    """(reference, shared): per window, first rank 0 alone on one thread (the others wait in
+    a barrier) for the reference window, then every rank together with the launcher's
+    threads. The reference is taken right before each shared window, so the machine's drift
+    over the minutes calibration takes (±15% on the 2-core reference VM) does not enter the
+    ratio of the two. The reference list is empty on the other ranks."""
+    refs, shared = [], []
+    for _ in range(windows):
+        if dist.get_rank() == 0:
+            saved = torch.get_num_threads()
+            torch.set_num_threads(1)
+            refs.append(_seconds_per_iteration(block, x, window_s, sync=False))
+            torch.set_num_threads(saved)
+        shared.append(_seconds_per_iteration(block, x, window_s, sync=True))
+    return refs, shared
 
 
 def _shared_windows(block, x, window_s: float, windows: int, busy: int) -> list[float | None]:
     """The first `busy` ranks compute for each window while the others wait for them in a
     blocked receive from rank 0 (`irecv(...).wait()`: the runtime's `Handle.wait` on a gloo
     work, which is how the executor's walk waits on a RECV or a collective). Seconds per
-    iteration of this rank in each window (None on a waiting rank)."""
+    iteration of this rank in each window (None on a waiting rank), each preceded by a
+    reference window of rank 0 alone on one thread (`_paired_windows`); the references are
+    appended after the windows on rank 0."""
     rank, world = dist.get_rank(), dist.get_world_size()
     token = torch.zeros(1)
     out: list[float | None] = []
+    refs: list[float] = []
     for _ in range(windows):
+        if rank == 0:
+            saved = torch.get_num_threads()
+            torch.set_num_threads(1)
+            refs.append(_seconds_per_iteration(block, x, window_s, sync=False))
+            torch.set_num_threads(saved)
         dist.barrier()
         if rank < busy:
             out.append(_seconds_per_iteration(block, x, window_s, sync=False))
@@ -104,7 +126,7 @@ def _shared_windows(block, x, window_s: float, windows: int, busy: int) -> list[
             dist.irecv(token, src=0).wait()
             out.append(None)
     dist.barrier()
-    return out
+    return out + refs
 
 
 def _seconds_with_sync(block, x, iterations: int, comm: Comm, buf: torch.Tensor) -> float:
@@ -122,7 +144,6 @@ def _seconds_with_sync(block, x, iterations: int, comm: Comm, buf: torch.Tensor)
 def _rank(
     rdzv: Rendezvous,
     window_s: float,
-    reference: bool,
     with_sync: bool = False,
     windows: int = 1,
     shared_window_s: float = 0.0,
@@ -132,12 +153,8 @@ def _rank(
         block = build_unit(_SPEC, 1)
         x = torch.randn(_MB, _SEQ, _SPEC.hidden, requires_grad=True)
         out = {"threads": torch.get_num_threads()}
-        if reference:  # one thread on a core of its own: the curves' speed
-            saved = torch.get_num_threads()
-            torch.set_num_threads(1)
-            out["one_thread_w"] = _windows(block, x, window_s, windows, sync=False)
-            torch.set_num_threads(saved)
-        out["w"] = _windows(block, x, window_s, windows, sync=True)
+        # one thread on a core of its own (the curves' speed), beside each shared window
+        out["ref_w"], out["w"] = _paired_windows(block, x, window_s, windows)
         out["s"] = statistics.median(out["w"])
         if with_sync:
             n = torch.tensor([max(2, int(window_s / out["s"]))])
@@ -161,11 +178,11 @@ def measure_rank_speed(nproc: int, quick: bool, progress=None, windows: int = 1)
     """{"rank_speed": [(ranks k, speed of one rank relative to one thread alone, threads
     per rank)], "shared_rank_speed": [(w, b, speed of each of the b busy ranks while w - b
     wait, spread)], "collective_compute_s_per_byte": float | None (None: nproc < 2),
-    "spreads": {k: max/min - 1 of the ranks' mean time over the windows}}. Each figure is
-    the median of `windows` consecutive windows."""
+    "spreads": {k: max/min - 1 of the window speeds}}. Each figure is the median over
+    `windows` windows of the speed in that window: one thread alone measured right before
+    it, over the ranks' mean time in it."""
     window_s = 0.5 if quick else 1.0
     shared_s = 0.3 if quick else 0.8
-    ref = None
     out, shared = [], []
     spreads = {}
     per_byte = None
@@ -173,19 +190,20 @@ def measure_rank_speed(nproc: int, quick: bool, progress=None, windows: int = 1)
         if progress:
             progress.step(f"{k} rank(s) sharing the cores")
         res = spawn(
-            _rank, k, window_s, k == 1, k == 2, windows, shared_s if k > 1 else 0.0,
+            _rank, k, window_s, k == 2, windows, shared_s if k > 1 else 0.0,
             deadline_s=300,
         )  # fmt: skip
-        if k == 1:
-            ref = statistics.median(res[0]["one_thread_w"])
-        per_window = [sum(r["w"][i] for r in res) / len(res) for i in range(windows)]
-        spreads[k] = max(per_window) / min(per_window) - 1
+        refs = res[0]["ref_w"]
+        speeds = [refs[i] / (sum(r["w"][i] for r in res) / len(res)) for i in range(windows)]
+        spreads[k] = max(speeds) / min(speeds) - 1
         mean_s = sum(r["s"] for r in res) / len(res)
-        out.append((k, ref / mean_s, res[0]["threads"]))
+        out.append((k, statistics.median(speeds), res[0]["threads"]))
         for b in range(k - 1, 0, -1):
+            b_refs = res[0]["shared"][b][windows:]
             busy = [[r["shared"][b][i] for r in res[:b]] for i in range(windows)]
-            speeds = [ref / (sum(w) / len(w)) for w in busy]
-            shared.append((k, b, statistics.median(speeds), max(speeds) / min(speeds) - 1))
+            b_speeds = [b_refs[i] / (sum(w) / len(w)) for i, w in enumerate(busy)]
+            spread = max(b_speeds) / min(b_speeds) - 1
+            shared.append((k, b, statistics.median(b_speeds), spread))
         if k == 2:
             extra_s = sum(r["sync_s"] for r in res) / len(res) - mean_s
             per_byte = max(extra_s, 0.0) / SYNC_BYTES
