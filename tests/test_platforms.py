@@ -33,6 +33,7 @@ _MEASURED_SECTIONS = (
     "compute.unit_time_factor",
     "compute.collective_compute_s_per_byte",
     "compute.rank_speed",
+    "compute.shared_rank_speed",
     "runtime.",
     "network.collectives",
     "measured_on.",

@@ -25,8 +25,9 @@ from ratrain.sim.sharing import _SharingEngine, node_sharing, run_shared
 from ratrain.sim.simulate import _charge_stolen_compute
 from test_planner_steady import _plans
 
-# cpu-local (2 cores; rank_speed rows k = 1, 2, 4 measured) with processor sharing on
-CPU = dataclasses.replace(load("cpu-local"), waiting_ranks_lend_cores=True)
+# cpu-local (2 cores; rank_speed rows measured) with processor sharing on, by its formula
+# (the measured shared_rank_speed table left out: the formula is what is checked here)
+CPU = dataclasses.replace(load("cpu-local"), waiting_ranks_lend_cores=True, shared_rank_speed=())
 TINY = get_preset("tiny")
 
 
@@ -36,10 +37,11 @@ def _cost(pp, dp, platform=CPU):
 
 def test_speed_model_against_the_tables_own_rows():
     table = dict(CPU.rank_speed)
-    # 4 one-thread ranks, 2 of them busy: the k = 4 aggregate shared by 2, against the k = 2
-    # row measured on its own (0.91 vs 0.92 on the reference machine).
+    # 4 one-thread ranks, 2 of them busy: the k = 4 aggregate shared by 2, against the
+    # speed measured with 2 of 4 ranks busy (0.93 vs 0.96 on the reference machine).
     assert shared_speed(CPU, 4, 2) == pytest.approx(4 * table[4] / 2)
-    assert shared_speed(CPU, 4, 2) == pytest.approx(table[2], rel=0.03)
+    measured = {(w, b): v for w, b, v in load("cpu-local").shared_rank_speed}
+    assert shared_speed(CPU, 4, 2) == pytest.approx(measured[4, 2], rel=0.05)
     for w in (1, 2, 4):
         assert shared_speed(CPU, w, w) == compute_speed(CPU, w)  # all busy: the table
         speeds = [shared_speed(CPU, w, b) for b in range(1, w + 1)]
