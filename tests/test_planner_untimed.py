@@ -81,3 +81,4 @@ def test_cli_says_the_untimed_plan(monkeypatch, capsys):
     fit = doc["untimed_fit"]
     assert max(fit["peak_memory_bytes"]) <= fit["limit_bytes"]
     assert fit["step_time_lower_bound_s"] > 0 and fit["plan"]["pp"] >= 1
+    assert doc["explanation"]["text"][1].startswith("fits, not timed: ")

@@ -208,7 +208,9 @@ def run(args: argparse.Namespace) -> int:
             unexamined=res.structures_left if res.unfinished else None,
         )
         if args.json:
-            print(json.dumps(result_json(res, explanation=ex)))
+            doc = result_json(res, explanation=ex)
+            doc["explanation"]["text"] = _untimed_lines(res, ex.lines())
+            print(json.dumps(doc))
         else:
             print("\n".join(_untimed_lines(res, ex.lines())))
         return 2
