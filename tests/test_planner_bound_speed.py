@@ -14,92 +14,38 @@ from ratrain.planner.evaluate import usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, memory_bound, structure_bound
 from ratrain.planner.space import Request, family_of, knob_combos, make_plan, structures
 from ratrain.platforms.load import load
-from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
 
 
 class _UnitByUnit(MemoryBound):
-    """The bound computed as before: every moment x every unit."""
+    """The bound computed as before: every moment x every unit (the stage's layout and each
+    unit's moment-free terms as `MemoryBound` has them; the walk over moments and units,
+    and the offloaded keep taken per moment, its own)."""
 
     def _stage(
         self, n_blocks: int, emb: bool, head: bool, w: int, policy: str, parts: bool = False
     ):
-        plan = self.plan
-        # The stage's units as runs of units alike: (kind, policy, count).
-        runs = [("emb", "none", 1)] if emb else []
-        if policy.startswith("first:"):
-            k = min(int(policy.split(":")[1]), n_blocks)
-            runs += [("block", "full", k), ("block", "none", n_blocks - k)]
-        else:
-            runs.append(("block", policy, n_blocks))
-        if head:
-            runs.append(("head", "none", 1))
-        runs = [r for r in runs if r[2] > 0]
-        static = sum(c * int(self.params[k] * self.state_per_param) for k, _, c in runs)
-        n_params = sum(c * self.params[k] for k, _, c in runs)
-        views = 0 if self.transient else n_params * self.vbp
-        static += views
-        total_keep = sum(c * self.keep[(k, p)] for k, p, c in runs)
-        all_grads = n_params * self.gbp
-        starts, below0, met0 = [], [0], [0]  # per run: first unit, keep and params before it
-        i = 0
-        for k, p, c in runs:
-            starts.append(i)
-            i += c
-            below0.append(below0[-1] + c * self.keep[(k, p)])
-            met0.append(met0[-1] + c * self.params[k])
-
-        def below(u: int) -> int:
-            """Keep of the units before unit u."""
-            for r, (k, p, c) in enumerate(runs):
-                if u <= starts[r] + c:
-                    return below0[r] + (u - starts[r]) * self.keep[(k, p)]
-            return below0[-1]
-
-        ahead = RELOAD_AHEAD_UNITS
-        # Within a run, what is held grows or shrinks linearly with the unit, except the
-        # reload window near the run's start: the largest value is at the run's first
-        # `ahead` + 1 units or at its last. Those units: (index, run).
-        at = []
-        for r, (_, _, c) in enumerate(runs):
-            for j in sorted({*range(min(ahead, c - 1) + 1), c - 1}):
-                at.append((starts[r] + j, r, j))
+        m = self.plan.microbatches
+        lay = self._layout(n_blocks, emb, head, policy)
         best, at_best = 0, None
-        m = plan.microbatches
         # B(., i) runs after F(min(i + w, m - 1)): microbatches i .. i + w are in flight.
-        # From i = 1 on every unit's gradient exists; i = m - 1 - w is the last steady pair.
-        # With sends held, the last backward pass too: fewer microbatches in flight, but
-        # every forward pass's send and all the earlier backward passes' are held.
         moments = {0, min(1, m - 1), max(0, m - 1 - w)}
         if self.held_send_bytes:
             moments.add(m - 1)
         for mb in sorted(moments):
             others, grads_all = min(w, m - 1 - mb), mb >= 1
-            mine_off, others_b = self._offload(mb, others, m, w, total_keep)
+            mine_off, others_b = self._offload(mb, others, m, w, lay.total_keep)
             sent = (0 if head else min(mb + w, m - 1) + 1) + (0 if emb else mb)
             held = sent * self.held_send_bytes
-            for u, r, j in at:
-                k, p, _ = runs[r]
-                keep_u = self.keep[(k, p)]
-                running = self.keep[(k, "none")] - keep_u + self.bws[k]
-                if self.transient and k != "emb":
-                    running += self.params[k] * self.vbp
-                # The next unit's view, fetched ahead (added with the faster walk).
-                below_kind = k if j > 0 else (runs[r - 1][0] if r > 0 else None)
-                ahead_view = 0
-                if self.prefetch and k != "emb" and below_kind == "block":
-                    ahead_view = self.params["block"] * self.vbp
-                running += ahead_view
-                upto = below0[r] + (j + 1) * keep_u  # keep of units 0..u
-                # An offloaded microbatch holds the unit running and the ones reloaded ahead.
-                mine = upto - below(max(0, u - ahead)) if mine_off else upto
-                met = met0[r] + j * self.params[k]
-                grads = all_grads if grads_all else all_grads - met * self.gbp
-                total = static + grads + mine + others_b + running + held
+            for u, r, j in lay.at:
+                k, running, upto, off_keep, grads_some, ahead_view = self._unit(lay, u, r, j)
+                mine = off_keep if mine_off else upto
+                grads = lay.all_grads if grads_all else grads_some
+                total = lay.static + grads + mine + others_b + running + held
                 if total > best:
                     best, at_best = total, (grads, mine + others_b, running, k, held, ahead_view)
         if not parts:
             return best
-        return self._parts(static - views, views, at_best)
+        return self._parts(lay.static - lay.views, lay.views, at_best)
 
 
 def _random_plans(n: int, seed: int):

@@ -500,6 +500,33 @@ _TABLES: dict[tuple, tuple] = {}
 """`MemoryBound`'s per-unit activation, workspace and parameter tables, by what they read."""
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """A stage's units for `MemoryBound`: runs of units alike (kind, policy, count), the
+    static bytes (states and persistent views), the views among them, one microbatch's
+    keep over the stage, every gradient's bytes, and per run its first unit and the keep
+    and parameters below it; `at`: the units (index, run, index in the run) where what a
+    backward pass holds can be largest."""
+
+    runs: list
+    static: int
+    views: int
+    total_keep: int
+    all_grads: int
+    keeps: list
+    starts: list
+    below0: list
+    met0: list
+    at: list
+
+    def below(self, u: int) -> int:
+        """Keep of the units before unit u."""
+        for r, (_, _, c) in enumerate(self.runs):
+            if u <= self.starts[r] + c:
+                return self.below0[r] + (u - self.starts[r]) * self.keeps[r]
+        return self.below0[-1]
+
+
 class MemoryBound:
     """A lower bound on each stage's ledger peak under a recompute policy, from moments of
     its 1F1B walk (one plan's knobs; the plan's own recompute field is not read).
@@ -635,10 +662,9 @@ class MemoryBound:
         assert sum(parts.values()) == self.stage(stage, policy)
         return parts
 
-    def _stage(
-        self, n_blocks: int, emb: bool, head: bool, w: int, policy: str, parts: bool = False
-    ):
-        plan = self.plan
+    def _layout(self, n_blocks: int, emb: bool, head: bool, policy: str) -> _Layout:
+        """The stage's units as runs of units alike, their static bytes, and the units at
+        which what a backward pass holds can be largest (see `_Layout`)."""
         # The stage's units as runs of units alike: (kind, policy, count).
         runs = [("emb", "none", 1)] if emb else []
         if policy.startswith("first:"):
@@ -654,7 +680,6 @@ class MemoryBound:
         views = 0 if self.transient else n_params * self.vbp
         static += views
         total_keep = sum(c * self.keep[(k, p)] for k, p, c in runs)
-        all_grads = n_params * self.gbp
         starts, below0, met0 = [], [0], [0]  # per run: first unit, keep and params before it
         i = 0
         for k, p, c in runs:
@@ -662,46 +687,53 @@ class MemoryBound:
             i += c
             below0.append(below0[-1] + c * self.keep[(k, p)])
             met0.append(met0[-1] + c * self.params[k])
-
-        def below(u: int) -> int:
-            """Keep of the units before unit u."""
-            for r, (k, p, c) in enumerate(runs):
-                if u <= starts[r] + c:
-                    return below0[r] + (u - starts[r]) * self.keep[(k, p)]
-            return below0[-1]
-
-        ahead = RELOAD_AHEAD_UNITS
         # Within a run, what is held grows or shrinks linearly with the unit, except the
         # reload window near the run's start: the largest value is at the run's first
-        # `ahead` + 1 units or at its last. Those units: (index, run).
+        # `ahead` + 1 units or at its last. Those units: (index, run, index in the run).
+        ahead = RELOAD_AHEAD_UNITS
         at = []
         for r, (_, _, c) in enumerate(runs):
             for j in sorted({*range(min(ahead, c - 1) + 1), c - 1}):
                 at.append((starts[r] + j, r, j))
+        keeps = [self.keep[(k, p)] for k, p, _ in runs]
+        return _Layout(
+            runs, static, views, total_keep, n_params * self.gbp, keeps, starts, below0, met0, at
+        )
+
+    def _unit(self, lay: _Layout, u: int, r: int, j: int) -> tuple:
+        """What does not depend on the moment, for unit `u` (run `r`, `j`-th in it):
+        (kind, running, keep of units 0..u, the same when the microbatch is offloaded,
+        the gradients not yet met below it, the next unit's view fetched ahead)."""
+        k, p, _ = lay.runs[r]
+        keep_u = self.keep[(k, p)]
+        running = self.keep[(k, "none")] - keep_u + self.bws[k]
+        if self.transient and k != "emb":
+            running += self.params[k] * self.vbp
+        # The unit the backward pass reads next (the one below, unless it is the
+        # embedding, whose B reads no view): its view is fetched before B(u) starts.
+        below_kind = k if j > 0 else (lay.runs[r - 1][0] if r > 0 else None)
+        ahead_view = 0
+        if self.prefetch and k != "emb" and below_kind == "block":
+            ahead_view = self.params["block"] * self.vbp
+        running += ahead_view
+        upto = lay.below0[r] + (j + 1) * keep_u  # keep of units 0..u
+        # An offloaded microbatch holds the unit running and the ones reloaded ahead.
+        mine_off = upto - lay.below(max(0, u - RELOAD_AHEAD_UNITS))
+        met = lay.met0[r] + j * self.params[k]
+        return k, running, upto, mine_off, lay.all_grads - met * self.gbp, ahead_view
+
+    def _stage(
+        self, n_blocks: int, emb: bool, head: bool, w: int, policy: str, parts: bool = False
+    ):
+        plan = self.plan
+        lay = self._layout(n_blocks, emb, head, policy)
+        static, views, total_keep, all_grads = lay.static, lay.views, lay.total_keep, lay.all_grads
         # Per unit, what does not depend on the moment; two switches do: whether every
         # unit's gradient exists (from the second backward pass on) and whether the
         # microbatch is offloaded. The largest unit per setting of the two is found once,
         # and each moment adds its own terms to it (integers: the same sums as unit by
         # unit, and the first unit at the largest, as before).
-        terms = []
-        for u, r, j in at:
-            k, p, _ = runs[r]
-            keep_u = self.keep[(k, p)]
-            running = self.keep[(k, "none")] - keep_u + self.bws[k]
-            if self.transient and k != "emb":
-                running += self.params[k] * self.vbp
-            # The unit the backward pass reads next (the one below, unless it is the
-            # embedding, whose B reads no view): its view is fetched before B(u) starts.
-            below_kind = k if j > 0 else (runs[r - 1][0] if r > 0 else None)
-            ahead_view = 0
-            if self.prefetch and k != "emb" and below_kind == "block":
-                ahead_view = self.params["block"] * self.vbp
-            running += ahead_view
-            upto = below0[r] + (j + 1) * keep_u  # keep of units 0..u
-            # An offloaded microbatch holds the unit running and the ones reloaded ahead.
-            mine_off = upto - below(max(0, u - ahead))
-            met = met0[r] + j * self.params[k]
-            terms.append((k, running, upto, mine_off, all_grads - met * self.gbp, ahead_view))
+        terms = [self._unit(lay, u, r, j) for u, r, j in lay.at]
         largest: dict[tuple[bool, bool], tuple] = {}
 
         def largest_unit(grads_all: bool, off: bool) -> tuple:
