@@ -12,6 +12,7 @@ from ratrain.models.presets import get_preset
 from ratrain.planner import Request
 from ratrain.planner.evaluate import Evaluator
 from ratrain.platforms.load import load
+from test_planner_steady_tries import _plan as _tries_plan
 
 TINY = get_preset("tiny")
 
@@ -19,19 +20,7 @@ TINY = get_preset("tiny")
 def _plan(m: int) -> Plan:
     """Offload on mt3000: the first one-run try (12 microbatches) does not repeat yet, the
     second (22) does."""
-    return Plan(
-        pp=2,
-        dp=2,
-        global_batch=2 * m,
-        seq=128,
-        schedule="ratrain",
-        recompute="none",
-        shard_optimizer=True,
-        view_policy="persistent",
-        compute_dtype="fp16",
-        grad_dtype="fp16",
-        offload_activations=True,
-    )
+    return _tries_plan(2, m)
 
 
 def _tries(ev: Evaluator) -> list[int]:

@@ -12,8 +12,8 @@ after a barrier. The speed of a rank is the time one iteration takes on one thre
 over the time it takes there; the one-thread time is measured by rank 0 alone (the others
 waiting in a barrier) right before each window, so that the machine's drift between the
 two does not enter the ratio (a reference measured once, minutes apart from the windows,
-moved every rank speed, and so every prediction, by the VM's drift: ±15-35% here). So the table holds what
-the cost model's `compute_speed` needs, measured rather than derived from one GEMM's
+moved every rank speed, and so every prediction, by the VM's drift: ±15-35% here). So
+the table holds what the cost model's `compute_speed` needs, measured rather than derived from one GEMM's
 thread scaling: memory-bound kernels, dispatch and the ranks' contention for the cores
 and the memory bus are in it.
 
@@ -82,6 +82,16 @@ def _seconds_per_iteration(block, x, window_s: float, sync: bool) -> float:
             return elapsed / n
 
 
+def _one_thread_window(block, x, window_s: float) -> float:
+    """Seconds per iteration on one thread (the curves' speed), the caller's threads kept."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _seconds_per_iteration(block, x, window_s, sync=False)
+    finally:
+        torch.set_num_threads(saved)
+
+
 def _paired_windows(block, x, window_s: float, windows: int) -> tuple[list[float], list[float]]:
     """(reference, shared): per window, first rank 0 alone on one thread (the others wait in
     a barrier) for the reference window, then every rank together with the launcher's
@@ -91,10 +101,7 @@ def _paired_windows(block, x, window_s: float, windows: int) -> tuple[list[float
     refs, shared = [], []
     for _ in range(windows):
         if dist.get_rank() == 0:
-            saved = torch.get_num_threads()
-            torch.set_num_threads(1)
-            refs.append(_seconds_per_iteration(block, x, window_s, sync=False))
-            torch.set_num_threads(saved)
+            refs.append(_one_thread_window(block, x, window_s))
         shared.append(_seconds_per_iteration(block, x, window_s, sync=True))
     return refs, shared
 
@@ -112,10 +119,7 @@ def _shared_windows(block, x, window_s: float, windows: int, busy: int) -> list[
     refs: list[float] = []
     for _ in range(windows):
         if rank == 0:
-            saved = torch.get_num_threads()
-            torch.set_num_threads(1)
-            refs.append(_seconds_per_iteration(block, x, window_s, sync=False))
-            torch.set_num_threads(saved)
+            refs.append(_one_thread_window(block, x, window_s))
         dist.barrier()
         if rank < busy:
             out.append(_seconds_per_iteration(block, x, window_s, sync=False))

@@ -695,15 +695,16 @@ class _Ctx:
             # fallback would end past the deadline is not run: cut there, as above.
             # Without one, it runs until the hard deadline at most (checked between its
             # phases, `ratrain.deadline`): past it, the plan that fits is reported untimed.
-            hard = self.state.hard_deadline if not self.best.items else None
+            ranked = bool(self.best.items)
             try:
-                with deadline.until(hard):
-                    res = self.ev.simulate(plan, self.state.deadline if self.best.items else None)
+                with deadline.until(None if ranked else self.state.hard_deadline):
+                    res = self.ev.simulate(plan, self.state.deadline if ranked else None)
             except deadline.DeadlinePassed:
                 self.state.stopped = True
                 if self.state.untimed is None:
-                    fits = (plan, self.fam.name, lb, tuple(rep.peak_bytes), rep.limit_bytes)
-                    self.state.untimed = Untimed(*fits)
+                    self.state.untimed = Untimed(
+                        plan, self.fam.name, lb, tuple(rep.peak_bytes), rep.limit_bytes
+                    )
                 return "stop"
             if res is None:
                 floor = self.state.floor
