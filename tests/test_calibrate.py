@@ -15,7 +15,10 @@ def test_fit_alpha_beta_recovers_a_line():
 
 
 @pytest.mark.timeout(240)
-def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys):
+def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys, monkeypatch):
+    # Two threads per rank, as a rank with both cores of a 2-core machine runs: the rank
+    # counts whose ranks run several threads are measured per microbatch size as well.
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
     out = tmp_path / "here.yaml"
     rc = main(
         [
@@ -65,9 +68,18 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys):
     assert all(0 < e <= 1 for pts in p.efficiency_curves.values() for _, e in pts)
     assert all(f > 0 for f in p.unit_time_factor.values())
     assert [k for k, _ in p.rank_speed] == [1, 2] and all(v > 0 for _, v in p.rank_speed)
-    # Core lending is measured: 1 of 2 ranks computing while the other waits in a receive.
-    assert [(w, b) for w, b, _ in p.shared_rank_speed] == [(2, 1)]
-    assert p.shared_rank_speed[0][2] > 0 and p.waiting_ranks_lend_cores
+    # Core lending is measured: 1 of 2 ranks computing while the other waits in a receive,
+    # the busy rank changing after each short (forward) or long (forward+backward) burst.
+    assert [(w, b) for w, b, *_ in p.shared_rank_speed] == [(2, 1), (2, 1)]
+    short, long = (row[3] for row in p.shared_rank_speed)
+    assert 0 < short < long and all(row[2] > 0 for row in p.shared_rank_speed)
+    assert p.waiting_ranks_lend_cores
+    # Ranks of two threads: their speed per microbatch size, 128 to 512 tokens.
+    assert [(k, n) for k, n, _ in p.rank_speed_tokens] == [
+        (k, n) for k in (1, 2) for n in (128, 256, 512)
+    ]
+    assert all(v > 0 for *_, v in p.rank_speed_tokens)
+    assert p.notes["compute.rank_speed_tokens"].startswith("measured")
     assert p.notes["compute.shared_rank_speed"].startswith("measured")
     assert p.notes["runtime.waiting_ranks_lend_cores"].startswith("measured")
     # The peak stays a bound: no unit is charged less than its FLOPs at the peak.

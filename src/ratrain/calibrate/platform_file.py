@@ -262,15 +262,25 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
                 else ""
             ),
         )
+    if sharing.get("rank_speed_tokens"):
+        rows = sharing["rank_speed_tokens"]
+        data["compute"]["rank_speed_tokens"] = _v(
+            [[k, n, float(f"{v:.4g}")] for k, n, v in rows],
+            "measured: as rank_speed, for the rank counts whose ranks run several threads, "
+            "at " + ", ".join(sorted({f"{n}" for _, n, _ in rows}, key=int)) + " tokens per "
+            f"microbatch; [k, tokens, one thread alone's time / a rank's], {on}",
+        )
     if sharing.get("shared_rank_speed"):
         rows = sharing["shared_rank_speed"]
         data["compute"]["shared_rank_speed"] = _v(
-            [[w, b, float(f"{v:.4g}")] for w, b, v, _ in rows],
-            "measured: w ranks (the launcher's threads), b of them running the model's Block "
-            "forward+backward while the other w - b wait in a blocked gloo receive "
-            "(irecv().wait(), the executor's wait); [w, b, one thread alone's time / a busy "
-            "rank's], median of consecutive windows, spread "
-            + ", ".join(f"{w}/{b}: {sp:.0%}" for w, b, _, sp in rows)
+            [[w, b, float(f"{v:.4g}"), float(f"{x:.4g}")] for w, b, v, x, _ in rows],
+            "measured: w ranks (the launcher's threads) pass b tokens round a ring; a rank "
+            "holding one runs the model's Block forward (short burst) or forward+backward "
+            "(long burst), passes it on and waits in a blocked gloo receive (irecv().wait(), "
+            "the executor's wait), so b compute at any moment and the busy set moves on after "
+            "every burst, as in a pipeline; [w, b, one thread alone's time / a busy rank's, "
+            "one thread's seconds per burst], median of consecutive windows, spread "
+            + ", ".join(f"{w}/{b}@{x * 1e3:.0f}ms: {sp:.0%}" for w, b, _, x, sp in rows)
             + f", {on}",
         )
     if sharing.get("collective_compute_s_per_byte") is not None:
@@ -293,7 +303,8 @@ def _raise_peaks(compute: dict, speedup: float) -> None:
     that much and rescales the efficiencies (achieved / peak), so that every time the
     cost model computes is unchanged."""
     speeds = [v for _, v in compute.get("rank_speed", {}).get("value", [])]
-    speeds += [v for _, _, v in compute.get("shared_rank_speed", {}).get("value", [])]
+    speeds += [row[2] for row in compute.get("shared_rank_speed", {}).get("value", [])]
+    speeds += [row[2] for row in compute.get("rank_speed_tokens", {}).get("value", [])]
     factors = [e["value"] for e in compute.get("unit_time_factor", {}).values()]
     scale = max([speedup, *speeds]) / speedup / min([1.0, *factors])
     if scale <= 1.0:

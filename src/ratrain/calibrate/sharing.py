@@ -27,6 +27,7 @@ byte of collective costs (`compute.collective_compute_s_per_byte`).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -37,7 +38,7 @@ from ratrain.models.llama import build_unit
 from ratrain.models.spec import ModelSpec
 from ratrain.runtime.comm import Comm
 from ratrain.runtime.grid import ParallelGrid, Rendezvous
-from ratrain.runtime.launch import spawn
+from ratrain.runtime.launch import _threads_per_rank, spawn
 
 __all__ = ["rank_counts", "measure_rank_speed", "SYNC_BYTES"]
 
@@ -48,6 +49,8 @@ _SPEC = ModelSpec(
     name="calib-share", n_layers=1, hidden=384, n_heads=6, n_kv_heads=6, ffn=1024, vocab=256
 )
 _MB, _SEQ = 2, 128
+_TOKEN_MBS = (1, 4)
+"""Microbatch sizes a rank of several threads is also measured at, beside _MB."""
 
 
 def rank_counts(nproc: int) -> list[int]:
@@ -106,31 +109,81 @@ def _paired_windows(block, x, window_s: float, windows: int) -> tuple[list[float
     return refs, shared
 
 
-def _shared_windows(block, x, window_s: float, windows: int, busy: int) -> list[float | None]:
-    """The first `busy` ranks compute for each window while the others wait for them in a
-    blocked receive from rank 0 (`irecv(...).wait()`: the runtime's `Handle.wait` on a gloo
-    work, which is how the executor's walk waits on a RECV or a collective). Seconds per
-    iteration of this rank in each window (None on a waiting rank), each preceded by a
-    reference window of rank 0 alone on one thread (`_paired_windows`); the references are
-    appended after the windows on rank 0."""
+def _forward(block, x):
+    block(x)  # autograd records the graph, as the runtime's F does; dropped at once
+
+
+_KINDS = {"F": _forward, "FB": _iteration}
+"""What a busy rank runs between waits in the ring windows: a short burst (the forward) and
+a long one (forward and backward), about 1:3 in length."""
+
+
+def _loop_s(fn, block, x, window_s: float) -> float:
+    """Seconds per call of fn(block, x), called until window_s has passed (at least 2)."""
+    fn(block, x)  # warm-up
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn(block, x)
+        n += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= window_s and n >= 2:
+            return elapsed / n
+
+
+def _ring(fn, block, x, hops: int, busy: int) -> list[float]:
+    """`busy` tokens go round the ranks; a rank holding one runs fn once, then passes it on
+    (an isend to the next rank) and waits for the next in a blocked receive (irecv().wait(),
+    the runtime's wait): b ranks compute at any moment, and the busy set moves on after
+    every burst, the way a pipeline's does. Each token makes `hops` bursts. Seconds of each
+    burst this rank ran."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    token = torch.zeros(1)
-    out: list[float | None] = []
-    refs: list[float] = []
-    for _ in range(windows):
-        if rank == 0:
-            refs.append(_one_thread_window(block, x, window_s))
-        dist.barrier()
-        if rank < busy:
-            out.append(_seconds_per_iteration(block, x, window_s, sync=False))
-            if rank == 0:  # released when rank 0's window ends (the others' ends are near)
-                for r in range(busy, world):
-                    dist.send(token, r)
-        else:
-            dist.irecv(token, src=0).wait()
-            out.append(None)
+    visits = sum(1 for j in range(busy) for h in range(hops) if (j + h) % world == rank)
+    holds = rank < busy
+    bufs = [torch.zeros(1) for _ in range(visits - holds)]
+    sends, out, posted = [], [], 0
     dist.barrier()
-    return out + refs
+    pending = dist.irecv(bufs[0], src=(rank - 1) % world) if bufs else None
+    token = torch.zeros(1)
+    for _ in range(visits):
+        if not holds:
+            pending.wait()
+            token, posted = bufs[posted], posted + 1
+            if posted < len(bufs):  # posted ahead: a token may come while this one runs
+                pending = dist.irecv(bufs[posted], src=(rank - 1) % world)
+        holds = False
+        t0 = time.perf_counter()
+        fn(block, x)
+        out.append(time.perf_counter() - t0)
+        if token.item() + 1 < hops:
+            sends.append(dist.isend(token + 1, (rank + 1) % world))
+    for h in sends:
+        h.wait()
+    dist.barrier()
+    return out
+
+
+def _ring_windows(block, x, window_s: float, windows: int, busy: int) -> dict:
+    """Per burst kind, per window: rank 0's one-thread seconds per burst (the others waiting
+    in a barrier), broadcast, then the ring (`_ring`) for about window_s. {kind: [(one
+    thread's seconds, [this rank's burst seconds])]}."""
+    world = dist.get_world_size()
+    out = {}
+    for kind, fn in _KINDS.items():
+        rows = []
+        for _ in range(windows):
+            ref = torch.zeros(1, dtype=torch.float64)
+            if dist.get_rank() == 0:
+                saved = torch.get_num_threads()
+                torch.set_num_threads(1)
+                try:
+                    ref[0] = _loop_s(fn, block, x, window_s)
+                finally:
+                    torch.set_num_threads(saved)
+            dist.broadcast(ref, 0)
+            hops = max(world + 2, math.ceil(window_s / ref.item()) + world)
+            rows.append((ref.item(), _ring(fn, block, x, hops, busy)))
+        out[kind] = rows
+    return out
 
 
 def _seconds_with_sync(block, x, iterations: int, comm: Comm, buf: torch.Tensor) -> float:
@@ -151,6 +204,7 @@ def _rank(
     with_sync: bool = False,
     windows: int = 1,
     shared_window_s: float = 0.0,
+    with_tokens: bool = False,
 ) -> dict:
     grid = ParallelGrid.init(1, rdzv.world_size, rdzv, device="cpu")
     try:
@@ -167,8 +221,18 @@ def _rank(
             out["sync_s"] = _seconds_with_sync(block, x, int(n.item()), Comm(grid), buf)
         if shared_window_s > 0:  # b = w - 1 ... 1 busy while the rest wait
             out["shared"] = {
-                b: _shared_windows(block, x, shared_window_s, windows, b)
+                b: _ring_windows(block, x, shared_window_s, windows, b)
                 for b in range(rdzv.world_size - 1, 0, -1)
+            }
+        if with_tokens:  # a rank of several threads: its speed per microbatch size
+            out["tokens"] = {
+                mb: _paired_windows(
+                    block,
+                    torch.randn(mb, _SEQ, _SPEC.hidden, requires_grad=True),
+                    window_s,
+                    windows,
+                )
+                for mb in _TOKEN_MBS
             }
         # The window ends at different times on different ranks; wait so that no rank's
         # window ran while the others had already stopped.
@@ -178,41 +242,61 @@ def _rank(
         grid.destroy()
 
 
+def _speeds(refs: list[float], runs: list[list[float]]) -> list[float]:
+    """Per window: one thread alone's seconds over the mean of the ranks' seconds in it."""
+    return [ref / statistics.mean(run) for ref, run in zip(refs, runs, strict=True)]
+
+
 def measure_rank_speed(nproc: int, quick: bool, progress=None, windows: int = 1) -> dict:
     """{"rank_speed": [(ranks k, speed of one rank relative to one thread alone, threads
-    per rank)], "shared_rank_speed": [(w, b, speed of each of the b busy ranks while w - b
-    wait, spread)], "collective_compute_s_per_byte": float | None (None: nproc < 2),
-    "spreads": {k: max/min - 1 of the window speeds}}. Each figure is the median over
-    `windows` windows of the speed in that window: one thread alone measured right before
-    it, over the ranks' mean time in it."""
+    per rank)], "rank_speed_tokens": [(k, tokens per microbatch, speed)] for the k whose
+    ranks run several threads, "shared_rank_speed": [(w, b, speed of each of the b busy
+    ranks while w - b wait, one thread's seconds per burst, spread)],
+    "collective_compute_s_per_byte": float | None (None: nproc < 2), "spreads": {k: max/min
+    - 1 of the window speeds}}. Each figure is the median over `windows` windows of the
+    speed in that window: one thread alone measured right before it, over the ranks' mean
+    time in it."""
     window_s = 0.5 if quick else 1.0
     shared_s = 0.3 if quick else 0.8
-    out, shared = [], []
+    out, shared, tokens = [], [], []
     spreads = {}
     per_byte = None
     for k in rank_counts(nproc):
         if progress:
             progress.step(f"{k} rank(s) sharing the cores")
+        threaded = _threads_per_rank(k) > 1
         res = spawn(
-            _rank, k, window_s, k == 2, windows, shared_s if k > 1 else 0.0,
+            _rank, k, window_s, k == 2, windows, shared_s if k > 1 else 0.0, threaded,
             deadline_s=300,
         )  # fmt: skip
-        refs = res[0]["ref_w"]
-        speeds = [refs[i] / (sum(r["w"][i] for r in res) / len(res)) for i in range(windows)]
+        per_window = [[r["w"][i] for r in res] for i in range(windows)]
+        speeds = _speeds(res[0]["ref_w"], per_window)
         spreads[k] = max(speeds) / min(speeds) - 1
         mean_s = sum(r["s"] for r in res) / len(res)
         out.append((k, statistics.median(speeds), res[0]["threads"]))
+        if threaded:
+            for mb in sorted((*_TOKEN_MBS, _MB)):
+                if mb == _MB:
+                    tokens.append((k, mb * _SEQ, statistics.median(speeds)))
+                    continue
+                runs = [[r["tokens"][mb][1][i] for r in res] for i in range(windows)]
+                sp = _speeds(res[0]["tokens"][mb][0], runs)
+                tokens.append((k, mb * _SEQ, statistics.median(sp)))
         for b in range(k - 1, 0, -1):
-            b_refs = res[0]["shared"][b][windows:]
-            busy = [[r["shared"][b][i] for r in res[:b]] for i in range(windows)]
-            b_speeds = [b_refs[i] / (sum(w) / len(w)) for i, w in enumerate(busy)]
-            spread = max(b_speeds) / min(b_speeds) - 1
-            shared.append((k, b, statistics.median(b_speeds), spread))
+            for kind in _KINDS:
+                rows = [r["shared"][b][kind] for r in res]
+                refs = [ref for ref, _ in rows[0]]
+                bursts = [[t for row in rows for t in row[i][1]] for i in range(windows)]
+                b_speeds = _speeds(refs, bursts)
+                spread = max(b_speeds) / min(b_speeds) - 1
+                burst_s = statistics.median(refs)
+                shared.append((k, b, statistics.median(b_speeds), burst_s, spread))
         if k == 2:
             extra_s = sum(r["sync_s"] for r in res) / len(res) - mean_s
             per_byte = max(extra_s, 0.0) / SYNC_BYTES
     return {
         "rank_speed": out,
+        "rank_speed_tokens": tokens,
         "shared_rank_speed": shared,
         "collective_compute_s_per_byte": per_byte,
         "spreads": spreads,

@@ -84,7 +84,7 @@ def threads_per_rank(cores: int, world: int) -> int:
     return max(1, cores // max(world, 1))
 
 
-def compute_speed(platform: Platform, ranks_on_node: int) -> float:
+def compute_speed(platform: Platform, ranks_on_node: int, tokens: int | None = None) -> float:
     """Kernel speed of one rank relative to one thread on a core of its own (the speed the
     curves were measured at). Without `cores_per_node` every unit has its own: 1.
 
@@ -98,8 +98,15 @@ def compute_speed(platform: Platform, ranks_on_node: int) -> float:
     `ratrain.sim.sharing`).
 
     A platform that measured it (`Platform.rank_speed`, `ratrain.calibrate.sharing`) gives
-    the speed at each rank count directly: that table is used instead.
+    the speed at each rank count directly: that table is used instead. Where it also
+    measured a rank count per microbatch size (`Platform.rank_speed_tokens`: ranks of more
+    than one thread, whose speed-up grows with the tokens each kernel splits) and `tokens`
+    (per microbatch) is given, that count's rows are interpolated in log tokens instead.
     """
+    k = max(ranks_on_node, 1)
+    rows = [(n, v) for rk, n, v in platform.rank_speed_tokens if rk == k]
+    if rows and tokens:
+        return _log_interp(rows, tokens)
     if platform.rank_speed:
         return _table_speed(platform.rank_speed, max(ranks_on_node, 1))
     cores = platform.cores_per_node
@@ -108,6 +115,18 @@ def compute_speed(platform: Platform, ranks_on_node: int) -> float:
     ranks = max(ranks_on_node, 1)
     busy = min(ranks * threads_per_rank(cores, ranks), cores)  # streams the cores run
     return (1.0 + (busy - 1) * platform.thread_efficiency) / ranks
+
+
+def _log_interp(rows: list[tuple[int, float]], x: float) -> float:
+    """rows (x ascending, y) interpolated linearly in log x, held at the ends."""
+    if x <= rows[0][0]:
+        return rows[0][1]
+    if x >= rows[-1][0]:
+        return rows[-1][1]
+    i = bisect.bisect_left([r[0] for r in rows], x)
+    (x0, y0), (x1, y1) = rows[i - 1], rows[i]
+    f = math.log(x / x0) / math.log(x1 / x0)
+    return y0 + f * (y1 - y0)
 
 
 def _table_speed(rows: tuple[tuple[int, float], ...], k: int) -> float:

@@ -141,10 +141,11 @@ class CostModel:
         if speed not in SPEEDS:
             raise RatrainError(f"unknown speed {speed!r}; choose one of {', '.join(SPEEDS)}")
         self.ranks_on_node = min(plan.pp * plan.dp, platform.units_per_node)
+        tokens = plan.micro_batch * plan.seq
         self.speed = (
-            peak_speed(platform, self.ranks_on_node)
+            peak_speed(platform, self.ranks_on_node, tokens)
             if speed == "peak"
-            else compute_speed(platform, self.ranks_on_node)
+            else compute_speed(platform, self.ranks_on_node, tokens)
         )
         """Kernel speed of one rank against one thread on a core of its own: every rank of
         the node busy ("busy", what the simulator's rates are relative to), or the fastest

@@ -35,10 +35,10 @@ came out 12-16% fast on the validation grid (docs/validation.md). Pure Python.
 
 from __future__ import annotations
 
-from ratrain.cost.measured import _table_speed, compute_speed, threads_per_rank
+from ratrain.cost.measured import _log_interp, _table_speed, compute_speed, threads_per_rank
 from ratrain.platforms import Platform
 
-__all__ = ["shares_cores", "solo_speed", "shared_speed", "peak_speed"]
+__all__ = ["shares_cores", "solo_speed", "shared_speed", "peak_speed", "bursts"]
 
 
 def shares_cores(platform: Platform) -> bool:
@@ -62,32 +62,62 @@ def solo_speed(platform: Platform, ranks_on_node: int) -> float:
     return speed
 
 
-def _measured(platform: Platform, w: int, busy: int) -> float | None:
-    for rw, rb, speed in platform.shared_rank_speed:
-        if rw == w and rb == busy:
-            return speed
-    return None
+def _rows(platform: Platform):
+    """The table's rows as (w, b, speed, burst seconds or None)."""
+    for row in platform.shared_rank_speed:
+        yield (*row[:3], row[3] if len(row) > 3 else None)
 
 
-def shared_speed(platform: Platform, ranks_on_node: int, busy: int) -> float:
+def _measured(platform: Platform, w: int, busy: int, burst_s: float | None) -> float | None:
+    """The table's speed for w ranks with `busy` computing: a row without a burst as it is;
+    rows measured per burst interpolated in log burst at `burst_s`, held at the ends (the
+    longest burst's where `burst_s` is None: the busy set changing slowly)."""
+    rows = [(x, v) for rw, rb, v, x in _rows(platform) if rw == w and rb == busy]
+    if not rows:
+        return None
+    plain = [v for b, v in rows if b is None]
+    timed = sorted((b, v) for b, v in rows if b is not None)
+    if not timed:
+        return plain[0]
+    if burst_s is None:
+        return plain[0] if plain else timed[-1][1]
+    return _log_interp(timed, burst_s)
+
+
+def shared_speed(
+    platform: Platform,
+    ranks_on_node: int,
+    busy: int,
+    burst_s: float | None = None,
+    tokens: int | None = None,
+) -> float:
     """Speed of one rank (relative to one thread on a core of its own) while `busy` of its
-    node's `ranks_on_node` ranks compute, itself included: the measured table's row where
-    the platform has one (`Platform.shared_rank_speed`, never below the all-busy speed: a
-    rank that waits takes no more from the cores than one that computes), else the
-    formula of the module docstring."""
+    node's `ranks_on_node` ranks compute, itself included, each computing about `burst_s`
+    (one thread's seconds) between waits: the measured table's row where the platform has
+    one (`Platform.shared_rank_speed`, never below the all-busy speed: a rank that waits
+    takes no more from the cores than one that computes), else the formula of the module
+    docstring. `tokens` (per microbatch) picks the all-busy speed (`compute_speed`)."""
     w = max(ranks_on_node, 1)
-    full = compute_speed(platform, w)
+    full = compute_speed(platform, w, tokens)
     if busy >= w or not shares_cores(platform):
         return full
-    measured = _measured(platform, w, max(busy, 1))
+    measured = _measured(platform, w, max(busy, 1), burst_s)
     if measured is not None:
         return max(measured, full)
     return max(min(w * full / max(busy, 1), solo_speed(platform, w)), full)
 
 
-def peak_speed(platform: Platform, ranks_on_node: int) -> float:
-    """The fastest any of the node's ranks computes under sharing: an upper bound on
-    `shared_speed` for every busy count, for the planner's lower bounds (a measured table
-    need not fall with the busy count, so every count is taken)."""
+def bursts(platform: Platform, ranks_on_node: int) -> tuple[float, ...]:
+    """The burst lengths the table measured for `ranks_on_node` ranks, ascending."""
     w = max(ranks_on_node, 1)
-    return max(shared_speed(platform, w, b) for b in range(1, w + 1))
+    return tuple(sorted({x for rw, _, _, x in _rows(platform) if rw == w and x}))
+
+
+def peak_speed(platform: Platform, ranks_on_node: int, tokens: int | None = None) -> float:
+    """The fastest any of the node's ranks computes under sharing: an upper bound on
+    `shared_speed` for every busy count and burst (a measured table need not fall with the
+    busy count or rise with the burst, so every count and every measured burst is taken),
+    and on the all-busy speed at `tokens` per microbatch."""
+    w = max(ranks_on_node, 1)
+    at = (None, *bursts(platform, w))
+    return max(shared_speed(platform, w, b, x, tokens) for b in range(1, w + 1) for x in at)

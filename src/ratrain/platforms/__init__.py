@@ -122,11 +122,22 @@ class Platform:
     """Measured speed of one of k ranks sharing a node's cores (the launcher's threads each),
     relative to one thread on a core of its own: (k, speed), k ascending. Empty: derived
     from `cores_per_node` and `thread_efficiency` (`ratrain.cost.measured.compute_speed`)."""
-    shared_rank_speed: tuple[tuple[int, int, float], ...] = ()
+    rank_speed_tokens: tuple[tuple[int, int, float], ...] = ()
+    """Measured speed of one of k ranks whose launcher threads are more than one, per
+    microbatch size: (k, tokens per microbatch, speed), as `rank_speed`. A rank's threads
+    split each kernel, and a kernel over more tokens splits better (one rank with both cores
+    of the 2-core reference machine: x1.44 at 128 tokens, x1.70 at 512). Interpolated in
+    log tokens, held at the ends (`ratrain.cost.measured.compute_speed`); the k's without
+    rows here keep `rank_speed`."""
+    shared_rank_speed: tuple[tuple, ...] = ()
     """Measured speed of each of the b < w ranks of a node that compute while its other
     w - b ranks wait (blocked in a receive, as the executor waits), relative to one thread
-    on a core of its own: (w, b, speed) (`ratrain.calibrate.sharing`). Used by processor
-    sharing (`ratrain.cost.sharing.shared_speed`) where present; empty: its formula."""
+    on a core of its own: (w, b, speed) or (w, b, speed, burst_s) (`ratrain.calibrate.sharing`). burst_s is
+    how long each rank computed between waits (one thread's time), the busy set moving on
+    after each burst the way a pipeline's does: a waiting rank's core goes to the others
+    fully only when the busy set changes slowly (a row without it holds at any burst). Used by
+    processor sharing (`ratrain.cost.sharing.shared_speed`) where present; empty: its
+    formula."""
     eager_kernels: bool = False
     """The runtime on this machine runs eager fp32 norms (the ledger counts what they keep,
     `ratrain.memory.activations`); False: fused norm kernels."""

@@ -171,6 +171,28 @@ class _Reader:
         return {str(k): self.number(sec, k, f"{path}{key}.", **kw) for k in sec}
 
 
+def _shared_rows(r: _Reader, compute: dict) -> tuple:
+    """compute.shared_rank_speed: rows [w, b, speed] or [w, b, speed, burst seconds]."""
+    entry = compute["shared_rank_speed"]
+    value = entry.get("value") if isinstance(entry, dict) else None
+    first = value[0] if isinstance(value, list) and value else None
+    width = 4 if isinstance(first, list) and len(first) == 4 else 3
+    rows = r.table(compute, "shared_rank_speed", "compute.", width)
+    out = []
+    for w, b, speed, *burst in rows:
+        if not (w == int(w) and b == int(b) and 1 <= b < w):
+            raise r.fail(
+                "compute.shared_rank_speed: rows are [w ranks, b < w busy, speed] or [w, b, "
+                f"speed, burst seconds] with whole counts, got [{w:g}, {b:g}, ...]"
+            )
+        if burst and not burst[0] > 0:
+            raise r.fail(
+                f"compute.shared_rank_speed: a row's burst seconds must be > 0, got {burst[0]!r}"
+            )
+        out.append((int(w), int(b), speed, *burst))
+    return tuple(sorted(out, key=lambda x: (x[0], x[1], x[3] if len(x) > 3 else 0.0)))
+
+
 def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
     """The optional measured sections (see `ratrain.platforms`): absent ones keep defaults."""
     out: dict = {}
@@ -191,15 +213,17 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
     if "rank_speed" in compute:
         rows = r.table(compute, "rank_speed", "compute.", 2)
         out["rank_speed"] = tuple((int(k), v) for k, v in rows)
-    if "shared_rank_speed" in compute:
-        rows = r.table(compute, "shared_rank_speed", "compute.", 3)
-        for w, b, _ in rows:
-            if not (w == int(w) and b == int(b) and 1 <= b < w):
+    if "rank_speed_tokens" in compute:
+        rows = r.table(compute, "rank_speed_tokens", "compute.", 3)
+        for k, n, _ in rows:
+            if not (k == int(k) and n == int(n) and k >= 1 and n >= 1):
                 raise r.fail(
-                    "compute.shared_rank_speed: rows are [w ranks, b < w busy, speed] "
-                    f"with whole counts, got [{w:g}, {b:g}, ...]"
+                    "compute.rank_speed_tokens: rows are [k ranks, tokens per microbatch, "
+                    f"speed] with whole counts, got [{k:g}, {n:g}, ...]"
                 )
-        out["shared_rank_speed"] = tuple((int(w), int(b), v) for w, b, v in rows)
+        out["rank_speed_tokens"] = tuple(sorted((int(k), int(n), v) for k, n, v in rows))
+    if "shared_rank_speed" in compute:
+        out["shared_rank_speed"] = _shared_rows(r, compute)
     if "cores_per_node" in compute:
         out["cores_per_node"] = r.number(compute, "cores_per_node", "compute.", integer=True)
     if "thread_efficiency" in compute:

@@ -32,12 +32,14 @@ does not depend on the order in which simultaneous events are handled. Pure Pyth
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import math
 from dataclasses import dataclass
 
 from ratrain.cost.comm import rank_of
 from ratrain.cost.model import CostModel
-from ratrain.cost.sharing import shared_speed, shares_cores
+from ratrain.cost.sharing import bursts, shared_speed, shares_cores
 from ratrain.schedule.ir import Resource, Schedule
 from ratrain.sim.engine import _Engine
 
@@ -50,9 +52,17 @@ class NodeSharing:
 
     neighbours: tuple[tuple[tuple[int, int], ...], ...]
     """Per stage s: (stage s', ranks of s' on the node of s's replica 0), for s' with any."""
-    rates: tuple[tuple[float, ...], ...]
-    """Per stage: rate at b busy ranks on its node (index b, 0..w), relative to the cost
-    model's all-busy speed (1 at b = w)."""
+    rates: tuple[tuple[tuple[float, ...], ...], ...]
+    """Per stage, per burst of `bursts` (one row where the platform measured none): rate at b
+    busy ranks on its node (index b, 0..w), relative to the cost model's all-busy speed (1
+    at b = w)."""
+    bursts: tuple[float, ...] = ()
+    """The burst lengths (one thread's seconds of computing between waits) the rates were
+    measured at, ascending; an action's rate is interpolated in log burst at its own one
+    thread's duration, held at the ends. Empty: one row, whatever the action."""
+    speed: float = 1.0
+    """The cost model's all-busy speed: an action's one-thread seconds are its time at it
+    times this (its fixed part aside)."""
 
 
 def node_sharing(cost: CostModel) -> NodeSharing | None:
@@ -63,16 +73,47 @@ def node_sharing(cost: CostModel) -> NodeSharing | None:
         return None
     pp, dp, upn = plan.pp, plan.dp, platform.units_per_node
     node = [[rank_of(s, r, pp, dp, cost.rank_layout) // upn for r in range(dp)] for s in range(pp)]
-    neighbours, rates = [], []
+    tokens = plan.micro_batch * plan.seq
+    neighbours, rates, ws = [], [], set()
     for s in range(pp):
         home = node[s][0]
         near = tuple((t, node[t].count(home)) for t in range(pp) if home in node[t])
-        w = sum(c for _, c in near)
+        ws.add(sum(c for _, c in near))
         neighbours.append(near)
-        rates.append(tuple(shared_speed(platform, w, max(b, 1)) / cost.speed for b in range(w + 1)))
-    if all(len(r) <= 2 for r in rates):  # one rank per node: always alone, rate fixed
+    # one burst set for the plan: every stage's node holds the same rank count here (the
+    # module docstring's assumption for several nodes)
+    at = bursts(platform, max(ws)) or (None,)
+    for near in neighbours:
+        w = sum(c for _, c in near)
+        rates.append(
+            tuple(
+                tuple(
+                    shared_speed(platform, w, max(b, 1), x, tokens) / cost.speed
+                    for b in range(w + 1)
+                )
+                for x in at
+            )
+        )
+    if all(len(r[0]) <= 2 for r in rates):  # one rank per node: always alone, rate fixed
         return None
-    return NodeSharing(tuple(neighbours), tuple(rates))
+    measured = tuple(x for x in at if x is not None)
+    return NodeSharing(tuple(neighbours), tuple(rates), measured, cost.speed)
+
+
+def _blend(sharing: NodeSharing, d: float, fixed: float) -> tuple[int, float]:
+    """(j, g): an action of time d (fixed part `fixed`) runs at the rates of burst row j
+    blended by g with row j + 1: its one thread's seconds interpolated in log burst among
+    the measured bursts, held at the ends."""
+    xs = sharing.bursts
+    if len(xs) < 2:
+        return 0, 0.0
+    one = (d - fixed) * sharing.speed + fixed
+    if one <= xs[0]:
+        return 0, 0.0
+    if one >= xs[-1]:
+        return len(xs) - 1, 0.0
+    j = bisect.bisect_right(xs, one) - 1
+    return j, math.log(one / xs[j]) / math.log(xs[j + 1] / xs[j])
 
 
 class _SharingEngine(_Engine):
@@ -85,6 +126,7 @@ class _SharingEngine(_Engine):
             (d - x) / d if c and d > 0 else 0.0
             for d, x, c in zip(durations, fixed, self.compute, strict=True)
         ]
+        self.blend = [_blend(sharing, d, x) for d, x in zip(durations, fixed, strict=True)]
         self.left = [0.0] * n  # remaining work, in seconds at rate 1
         self.rate = [0.0] * n  # current progress per second (0: not yet rated)
         self.since = [0.0] * n  # when `left` was last brought up to date
@@ -139,7 +181,10 @@ class _SharingEngine(_Engine):
             if i < 0:
                 continue
             busy = sum(c for t, c in sh.neighbours[s] if running[t] >= 0)
-            r, f = sh.rates[s][busy], self.frac[i]
+            j, g = self.blend[i]
+            rows = sh.rates[s]
+            r = rows[j][busy] if g == 0.0 else rows[j][busy] * (1 - g) + rows[j + 1][busy] * g
+            f = self.frac[i]
             rate = 1.0 if r == 1.0 else 1.0 / (f / r + 1.0 - f)  # exact when all are busy
             if rate == self.rate[i]:
                 continue
