@@ -47,6 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="platform name (default: the file's stem)")
     p.add_argument("--description", default=None, help="the platform's description line")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="FILE",
+        default=None,
+        help="measure nothing: write the value-by-value median of these platform files, "
+        "calibrations of this machine taken at different times (a machine whose speed "
+        "drifts needs several)",
+    )
 
 
 def run(args) -> int:
@@ -65,6 +74,8 @@ def run(args) -> int:
     out = Path(args.output)
     if out.suffix not in (".yaml", ".yml"):
         raise RatrainError(f"-o {args.output}: a platform file ends in .yaml or .yml")
+    if args.merge:
+        return _merge(args, out)
     data = calibrate(
         args.device,
         args.nproc if args.nproc is not None else 4,
@@ -101,6 +112,23 @@ def run(args) -> int:
             "measured; re-run calibrate when it is idle",
             file=sys.stderr,
         )
+    return 0
+
+
+def _merge(args, out: Path) -> int:
+    from ratrain.calibrate import write_platform
+    from ratrain.calibrate.merge import merge_platforms
+    from ratrain.platforms import load
+
+    data = merge_platforms(args.merge, name=args.name)
+    if args.description:
+        data["description"] = f"{args.description} {data['description']}"
+    path = write_platform(data, out)
+    plat = load(path)  # what we wrote must load
+    merged = sum(n.startswith("measured: median of") for n in plat.notes.values())
+    print(
+        f"wrote {path}: {merged} of {len(plat.notes)} values the median of {len(args.merge)} files"
+    )
     return 0
 
 
