@@ -5,6 +5,7 @@ against the source's entropy floor (the best loss any model can reach)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -100,8 +101,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--threads",
         type=int,
-        help="CPU threads per process (default: 1 for models under 50M parameters, whose "
-        "small GEMMs gain nothing from more and lose much when cores are shared; else torch's)",
+        help="CPU threads per process (default: one process: 1 for models under 50M "
+        "parameters, whose small GEMMs gain nothing from more and lose much when cores are "
+        "shared, else torch's; several ranks: the CPUs this process may use, shared by them)",
     )
     g.add_argument("--nproc", type=int, help="processes to launch; must equal pp x dp")
     g.add_argument(
@@ -214,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
         # Checkpoints and HF weights live in the distributed runtime (also on one process).
         from ratrain.runtime.train_command import run_distributed
 
-        return run_distributed(args, spec, plan, train_config_from_args(args))
+        with _omp_threads(args.threads):  # each rank's threads (the launcher reads it)
+            return run_distributed(args, spec, plan, train_config_from_args(args))
     if getattr(args, "compile", False) or plan.loss_chunk_tokens:
         print(
             "ratrain train: --compile and --loss-chunk-tokens apply to the pipeline runtime "
@@ -229,6 +232,23 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return run_reference(args, spec, plan)
+
+
+@contextlib.contextmanager
+def _omp_threads(threads: int | None):
+    """OMP_NUM_THREADS = threads for the ranks this process launches, restored after."""
+    if threads is None:
+        yield
+        return
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
 
 
 def _config_path(d: str) -> str:

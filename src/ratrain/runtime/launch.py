@@ -126,9 +126,19 @@ def _child(
 
 
 def _threads_per_rank(nprocs: int) -> int:
+    """OMP_NUM_THREADS where set (`ratrain train --threads` sets it), else the CPUs this
+    process may run on (its affinity: a container or `taskset` limit, not the machine's
+    count, which would oversubscribe them) shared by the ranks."""
     if "OMP_NUM_THREADS" in os.environ:
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    return max(1, (os.cpu_count() or 1) // nprocs)
+    return max(1, _cpus() // nprocs)
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def spawn(
