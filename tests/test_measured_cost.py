@@ -46,7 +46,11 @@ def _measured(tmp_path, cores=2, thread_eff=0.5):
     }
     c["cores_per_node"] = {"value": cores, "note": M}
     c["thread_efficiency"] = {"value": thread_eff, "note": M}
-    for extra in ("rank_speed", "unit_time_factor"):  # tested apart (test_unit_and_rank_...)
+    for extra in (
+        "rank_speed",
+        "rank_speed_tokens",
+        "unit_time_factor",
+    ):  # tested apart (test_unit_and_rank_...)
         c.pop(extra, None)
     data["runtime"] = {
         "action_overhead_s": {
@@ -159,7 +163,7 @@ def test_shared_cores_slow_every_rank(tmp_path):
 
 def _with(tmp_path, **compute):
     data = yaml.safe_load((_DIR / "cpu-local.yaml").read_text())
-    for extra in ("rank_speed", "unit_time_factor"):
+    for extra in ("rank_speed", "rank_speed_tokens", "unit_time_factor"):
         data["compute"].pop(extra, None)
     for k, v in compute.items():  # a mapping is a section of entries, else one entry
         data["compute"][k] = (

@@ -70,8 +70,8 @@ def test_peak_speed_bounds_every_row():
     for pp, dp in ((1, 1), (2, 1), (3, 1), (1, 2), (2, 2), (4, 1)):
         plan = Plan(pp=pp, dp=dp, global_batch=2 * dp, seq=128)
         peak = CostModel(TINY, plan, MEASURED, speed="peak").speed
-        w = pp * dp
-        assert all(peak >= shared_speed(MEASURED, w, b) for b in range(1, w + 1))
+        w, tokens = pp * dp, plan.micro_batch * plan.seq  # the speeds the plan runs at
+        assert all(peak >= shared_speed(MEASURED, w, b, None, tokens) for b in range(1, w + 1))
 
 
 def test_step_bound_never_exceeds_the_simulation_with_the_table():

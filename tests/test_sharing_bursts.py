@@ -20,9 +20,15 @@ from ratrain.platforms.load import _DIR, load
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
 from ratrain.sim.sharing import node_sharing, run_shared
 
-BASE = dataclasses.replace(load("cpu-local"), waiting_ranks_lend_cores=True)
+BASE = dataclasses.replace(
+    load("cpu-local"),
+    waiting_ranks_lend_cores=True,
+    rank_speed=((1, 1.5), (2, 0.9), (4, 0.45)),
+    rank_speed_tokens=(),
+    shared_rank_speed=(),
+)
 # 2 ranks: one of them busy runs at 0.95 when each computes 10 ms between waits, 1.2 at
-# 100 ms (both above the all-busy speed, so no floor applies).
+# 100 ms (both above the all-busy speed 0.9, so no floor applies).
 ROWS = ((2, 1, 0.95, 0.01), (2, 1, 1.2, 0.1))
 BURSTY = dataclasses.replace(BASE, shared_rank_speed=ROWS)
 TOKENS = ((1, 128, 1.4), (1, 512, 1.7))

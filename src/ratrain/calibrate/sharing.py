@@ -1,8 +1,11 @@
 """How fast one rank computes when k ranks share the node, measured with the runtime's work.
 
 (And, for each k >= 2 and b < k, how fast the b ranks that compute go while the other
-k - b wait in a blocked gloo receive, the way the executor's walk waits:
-`compute.shared_rank_speed`, read by processor sharing instead of its formula.)
+k - b wait in a blocked gloo receive, the way the executor's walk waits, with the busy set
+moving on after each burst of computing as a pipeline's does, for a short and a long
+burst: `compute.shared_rank_speed`, read by processor sharing instead of its formula. And,
+for the rank counts whose ranks run several threads, the speed at 128 and 512 tokens per
+microbatch as well: `compute.rank_speed_tokens`.)
 
 For each rank count k (1, 2, 4, ... up to `nproc`), `ratrain.runtime.launch.spawn` starts k
 ranks with the launcher's own thread policy (cores // k threads each, at least one) and

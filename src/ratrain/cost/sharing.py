@@ -28,7 +28,11 @@ that say their waiting ranks lend their cores (`runtime.waiting_ranks_lend_cores
 `ratrain calibrate` turns it on for CPU machines and measures, for w ranks on the node and
 b < w of them computing while the others wait in a blocked receive (as the executor
 waits), the busy ranks' speed (`Platform.shared_rank_speed`); where a platform has that
-row, `shared_speed` is the measured figure, not the formula. The formula takes a waiting
+row, `shared_speed` is the measured figure, not the formula. Those rows are measured per
+burst (how long a rank computes between waits, the busy set moving on after each, as in a
+pipeline): with millisecond bursts a waiting rank's core is not all lent (the scheduler
+leaves a core idle while two ranks share the other), so `shared_speed(..., burst_s)`
+interpolates the rows in log burst. The formula takes a waiting
 rank to use no CPU; gloo's waits use some, so without the table 4-rank plans on 2 cores
 came out 12-16% fast on the validation grid (docs/validation.md). Pure Python.
 """
