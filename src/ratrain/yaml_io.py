@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import yaml
 
-__all__ = ["load_yaml"]
+__all__ = ["load_yaml", "read_yaml_file"]
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -16,3 +16,19 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def load_yaml(text: str):
     """`yaml.safe_load(text)`, with the C loader when it is available."""
     return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader, C or Python
+
+
+def read_yaml_file(path, what: str):
+    """The YAML in the file at `path`, or a one-line `RatrainError` naming it as `what` (the
+    flag or kind of file it was given as) and saying why it could not be read."""
+    from pathlib import Path
+
+    from ratrain.errors import RatrainError
+
+    p = Path(path)
+    try:
+        return load_yaml(p.read_text())
+    except OSError as e:
+        raise RatrainError(f"{what} {p}: cannot read it ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise RatrainError(f"{what} {p}: not valid YAML ({str(e).splitlines()[0]})") from None

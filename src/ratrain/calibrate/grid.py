@@ -18,12 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from ratrain.config import Plan
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
-from ratrain.yaml_io import load_yaml
+from ratrain.yaml_io import read_yaml_file
 
 __all__ = ["GridPlan", "default_grid", "load_grid", "load_grid_models", "DEFAULT_MODELS"]
 
@@ -125,12 +123,7 @@ def default_grid(max_ranks: int = 4) -> list[GridPlan]:
 
 def _read_grid(path: str | Path) -> dict:
     p = Path(path)
-    try:
-        data = load_yaml(p.read_text())
-    except OSError as e:
-        raise RatrainError(f"grid {p}: cannot read it ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise RatrainError(f"grid {p}: not valid YAML/JSON ({str(e).splitlines()[0]})") from None
+    data = read_yaml_file(p, "grid")
     if not isinstance(data, dict) or not isinstance(data.get("plans"), list):
         raise RatrainError(f"grid {p}: expected a mapping with models and plans")
     models = data.get("models") or {}

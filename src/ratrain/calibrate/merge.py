@@ -27,11 +27,9 @@ import re
 import statistics
 from pathlib import Path
 
-import yaml
-
 from ratrain.calibrate.platform_file import _raise_peaks
 from ratrain.errors import RatrainError
-from ratrain.yaml_io import load_yaml
+from ratrain.yaml_io import read_yaml_file
 
 __all__ = ["merge_platforms"]
 
@@ -39,12 +37,7 @@ _DTYPES = ("fp32", "bf16", "fp16")
 
 
 def _read(path: Path) -> dict:
-    try:
-        data = load_yaml(path.read_text())
-    except OSError as e:
-        raise RatrainError(f"--merge {path}: cannot read it ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise RatrainError(f"--merge {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    data = read_yaml_file(path, "--merge")
     compute = data.get("compute") if isinstance(data, dict) else None
     if not isinstance(compute, dict) or "peak_flops" not in compute:
         raise RatrainError(f"--merge {path}: not a platform file written by ratrain calibrate")

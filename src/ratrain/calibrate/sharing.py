@@ -76,16 +76,7 @@ def _iteration(block, x):
 
 
 def _seconds_per_iteration(block, x, window_s: float, sync: bool) -> float:
-    _iteration(block, x)  # warm-up
-    if sync:
-        dist.barrier()
-    n, t0 = 0, time.perf_counter()
-    while True:
-        _iteration(block, x)
-        n += 1
-        elapsed = time.perf_counter() - t0
-        if elapsed >= window_s and n >= 2:
-            return elapsed / n
+    return _loop_s(_iteration, block, x, window_s, sync)
 
 
 def _one_thread_window(block, x, window_s: float) -> float:
@@ -121,9 +112,12 @@ _KINDS = {"F": _forward, "FB": _iteration}
 a long one (forward and backward), about 1:3 in length."""
 
 
-def _loop_s(fn, block, x, window_s: float) -> float:
-    """Seconds per call of fn(block, x), called until window_s has passed (at least 2)."""
+def _loop_s(fn, block, x, window_s: float, sync: bool = False) -> float:
+    """Seconds per call of fn(block, x), called until window_s has passed (at least 2);
+    with `sync`, every rank starts together after a barrier that follows the warm-up."""
     fn(block, x)  # warm-up
+    if sync:
+        dist.barrier()
     n, t0 = 0, time.perf_counter()
     while True:
         fn(block, x)
