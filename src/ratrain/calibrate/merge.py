@@ -27,7 +27,7 @@ import re
 import statistics
 from pathlib import Path
 
-from ratrain.calibrate.platform_file import _raise_peaks
+from ratrain.calibrate.platform_file import _raise_peaks, peak_entry
 from ratrain.errors import RatrainError
 from ratrain.yaml_io import read_yaml_file
 
@@ -165,13 +165,8 @@ def _derive_peaks(compute: dict, cores: int) -> None:
         if not mine or dt not in compute["peak_flops"]:
             continue
         best = max(r for e in mine.values() for _, r in e["value"])
-        peak = float(f"{best * speedup:.4g}")
-        entry = compute["peak_flops"][dt]
-        entry["value"] = peak
-        entry["note"] = (
-            f"derived: the fastest merged {dt} kernel ({best:.3g} FLOP/s on one thread) x (1 + "
-            f"(cores - 1) x thread_efficiency) = x{speedup:.3g}: no rank's kernels beat it"
-        )
+        compute["peak_flops"][dt] = peak_entry(dt, best, speedup, "merged")
+        peak = compute["peak_flops"][dt]["value"]
         for e in mine.values():
             e["value"] = [[f, float(f"{r / peak:.4g}")] for f, r in e["value"]]
     if "efficiency" in compute:

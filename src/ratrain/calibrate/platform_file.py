@@ -71,11 +71,7 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
             continue
         best = max(r for pts in rows.values() for _, r in pts)
         peak = best * speedup
-        peaks[dt] = _v(
-            float(f"{peak:.4g}"),
-            f"derived: the fastest measured {dt} kernel ({best:.3g} FLOP/s on one thread) "
-            f"x (1 + (cores - 1) x thread_efficiency) = x{speedup:.3g}: no rank's kernels beat it",
-        )
+        peaks[dt] = peak_entry(dt, best, speedup, "measured")
         for kind, pts in rows.items():
             curves[f"{kind}.{dt}"] = _v(
                 [[float(f), float(f"{r / peak:.4g}")] for f, r in sorted(pts)],
@@ -294,6 +290,16 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
         data["compute"]["unit_time_factor"] = _unit_factors(data, raw["units"], timer, on, ctx)
     _raise_peaks(data["compute"], speedup)
     return data
+
+
+def peak_entry(dt: str, best: float, speedup: float, which: str) -> dict:
+    """A dtype's derived peak: its fastest one-thread kernel (`which`: measured, merged)
+    times the thread scaling, so that no rank's kernels beat it."""
+    return _v(
+        float(f"{best * speedup:.4g}"),
+        f"derived: the fastest {which} {dt} kernel ({best:.3g} FLOP/s on one thread) "
+        f"x (1 + (cores - 1) x thread_efficiency) = x{speedup:.3g}: no rank's kernels beat it",
+    )
 
 
 def _raise_peaks(compute: dict, speedup: float) -> None:

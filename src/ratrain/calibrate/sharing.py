@@ -79,12 +79,13 @@ def _seconds_per_iteration(block, x, window_s: float, sync: bool) -> float:
     return _loop_s(_iteration, block, x, window_s, sync)
 
 
-def _one_thread_window(block, x, window_s: float) -> float:
-    """Seconds per iteration on one thread (the curves' speed), the caller's threads kept."""
+def _one_thread_window(block, x, window_s: float, fn=None) -> float:
+    """Seconds per call of fn(block, x) (default: an iteration) on one thread (the curves'
+    speed), the caller's threads kept."""
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _seconds_per_iteration(block, x, window_s, sync=False)
+        return _loop_s(fn or _iteration, block, x, window_s)
     finally:
         torch.set_num_threads(saved)
 
@@ -170,12 +171,7 @@ def _ring_windows(block, x, window_s: float, windows: int, busy: int) -> dict:
         for _ in range(windows):
             ref = torch.zeros(1, dtype=torch.float64)
             if dist.get_rank() == 0:
-                saved = torch.get_num_threads()
-                torch.set_num_threads(1)
-                try:
-                    ref[0] = _loop_s(fn, block, x, window_s)
-                finally:
-                    torch.set_num_threads(saved)
+                ref[0] = _one_thread_window(block, x, window_s, fn)
             dist.broadcast(ref, 0)
             hops = max(world + 2, math.ceil(window_s / ref.item()) + world)
             rows.append((ref.item(), _ring(fn, block, x, hops, busy)))
