@@ -11,11 +11,15 @@ from ratrain.cli import main
 from ratrain.platforms.load import _DIR, load
 
 
-def _file(tmp_path, name, scale, rank1=None, extra_row=False):
+def _file(tmp_path, name, scale, rank1=None, extra_row=False, timed="mean"):
     """The shipped cpu-local file with its measured speeds scaled, as another calibration of
-    the same machine at another moment would read them."""
+    the same machine at another moment would read them; its kernels timed by `timed` (mean
+    or fastest call), as its curves' notes say."""
     data = yaml.safe_load((_DIR / "cpu-local.yaml").read_text())
     c = data["compute"]
+    for entry in c["efficiency_curves"].values():
+        for was in ("fastest of repeated", "mean of repeated"):
+            entry["note"] = entry["note"].replace(was, f"{timed} of repeated")
     for entry in c["peak_flops"].values():
         entry["value"] *= scale  # achieved FLOP/s = efficiency x peak: all scaled
     c["rank_speed"]["value"] = [[k, v * scale] for k, v in c["rank_speed"]["value"]]
@@ -65,13 +69,14 @@ def test_rows_that_differ_keep_the_first_file_and_say_so(tmp_path):
     assert "alone" in m.notes["compute.rank_speed"]
 
 
-@pytest.mark.parametrize("case", ["one", "missing", "not-platform"])
+@pytest.mark.parametrize("case", ["one", "missing", "not-platform", "timed-otherwise"])
 def test_bad_merges_are_one_line_errors(tmp_path, capsys, case):
     a = _file(tmp_path, "a", 1.0)
     other = {
         "one": [],
         "missing": [str(tmp_path / "nope.yaml")],
         "not-platform": [str(tmp_path / "x.yaml")],
+        "timed-otherwise": [str(_file(tmp_path, "old", 1.0, timed="fastest"))],
     }[case]
     (tmp_path / "x.yaml").write_text("name: x\n")
     rc = main(["calibrate", "--merge", str(a), *other, "-o", str(tmp_path / "m.yaml")])

@@ -89,7 +89,7 @@ def calibrate(
     from ratrain.calibrate.platform_file import build_platform
     from ratrain.calibrate.probe import probe_s
     from ratrain.calibrate.sharing import measure_rank_speed, rank_counts
-    from ratrain.calibrate.timing import Progress, Timer
+    from ratrain.calibrate.timing import CALIBRATE_STATISTIC, Progress, Timer
 
     if device not in ("cpu", "cuda"):
         raise RatrainError(f"--device must be cpu or cuda, got {device!r}")
@@ -105,7 +105,7 @@ def calibrate(
         raise RatrainError(f"--windows must be >= 1, got {windows}")
     if not max_spread > 0:
         raise RatrainError(f"--max-spread must be positive, got {max_spread}")
-    # Seconds per window of one quantity: a window is the fastest of its repetitions.
+    # Seconds per window of one quantity: a window is the mean of its repetitions.
     budget = budget_s if budget_s is not None else (0.08 if quick else 0.25)
     cores = _cores() if device == "cpu" else 1
     k_items = K.kernel_plan(dtypes, quick)
@@ -115,7 +115,7 @@ def calibrate(
     n_steps += len(rank_counts(nproc)) + 2 if device == "cpu" else 0
     bar = Progress(n_steps, enabled=progress)
     dev = torch.device(device)
-    timer = Timer(dev, budget)
+    timer = Timer(dev, budget, statistic=CALIBRATE_STATISTIC)
 
     def measure(item):
         kind, it = item

@@ -70,7 +70,7 @@ def kernel_plan(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, str, tu
 
 
 def _fwd_bwd(timer: Timer, make: Callable[[], tuple[Callable, list[torch.Tensor]]]):
-    """Fastest forward time, and fastest backward time, each timed directly: the backward
+    """Forward time and backward time (the timer's statistic), each timed directly: the backward
     of a fresh forward (run untimed before each repetition), not (forward + backward) -
     forward, whose difference of two separately timed figures moved a backward GEMM's
     efficiency 2.5x between calibrations."""

@@ -107,12 +107,37 @@ def _median_table(tables: list[list[list[float]]]) -> list[list[float]] | None:
     return out
 
 
+_STATISTICS = {"fastest of": "the fastest call", "mean of": "the mean call"}
+"""How a file's kernel windows were timed, as its kernel curves' notes say it."""
+
+
+def _statistic(data: dict) -> str | None:
+    notes = " ".join(
+        str(e.get("note", "")) for e in data["compute"].get("efficiency_curves", {}).values()
+    )
+    found = [what for key, what in _STATISTICS.items() if f"{key} repeated" in notes]
+    return found[0] if len(found) == 1 else None
+
+
+def _check_statistics(datas: list[dict], paths: list[Path]) -> None:
+    """Files whose kernels were timed by different statistics (the fastest call, before
+    calibrate charged the mean) measure different things: refuse to take their median."""
+    kinds = {p.name: _statistic(d) for d, p in zip(datas, paths, strict=True)}
+    if len({k for k in kinds.values() if k}) > 1:
+        said = ", ".join(f"{n}: {k}" for n, k in kinds.items() if k)
+        raise RatrainError(
+            f"--merge: the files timed their kernels differently ({said}); merge only "
+            "calibrations taken the same way (re-run ratrain calibrate for the older ones)"
+        )
+
+
 def merge_platforms(paths: list[str | Path], name: str | None = None) -> dict:
     """The merged platform data (see the module docstring); at least two files."""
     paths = [Path(p) for p in paths]
     if len(paths) < 2:
         raise RatrainError("--merge needs at least two platform files written by calibrate")
     datas = [_read(p) for p in paths]
+    _check_statistics(datas, paths)
     out = copy.deepcopy(datas[0])
     names = ", ".join(_when(d, p) for d, p in zip(datas, paths, strict=True))
     n = len(datas)

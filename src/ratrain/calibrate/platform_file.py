@@ -62,7 +62,7 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
     cpu = ctx["device"] == "cpu"
     speedup = 1 + (cores - 1) * te if cpu else 1.0
     peaks, curves = {}, {}
-    timer = "fastest of repeated wall-clock runs" if cpu else "fastest of CUDA-event timings"
+    timer = "mean of repeated wall-clock runs" if cpu else "mean of CUDA-event timings"
     if ctx.get("windows"):
         timer += " per window"
     for dt in ("fp32", "bf16", "fp16"):

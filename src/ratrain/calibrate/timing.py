@@ -1,9 +1,11 @@
 """Timing kernels on one device: wall clock on CPU, CUDA events on a GPU, one interface.
 
 `Timer.time_s(fn)` runs `fn` a few times for warm-up, then repeats it until the time
-budget is spent (at least `min_reps` times): one *window*. It returns the window's fastest repetition by
-default (timeit's advice: slower repetitions measure interference from other work on
-the machine, not the kernel), or the median with `statistic="median"`. On CUDA the events
+budget is spent (at least `min_reps` times): one *window*. It returns the window's fastest
+repetition by default (timeit's advice: slower repetitions measure interference from other
+work on the machine, not the kernel), the median with `statistic="median"`, or the mean
+with `statistic="mean"`: what a long run of such calls pays per call, jitter included
+(`ratrain calibrate` uses it; see `CALIBRATE_STATISTIC`). On CUDA the events
 are recorded on the current stream around each call and read after a synchronize, so
 the figure is device time, not launch time. (The CUDA path is written to the same
 interface but was not run on the machine this was built on, which has no GPU.)
@@ -18,7 +20,19 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["Timer", "Progress"]
+__all__ = ["Timer", "Progress", "CALIBRATE_STATISTIC"]
+
+CALIBRATE_STATISTIC = "mean"
+"""measured: a training step runs hundreds of kernel calls back to back, so its time is
+their sum and its median over steps approaches the sum of each call's *mean* time, not of
+its fastest. On the 2-core reference VM (idle, one thread, 55-200 calls each) the median
+call of a Block forward (h384, 128-256 tokens), the Head's loss and a 256x384x1024 GEMM
+ran 1.05-1.52x the fastest and the mean 1.01-1.11x the median: the fastest call
+under-charges every kernel by the machine's jitter. A calibration window's value is thus
+its calls' mean; a slow spell over a whole window is still left out by the median over
+interleaved windows (`ratrain.calibrate.windows`)."""
+
+_STATISTICS = ("min", "median", "mean")
 
 
 class Timer:
@@ -28,6 +42,8 @@ class Timer:
         self, device: torch.device, budget_s: float, min_reps: int = 3, statistic: str = "min"
     ) -> None:
         self.device, self.budget_s, self.min_reps = device, budget_s, min_reps
+        if statistic not in _STATISTICS:
+            raise ValueError(f"statistic must be one of {_STATISTICS}, got {statistic!r}")
         self.statistic = statistic
         self.cuda = device.type == "cuda"
 
@@ -61,7 +77,9 @@ class Timer:
             times.append(self._once(fn, setup))
             if warmup and first > self.budget_s and len(times) >= 1:
                 break
-        return min(times) if self.statistic == "min" else statistics.median(times)
+        if self.statistic == "min":
+            return min(times)
+        return statistics.median(times) if self.statistic == "median" else statistics.mean(times)
 
 
 class Progress:
