@@ -56,6 +56,39 @@ def test_others_load_is_a_share():
     assert share is None or 0.0 <= share <= 1.0
 
 
+_BURN = (
+    "import time\n"
+    "t = time.process_time()\n"
+    "while time.process_time() - t < 0.6:\n"
+    "    pass\n"
+)
+_LAUNCHER = (  # like the launcher's forkserver: reaps a child that computed, lives on
+    "import subprocess, sys, time\n"
+    "subprocess.run([sys.executable, '-c', sys.argv[1]], check=True)\n"
+    "print('done', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_own_cpu_counts_a_live_childs_reaped_children():
+    """The ranks are children of the launcher's forkserver, which outlives them: their CPU
+    time is ours, not other processes' (it read as 25-27% of an idle machine)."""
+    import subprocess
+    import sys
+
+    from ratrain.calibrate.load import _own_s
+
+    before = _own_s()
+    p = subprocess.Popen([sys.executable, "-c", _LAUNCHER, _BURN], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == b"done"
+        assert p.poll() is None  # alive: not among our waited-for children
+        assert _own_s() - before >= 0.5  # the grandchild's 0.6 s of CPU
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+
+
 def _fake_calibration(warnings):
     data = yaml.safe_load((_DIR / "cpu-local.yaml").read_text())
     data["name"] = "fake"
