@@ -40,4 +40,3 @@ def test_window_statistic(monkeypatch, statistic, expected):
 def test_unknown_statistic():
     with pytest.raises(ValueError, match="statistic must be one of"):
         Timer(torch.device("cpu"), 0.1, statistic="fastest")
-

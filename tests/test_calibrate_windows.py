@@ -56,12 +56,7 @@ def test_others_load_is_a_share():
     assert share is None or 0.0 <= share <= 1.0
 
 
-_BURN = (
-    "import time\n"
-    "t = time.process_time()\n"
-    "while time.process_time() - t < 0.6:\n"
-    "    pass\n"
-)
+_BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6:\n    pass\n"
 _LAUNCHER = (  # like the launcher's forkserver: reaps a child that computed, lives on
     "import subprocess, sys, time\n"
     "subprocess.run([sys.executable, '-c', sys.argv[1]], check=True)\n"
