@@ -28,6 +28,7 @@ def _file(tmp_path, name, scale, rank1=None, extra_row=False, timed="mean"):
     if extra_row:
         c["rank_speed"]["value"].append([8, 0.2])
     c["thread_efficiency"]["value"] = 0.8
+    tmp_path.mkdir(exist_ok=True)
     p = tmp_path / f"{name}.yaml"
     p.write_text(yaml.safe_dump(data, sort_keys=False))
     return p
@@ -76,7 +77,8 @@ def test_bad_merges_are_one_line_errors(tmp_path, capsys, case):
         "one": [],
         "missing": [str(tmp_path / "nope.yaml")],
         "not-platform": [str(tmp_path / "x.yaml")],
-        "timed-otherwise": [str(_file(tmp_path, "old", 1.0, timed="fastest"))],
+        # an older calibration of the same name, kept in another directory
+        "timed-otherwise": [str(_file(tmp_path / "old", "a", 1.0, timed="fastest"))],
     }[case]
     (tmp_path / "x.yaml").write_text("name: x\n")
     rc = main(["calibrate", "--merge", str(a), *other, "-o", str(tmp_path / "m.yaml")])

@@ -27,7 +27,7 @@ import re
 import statistics
 from pathlib import Path
 
-from ratrain.calibrate.platform_file import _raise_peaks, peak_entry
+from ratrain.calibrate.platform_file import TIMED_AS, _raise_peaks, peak_entry
 from ratrain.errors import RatrainError
 from ratrain.yaml_io import read_yaml_file
 
@@ -107,24 +107,21 @@ def _median_table(tables: list[list[list[float]]]) -> list[list[float]] | None:
     return out
 
 
-_STATISTICS = {"fastest of": "the fastest call", "mean of": "the mean call"}
-"""How a file's kernel windows were timed, as its kernel curves' notes say it."""
-
-
 def _statistic(data: dict) -> str | None:
+    """The statistic a file's kernel windows took, as its kernel curves' notes say it."""
     notes = " ".join(
         str(e.get("note", "")) for e in data["compute"].get("efficiency_curves", {}).values()
     )
-    found = [what for key, what in _STATISTICS.items() if f"{key} repeated" in notes]
+    found = [stat for stat, words in TIMED_AS.items() if f"{words} repeated" in notes]
     return found[0] if len(found) == 1 else None
 
 
 def _check_statistics(datas: list[dict], paths: list[Path]) -> None:
     """Files whose kernels were timed by different statistics (the fastest call, before
     calibrate charged the mean) measure different things: refuse to take their median."""
-    kinds = {p.name: _statistic(d) for d, p in zip(datas, paths, strict=True)}
-    if len({k for k in kinds.values() if k}) > 1:
-        said = ", ".join(f"{n}: {k}" for n, k in kinds.items() if k)
+    kinds = [(p, _statistic(d)) for d, p in zip(datas, paths, strict=True)]
+    if len({k for _, k in kinds if k}) > 1:
+        said = ", ".join(f"{p}: the {TIMED_AS[k]} its calls" for p, k in kinds if k)
         raise RatrainError(
             f"--merge: the files timed their kernels differently ({said}); merge only "
             "calibrations taken the same way (re-run ratrain calibrate for the older ones)"

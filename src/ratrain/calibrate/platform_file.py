@@ -9,10 +9,15 @@ import math
 
 from ratrain.calibrate.comm import fit_alpha_beta
 from ratrain.calibrate.probe import PROBE_WHAT
+from ratrain.calibrate.timing import CALIBRATE_STATISTIC
 from ratrain.config import DTYPE_BYTES
 from ratrain.platforms.host import host_fingerprint
 
 __all__ = ["build_platform"]
+
+TIMED_AS = {"min": "fastest of", "median": "median of", "mean": "mean of"}
+"""How a kernel note names the statistic its windows took (`Timer`'s `statistic`), followed
+by "repeated ..."; `ratrain calibrate --merge` reads it back."""
 
 _ASYNC_P2P = ("SEND_F", "SEND_B", "RECV_F", "RECV_B")
 _ASYNC_COLL = ("SYNC", "NORM", "OVF")
@@ -62,7 +67,8 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
     cpu = ctx["device"] == "cpu"
     speedup = 1 + (cores - 1) * te if cpu else 1.0
     peaks, curves = {}, {}
-    timer = "mean of repeated wall-clock runs" if cpu else "mean of CUDA-event timings"
+    timed = TIMED_AS[CALIBRATE_STATISTIC]
+    timer = f"{timed} repeated wall-clock runs" if cpu else f"{timed} CUDA-event timings"
     if ctx.get("windows"):
         timer += " per window"
     for dt in ("fp32", "bf16", "fp16"):
