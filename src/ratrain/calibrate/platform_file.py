@@ -9,15 +9,11 @@ import math
 
 from ratrain.calibrate.comm import fit_alpha_beta
 from ratrain.calibrate.probe import PROBE_WHAT
-from ratrain.calibrate.timing import CALIBRATE_STATISTIC
+from ratrain.calibrate.timing import CALIBRATE_STATISTIC, TIMED_AS
 from ratrain.config import DTYPE_BYTES
 from ratrain.platforms.host import host_fingerprint
 
 __all__ = ["build_platform"]
-
-TIMED_AS = {"min": "fastest of", "median": "median of", "mean": "mean of"}
-"""How a kernel note names the statistic its windows took (`Timer`'s `statistic`), followed
-by "repeated ..."; `ratrain calibrate --merge` reads it back."""
 
 _ASYNC_P2P = ("SEND_F", "SEND_B", "RECV_F", "RECV_B")
 _ASYNC_COLL = ("SYNC", "NORM", "OVF")

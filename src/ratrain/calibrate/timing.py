@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["Timer", "Progress", "CALIBRATE_STATISTIC"]
+__all__ = ["Timer", "Progress", "CALIBRATE_STATISTIC", "TIMED_AS"]
 
 CALIBRATE_STATISTIC = "mean"
 """measured: a training step runs hundreds of kernel calls back to back, so its time is
@@ -32,7 +32,9 @@ under-charges every kernel by the machine's jitter. A calibration window's value
 its calls' mean; a slow spell over a whole window is still left out by the median over
 interleaved windows (`ratrain.calibrate.windows`)."""
 
-_STATISTICS = ("min", "median", "mean")
+TIMED_AS = {"min": "fastest of", "median": "median of", "mean": "mean of"}
+"""The statistics a window can take, each as a platform file's kernel note names it
+(followed by "repeated ..."); `ratrain calibrate --merge` reads it back."""
 
 
 class Timer:
@@ -42,8 +44,8 @@ class Timer:
         self, device: torch.device, budget_s: float, min_reps: int = 3, statistic: str = "min"
     ) -> None:
         self.device, self.budget_s, self.min_reps = device, budget_s, min_reps
-        if statistic not in _STATISTICS:
-            raise ValueError(f"statistic must be one of {_STATISTICS}, got {statistic!r}")
+        if statistic not in TIMED_AS:
+            raise ValueError(f"statistic must be one of {tuple(TIMED_AS)}, got {statistic!r}")
         self.statistic = statistic
         self.cuda = device.type == "cuda"
 
