@@ -92,8 +92,8 @@ def compare(files: list[Path]) -> dict:
 
 
 def rescored(files: list[Path], prev: str) -> list[dict]:
-    from ratrain.calibrate.rescore import rescore
     from ratrain.platforms import load
+    from ratrain.validate.rescore import rescore
 
     rows = []
     for f in files:

@@ -35,7 +35,7 @@ def _io_rank(rdzv, spec: ModelSpec, plan: Plan, root: str, reps: int) -> dict:
 
     from ratrain.checkpoint.io import load_checkpoint, save_checkpoint
     from ratrain.checkpoint.state import StageIO
-    from ratrain.runtime.grid import ParallelGrid
+    from ratrain.launch.grid import ParallelGrid
     from ratrain.runtime.precision import LossScaler
     from ratrain.runtime.stage import StageModel
 
@@ -75,7 +75,7 @@ def _io_rank(rdzv, spec: ModelSpec, plan: Plan, root: str, reps: int) -> dict:
 
 
 def io_table(plan: Plan, reps: int) -> list[dict]:
-    from ratrain.runtime.launch import spawn
+    from ratrain.launch.spawn import spawn
 
     with tempfile.TemporaryDirectory(prefix="ratrain-ckpt-bench-") as root:
         return spawn(_io_rank, plan.pp * plan.dp, SPEC, plan, root, reps)
@@ -83,7 +83,7 @@ def io_table(plan: Plan, reps: int) -> list[dict]:
 
 def overhead(plan: Plan, steps: int, every: int) -> dict:
     from ratrain.data import make_source
-    from ratrain.runtime.distributed_train import Job, run_job
+    from ratrain.train.job import Job, run_job
 
     cfg = TrainConfig(steps=steps, warmup_steps=1)
     with tempfile.TemporaryDirectory(prefix="ratrain-ckpt-bench-") as root:

@@ -19,8 +19,8 @@ import torch
 from ratrain.cli import train as train_cli
 from ratrain.cli.common import plan_from_args
 from ratrain.data import Batches, make_source
-from ratrain.models.llama import cross_entropy
-from ratrain.runtime.reference import ReferenceTrainer
+from ratrain.nn.llama import cross_entropy
+from ratrain.train.reference import ReferenceTrainer
 
 HELD_OUT_STEP = 10**6  # sequences of this step index are never seen in training
 HELD_OUT_SEQS = 256

@@ -14,11 +14,11 @@ import argparse
 import json
 import sys
 
-from ratrain.calibrate.grid import default_grid, load_grid
-from ratrain.calibrate.validate import _job
 from ratrain.platforms import load
-from ratrain.runtime.distributed_train import run_job
 from ratrain.sim import simulate
+from ratrain.train.job import run_job
+from ratrain.validate.grid import default_grid, load_grid
+from ratrain.validate.run import _job
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """The peer systems and the matmul probe of `runtime_vs_peers.py`, one function per rank.
 
-Each `*_rank(rdzv, ...)` runs in a rank process started by `ratrain.runtime.launch.spawn`
+Each `*_rank(rdzv, ...)` runs in a rank process started by `ratrain.launch.spawn.spawn`
 and returns {"rank", "stage", "times", "rss"}: the period between step ends (s) on that
 rank, and the process's peak resident set (bytes).
 
@@ -24,10 +24,10 @@ from torch import nn
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.data.base import Batches
-from ratrain.models.llama import Block, Embedding, Head, build_unit, cross_entropy
-from ratrain.runtime.grid import ParallelGrid
-from ratrain.runtime.memory import PeakMemory
-from ratrain.runtime.profile import StepProfile
+from ratrain.launch.grid import ParallelGrid
+from ratrain.nn.llama import Block, Embedding, Head, build_unit, cross_entropy
+from ratrain.observe.memory import PeakMemory
+from ratrain.observe.profile import StepProfile
 
 __all__ = ["torch_1f1b_rank", "deepspeed_rank", "matmul_probe_rank", "deepspeed_available"]
 
@@ -60,7 +60,7 @@ def _adamw(params, cfg: TrainConfig) -> torch.optim.AdamW:
 
 def _timed(step, steps: int, profile: bool) -> dict:
     """Run `steps` timed steps (periods between step ends), the RSS after them, then one
-    profiled extra step when asked (`ratrain.runtime.profile`; its waits on communication
+    profiled extra step when asked (`ratrain.observe.profile`; its waits on communication
     fall in "comm" or "python": the peers' waits are not measured apart)."""
     times, t_last = [], time.perf_counter()
     for k in range(steps):
@@ -79,7 +79,7 @@ def _timed(step, steps: int, profile: bool) -> dict:
 def torch_1f1b_rank(
     rdzv, spec, plan: Plan, cfg: TrainConfig, source, profile=False, measure=False
 ) -> dict:
-    """`measure`: also count the rank's peak tensor bytes (`ratrain.runtime.memory`, the
+    """`measure`: also count the rank's peak tensor bytes (`ratrain.observe.memory`, the
     executor's own counter; slower on CPU) as "peak". On CUDA when one is available."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 

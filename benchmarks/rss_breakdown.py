@@ -8,7 +8,7 @@ every action of the last step, on every rank:
 - live tensor bytes (`LiveBytes`, the runtime's own counter);
 - glibc malloc's view (mallinfo2): bytes in use and free in its heaps (arena), and bytes
   in mmapped chunks;
-- the runtime's caching allocator's (`ratrain.runtime.cpu_allocator`, on by default):
+- the runtime's caching allocator's (`ratrain.launch.cpu_allocator`, on by default):
   bytes it has mapped and, of those, cached free blocks.
 
 It also takes the baseline: RSS after the fork (torch imported), after the process group
@@ -35,10 +35,12 @@ from runtime_vs_peers import BENCH_SPEC
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
-from ratrain.runtime import cpu_allocator, distributed_train, trace
-from ratrain.runtime import memory as rt_memory
-from ratrain.runtime.distributed_train import Job, rank_main, runtime_ledger
-from ratrain.runtime.launch import spawn
+from ratrain.launch import cpu_allocator
+from ratrain.launch.spawn import spawn
+from ratrain.observe import memory as rt_memory
+from ratrain.observe import trace
+from ratrain.train import job as distributed_train
+from ratrain.train.job import Job, rank_main, runtime_ledger
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 

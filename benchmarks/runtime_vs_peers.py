@@ -28,7 +28,7 @@ better peer" is the fastest of all of them.
 
 Per layout, the systems run one after the other, A B C C B A A B C ..., `--repeats`
 times (the order reversed every other repeat, so a drifting load favours none), each on
-fresh local gloo ranks (`ratrain.runtime.launch.spawn`). Reported per system:
+fresh local gloo ranks (`ratrain.launch.spawn.spawn`). Reported per system:
 
 - tokens/s: global-batch tokens / the median step period on the last stage's first
   replica, over the steps after `--warmup` (warm-up and compilation excluded); the median
@@ -41,7 +41,7 @@ fresh local gloo ranks (`ratrain.runtime.launch.spawn`). Reported per system:
   the probe runs once per repeat, interleaved with the systems, and its median is used;
 - peak RSS per rank (ru_maxrss), the largest rank's compared;
 - ratrain's compile time (`--compile`), reported apart and not in tokens/s;
-- a per-rank profile of one ratrain step (`ratrain.runtime.profile`): GEMM, attention,
+- a per-rank profile of one ratrain step (`ratrain.observe.profile`): GEMM, attention,
   elementwise, loss, copies, communication issue and wait, autograd engine, compiled
   graphs, and the rest (executor Python). The profiled step is an extra step, not timed.
   The peers' steps are profiled the same way, except that their waits on communication
@@ -64,13 +64,13 @@ from peers import deepspeed_available, deepspeed_rank, matmul_probe_rank, torch_
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
+from ratrain.launch.host_memory import LOW_RSS_MMAP_THRESHOLD_BYTES
+from ratrain.launch.spawn import spawn
 from ratrain.models.counts import model_flops_per_token, unit_fwd_flops
 from ratrain.models.presets import get_preset
 from ratrain.models.spec import ModelSpec
-from ratrain.runtime.distributed_train import Job, run_job
-from ratrain.runtime.host_memory import LOW_RSS_MMAP_THRESHOLD_BYTES
-from ratrain.runtime.launch import spawn
-from ratrain.runtime.profile import BUCKETS
+from ratrain.observe.profile import BUCKETS
+from ratrain.train.job import Job, run_job
 
 BENCH_SPEC = ModelSpec("bench-512", 8, 512, 8, 8, 1376, 8192, max_seq=256)
 """The issue's job model (LLaMA-style, MHA)."""

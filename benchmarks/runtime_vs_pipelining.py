@@ -35,9 +35,9 @@ from peers import torch_1f1b_rank
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
+from ratrain.launch.spawn import spawn
 from ratrain.models.presets import get_preset
-from ratrain.runtime.distributed_train import Job, run_job
-from ratrain.runtime.launch import spawn
+from ratrain.train.job import Job, run_job
 
 
 def _median_tail(xs: list[float], warmup: int) -> float:

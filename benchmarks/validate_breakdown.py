@@ -3,7 +3,7 @@
 Runs each plan of the grid through the runtime (as `ratrain validate` does, timing run
 only: no memory run), traces its last step and sums, per kind of action (F, B, RC per
 unit kind emb/block/head; UPD, SEND/RECV, SYNC, NORM, ...; idle = walk time outside
-compute), the measured and the simulated seconds (`ratrain.calibrate.breakdown`). Prints
+compute), the measured and the simulated seconds (`ratrain.validate.breakdown`). Prints
 one row per plan (the step and the main kinds) and the grid's totals per kind with their
 ratio measured / simulated: the term of the cost model that is off shows there.
 
@@ -24,13 +24,13 @@ import json
 import statistics
 import sys
 
-from ratrain.calibrate.breakdown import merge, step_breakdown
-from ratrain.calibrate.grid import default_grid, load_grid
-from ratrain.calibrate.stats import kendall_tau
-from ratrain.calibrate.validate import _job
 from ratrain.platforms import load
-from ratrain.runtime.distributed_train import run_job
 from ratrain.sim import simulate
+from ratrain.train.job import run_job
+from ratrain.validate.breakdown import merge, step_breakdown
+from ratrain.validate.grid import default_grid, load_grid
+from ratrain.validate.run import _job
+from ratrain.validate.stats import kendall_tau
 
 MAIN = ("F.block", "B.block", "F.head", "B.head", "UPD", "NORM", "idle")
 

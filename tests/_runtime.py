@@ -7,7 +7,7 @@ import functools
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
 from ratrain.models.spec import ModelSpec
-from ratrain.runtime.distributed_train import Job, RankResult, run_job
+from ratrain.train.job import Job, RankResult, run_job
 
 
 def source(spec: ModelSpec, plan: Plan, cfg: TrainConfig):

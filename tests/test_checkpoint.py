@@ -13,7 +13,7 @@ from ratrain.checkpoint.read import read_tensors
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
 from ratrain.models.presets import get_preset
-from ratrain.runtime.distributed_train import Job, run_job
+from ratrain.train.job import Job, run_job
 
 pytestmark = pytest.mark.dist
 

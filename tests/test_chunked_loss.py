@@ -8,14 +8,14 @@ import torch
 
 from ratrain.config import Plan
 from ratrain.errors import RatrainError
-from ratrain.memory.activations import (
+from ratrain.models.presets import get_preset
+from ratrain.nn.chunked_loss import chunked_cross_entropy
+from ratrain.nn.llama import Head, cross_entropy
+from ratrain.sizes.activations import (
     activation_bytes,
     backward_workspace_bytes,
     forward_workspace_bytes,
 )
-from ratrain.models.chunked_loss import chunked_cross_entropy
-from ratrain.models.llama import Head, cross_entropy
-from ratrain.models.presets import get_preset
 
 
 def _plain_and_chunked(h, w, t, chunk, scale):

@@ -106,8 +106,8 @@ RT_PLAN = Plan(
 @pytest.mark.dist
 @pytest.mark.timeout(180)
 def test_fsdp_pp_runs_with_the_reference_losses():
-    from ratrain.runtime.distributed_train import Job, run_job
-    from ratrain.runtime.reference import ReferenceTrainer
+    from ratrain.train.job import Job, run_job
+    from ratrain.train.reference import ReferenceTrainer
 
     cfg = TrainConfig(steps=6, warmup_steps=1)
     source = functools.partial(make_source, "synthetic", TINY, RT_PLAN.seq, cfg.seed)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from ratrain.errors import RatrainError
+from ratrain.launch.grid import ParallelGrid, Rendezvous, rank_layout, rendezvous_from_env
+from ratrain.launch.spawn import free_port, spawn
 from ratrain.runtime.comm import Comm
-from ratrain.runtime.grid import ParallelGrid, Rendezvous, rank_layout, rendezvous_from_env
-from ratrain.runtime.launch import free_port, spawn
 
 
 def test_rank_layout_is_replica_major():
@@ -112,7 +112,7 @@ def test_unreachable_rendezvous_is_a_clear_error():
 
 _SLEEPER = """
 import os, time
-from ratrain.runtime.launch import spawn
+from ratrain.launch.spawn import spawn
 
 def rank(rdzv, out_dir):
     tmp = os.path.join(out_dir, f"tmp{rdzv.rank}")

@@ -8,9 +8,9 @@ import torch
 
 from ratrain.errors import RatrainError
 from ratrain.models.hf_config import from_hf_config, to_hf_config
-from ratrain.models.hf_weights import ratrain_to_hf_state_dict
-from ratrain.models.llama import LlamaModel
-from ratrain.models.rope import rope_inv_freq
+from ratrain.nn.hf_weights import ratrain_to_hf_state_dict
+from ratrain.nn.llama import LlamaModel
+from ratrain.nn.rope import rope_inv_freq
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,7 +10,7 @@ import torch
 from ratrain.checkpoint.read import read_model_weights
 from ratrain.cli import main
 from ratrain.models.hf_config import from_hf_config
-from ratrain.models.llama import LlamaModel
+from ratrain.nn.llama import LlamaModel
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -91,8 +91,8 @@ def test_hf_zero_steps_export_is_identity(tmp_path, capsys):
 def test_a_stage_reads_only_its_own_tensors(tmp_path, monkeypatch):
     import safetensors
 
+    from ratrain.checkpoint import hf as hf_load
     from ratrain.config import Plan, TrainConfig
-    from ratrain.models import hf_load
     from ratrain.runtime.stage import StageModel
 
     src, hf = _hf_model(tmp_path, transformers.LlamaConfig, transformers.LlamaForCausalLM)

@@ -13,12 +13,12 @@ import _runtime as harness
 from ratrain.cli import main
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
-from ratrain.models.presets import get_preset
-from ratrain.runtime.host_memory import (
+from ratrain.launch.host_memory import (
     LOW_RSS_MMAP_THRESHOLD_BYTES,
     MAX_MMAP_THRESHOLD_BYTES,
     check_mmap_threshold,
 )
+from ratrain.models.presets import get_preset
 
 # A freed 8 MiB tensor raises glibc's dynamic threshold to 8 MiB; 64 tensors of 1 MiB then
 # come from the heap, and with the last one kept on top, the 63 MiB freed below it stay
@@ -26,7 +26,7 @@ from ratrain.runtime.host_memory import (
 _CHILD = textwrap.dedent(
     """
     import os, sys, torch
-    from ratrain.runtime.host_memory import fix_mmap_threshold
+    from ratrain.launch.host_memory import fix_mmap_threshold
 
     applied = fix_mmap_threshold(int(sys.argv[1]))
     page = os.sysconf("SC_PAGE_SIZE")
@@ -112,7 +112,7 @@ def test_ranks_train_the_same_on_every_allocator():
 _CACHING_CHILD = textwrap.dedent(
     """
     import torch
-    from ratrain.runtime import cpu_allocator
+    from ratrain.launch import cpu_allocator
 
     assert cpu_allocator.install()
     a = torch.ones(2**20)  # 4 MiB: cached once freed
@@ -138,7 +138,7 @@ _CACHING_CHILD = textwrap.dedent(
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mmap/munmap on Linux")
 def test_caching_allocator_reuses_by_size_and_trims_unused_sizes():
-    from ratrain.runtime.compiled import cxx_compiler
+    from ratrain.launch.toolchain import cxx_compiler
 
     if cxx_compiler() is None:
         pytest.skip("no C++ compiler to build the allocator")
@@ -155,8 +155,8 @@ def test_caching_allocator_reuses_by_size_and_trims_unused_sizes():
 def test_adamw_in_slices_is_bit_identical_to_one_call():
     import torch
 
-    from ratrain.memory.step_workspace import ADAMW_CHUNK_ELEMS
     from ratrain.runtime.optim import _adamw_slice_, adamw_step_
+    from ratrain.sizes.workspace import ADAMW_CHUNK_ELEMS
 
     g = torch.Generator().manual_seed(0)
     n = 2 * ADAMW_CHUNK_ELEMS + 37  # three slices, the last with a scalar tail

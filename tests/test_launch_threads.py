@@ -7,7 +7,7 @@ import os
 import pytest
 
 from ratrain.cli.train import _omp_threads
-from ratrain.runtime import launch
+from ratrain.launch import spawn as launch
 
 
 def test_threads_follow_the_affinity_not_the_machine(monkeypatch):

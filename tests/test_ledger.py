@@ -4,15 +4,15 @@ import pytest
 
 from ratrain.config import Plan
 from ratrain.memory import STATE_CLASSES, activation_bytes, replay
-from ratrain.memory.activations import (
+from ratrain.models.counts import total_params, unit_params
+from ratrain.models.presets import get_preset
+from ratrain.schedule import Op, build_schedule
+from ratrain.sizes.activations import (
     gpt_block_tensors,
     llama_block_tensors,
     recompute_bytes,
     tensors_bytes,
 )
-from ratrain.models.counts import total_params, unit_params
-from ratrain.models.presets import get_preset
-from ratrain.schedule import Op, build_schedule
 
 TINY = get_preset("tiny")  # h 64, 4 heads, 2 kv heads (kv_dim 32), ffn 176, vocab 256
 MODEL_STATES = ("master", "optimizer", "view", "grad")
@@ -261,8 +261,8 @@ def test_tied_embeddings_on_one_stage_are_stored_once():
 
 
 def test_norm_temporaries_and_held_sends():
-    from ratrain.memory.activations import boundary_bytes
-    from ratrain.memory.step_workspace import bookkeeping_bytes, norm_workspace_bytes
+    from ratrain.sizes.activations import boundary_bytes
+    from ratrain.sizes.workspace import bookkeeping_bytes, norm_workspace_bytes
 
     plan = plan_of(pp=2, m=4, schedule="baseline", clip_grad=1.0)
     sch = build_schedule(TINY, plan)

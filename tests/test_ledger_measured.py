@@ -16,10 +16,10 @@ from ratrain.data import make_source
 from ratrain.memory.ledger import replay
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import load
-from ratrain.runtime.distributed_train import Job, run_job
 from ratrain.schedule import build_schedule
 from ratrain.schedule.ir import Op
 from ratrain.sim import simulate
+from ratrain.train.job import Job, run_job
 
 # A vocabulary large against the width: the embedding and head gradients dominate.
 SPEC = ModelSpec(name="toy", n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, ffn=172, vocab=2048)

@@ -10,12 +10,14 @@ from _hf import hf_config_and_class
 from ratrain.errors import RatrainError
 from ratrain.kernels import get_backend
 from ratrain.models.counts import n_units, total_params, unit_params
-from ratrain.models.hf_weights import (
+from ratrain.models.presets import PRESETS, get_preset
+from ratrain.models.spec import ModelSpec
+from ratrain.nn.hf_weights import (
     hf_to_ratrain_state_dict,
     ratrain_to_hf_state_dict,
     unit_state_dict,
 )
-from ratrain.models.llama import (
+from ratrain.nn.llama import (
     Block,
     Head,
     LlamaModel,
@@ -23,8 +25,6 @@ from ratrain.models.llama import (
     build_unit,
     cross_entropy,
 )
-from ratrain.models.presets import PRESETS, get_preset
-from ratrain.models.spec import ModelSpec
 
 TINY = ["tiny", "tiny-qwen", "tiny-alibi", "tiny-tied"]
 

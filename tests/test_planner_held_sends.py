@@ -7,12 +7,12 @@ import random
 
 from ratrain.config import Plan
 from ratrain.errors import RatrainError
-from ratrain.memory.activations import boundary_bytes
 from ratrain.models.presets import get_preset
 from ratrain.planner.bounds import MemoryBound
 from ratrain.platforms.load import load
 from ratrain.schedule import build_schedule
 from ratrain.sim.simulate import platform_ledger
+from ratrain.sizes.activations import boundary_bytes
 
 
 def _random_plans(n: int, seed: int = 0):

@@ -13,7 +13,6 @@ from dataclasses import replace
 import pytest
 
 from ratrain.config import Plan
-from ratrain.memory.states import STATE_CLASSES
 from ratrain.models.presets import get_preset
 from ratrain.planner import explain, search
 from ratrain.planner.evaluate import Evaluator, usable_bytes
@@ -30,6 +29,7 @@ from ratrain.planner.space import (
     structures,
 )
 from ratrain.platforms.load import load
+from ratrain.sizes.states import STATE_CLASSES
 
 search_mod = importlib.import_module("ratrain.planner.search")  # the package exports the function
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ratrain.runtime.profile import BUCKETS, StepProfile, bucket_of
+from ratrain.observe.profile import BUCKETS, StepProfile, bucket_of
 
 
 def test_bucket_of_names():
@@ -37,7 +37,7 @@ def test_step_profile_buckets_sum_to_wall_time():
 
 
 def test_chunked_loss_operators_count_as_loss():
-    from ratrain.models.chunked_loss import chunked_cross_entropy
+    from ratrain.nn.chunked_loss import chunked_cross_entropy
 
     h = torch.randn(64, 16, requires_grad=True)
     w = torch.randn(50, 16, requires_grad=True)
@@ -52,7 +52,7 @@ def test_chunked_loss_operators_count_as_loss():
 def test_chunked_loss_head_gemms_count_as_gemm():
     """Every GEMM of the chunked loss (logits, dL/dh, the in-place dL/dw accumulation) is
     GEMM time, not loss time: at a vocabulary this wide they are most of it."""
-    from ratrain.models.chunked_loss import chunked_cross_entropy
+    from ratrain.nn.chunked_loss import chunked_cross_entropy
 
     h = torch.randn(256, 256, requires_grad=True)
     w = torch.randn(4096, 256, requires_grad=True)

@@ -9,8 +9,8 @@ from ratrain.config import Plan, TrainConfig
 from ratrain.data import SyntheticSource
 from ratrain.errors import RatrainError
 from ratrain.models.presets import get_preset
+from ratrain.observe.metrics import JsonlWriter, Progress, TensorBoardWriter, format_duration
 from ratrain.runtime.lr import lr_at
-from ratrain.runtime.metrics import JsonlWriter, Progress, TensorBoardWriter, format_duration
 from ratrain.runtime.optim import adamw_step_, clip_coefficient, decays, sq_norm, unit_sq_norm
 from ratrain.runtime.precision import LossScaler, torch_dtype
 
@@ -203,7 +203,7 @@ SPEC = get_preset("tiny")
 
 
 def _trainer(plan, steps=4, seed=0, **cfg_kw):
-    from ratrain.runtime.reference import ReferenceTrainer
+    from ratrain.train.reference import ReferenceTrainer
 
     cfg = TrainConfig(steps=steps, lr=1e-2, min_lr=1e-3, warmup_steps=1, seed=seed, **cfg_kw)
     return ReferenceTrainer(SPEC, plan, cfg, SyntheticSource(SPEC.vocab, plan.seq, seed=seed))
@@ -245,7 +245,7 @@ def test_accumulation_equals_one_big_microbatch():
 @pytest.mark.timeout(120)
 def test_reference_matches_torch_adamw_and_clip():
     # One step of the reference trainer == autograd + clip_grad_norm_ + torch.optim.AdamW.
-    from ratrain.models.llama import cross_entropy
+    from ratrain.nn.llama import cross_entropy
 
     plan = Plan(micro_batch=4, global_batch=4, seq=16, compute_dtype="fp32", clip_grad=0.05)
     tr = _trainer(plan, steps=3)
@@ -315,8 +315,8 @@ def test_converges_to_the_entropy_floor():
     # The tiny model on a 64-token chain: 120 steps of 16 x 32 tokens reach about 5% above the
     # floor on held-out sequences (measured over seeds 0-2); the bar is 10%.
     from ratrain.data import Batches
-    from ratrain.models.llama import cross_entropy
-    from ratrain.runtime.reference import ReferenceTrainer
+    from ratrain.nn.llama import cross_entropy
+    from ratrain.train.reference import ReferenceTrainer
 
     plan = Plan(micro_batch=16, global_batch=16, seq=32, compute_dtype="fp32")
     cfg = TrainConfig(steps=120, lr=1e-2, min_lr=1e-3, warmup_steps=5)
@@ -330,7 +330,7 @@ def test_converges_to_the_entropy_floor():
 
 
 def test_jsonl_metrics_are_strict_json(tmp_path):
-    from ratrain.runtime.metrics import JsonlWriter
+    from ratrain.observe.metrics import JsonlWriter
 
     path = tmp_path / "m.jsonl"
     w = JsonlWriter(path)

@@ -13,9 +13,9 @@ from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
 from ratrain.memory import replay
 from ratrain.models.presets import get_preset
-from ratrain.runtime.distributed_train import Job, RankResult, check_fits, run_job
-from ratrain.runtime.reference import ReferenceTrainer
 from ratrain.schedule import build_schedule
+from ratrain.train.job import Job, RankResult, check_fits, run_job
+from ratrain.train.reference import ReferenceTrainer
 
 pytestmark = pytest.mark.dist
 
@@ -155,9 +155,9 @@ def _single_rank_losses(plan: Plan, cfg: TrainConfig) -> list[float]:
     import torch
 
     from ratrain.data.base import Batches
+    from ratrain.launch.grid import ParallelGrid
     from ratrain.runtime.comm import Comm
     from ratrain.runtime.executor import StageExecutor
-    from ratrain.runtime.grid import ParallelGrid
     from ratrain.runtime.stage import StageModel
 
     grid = ParallelGrid(1, 1, 0, 1, torch.device("cpu"))
@@ -184,7 +184,7 @@ def test_single_rank_executor_matches_reference(dtype):
 def test_live_bytes_counts_storages_once_and_follows_resizes():
     import torch
 
-    from ratrain.runtime.memory import LiveBytes, resize_storage
+    from ratrain.observe.memory import LiveBytes, resize_storage
 
     with LiveBytes() as mem:
         a = torch.zeros(1000)  # 4000 B

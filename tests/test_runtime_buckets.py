@@ -11,13 +11,13 @@ import pytest
 
 import _runtime as harness
 from ratrain.config import Plan, TrainConfig
+from ratrain.launch.toolchain import cxx_compiler
 from ratrain.memory import replay
 from ratrain.models.presets import get_preset
-from ratrain.runtime.compiled import cxx_compiler
-from ratrain.runtime.distributed_train import RankResult
-from ratrain.runtime.reference import ReferenceTrainer
 from ratrain.schedule import build_schedule
 from ratrain.schedule.lowering import sync_buckets
+from ratrain.train.job import RankResult
+from ratrain.train.reference import ReferenceTrainer
 
 pytestmark = pytest.mark.dist
 
@@ -110,7 +110,7 @@ def test_bucket_units_share_one_gradient_buffer():
 
 
 def test_cores_of_an_equal_share_each_then_mixed_stages():
-    from ratrain.runtime.distributed_train import cores_of
+    from ratrain.train.job import cores_of
 
     assert [cores_of(r, 2, 2, [0, 1]) for r in range(2)] == [{0}, {1}]
     assert [cores_of(r, 2, 2, [4, 5, 6, 7]) for r in range(2)] == [{4, 5}, {6, 7}]

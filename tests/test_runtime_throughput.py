@@ -10,10 +10,10 @@ import pytest
 
 import _runtime as harness
 from ratrain.config import Plan, TrainConfig
+from ratrain.launch.toolchain import cxx_compiler
 from ratrain.models.presets import get_preset
-from ratrain.runtime.compiled import cxx_compiler
-from ratrain.runtime.distributed_train import RankResult
-from ratrain.runtime.reference import ReferenceTrainer
+from ratrain.train.job import RankResult
+from ratrain.train.reference import ReferenceTrainer
 
 pytestmark = pytest.mark.dist
 

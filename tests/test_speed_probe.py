@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import ratrain.platforms
-from ratrain.calibrate.grid import load_grid
 from ratrain.calibrate.probe import describe, machine_speed, probe_s, relative_speeds
-from ratrain.calibrate.rescore import rescore
-from ratrain.calibrate.validate import validate
 from ratrain.config import Plan
 from ratrain.platforms import load
+from ratrain.validate.grid import load_grid
+from ratrain.validate.rescore import rescore
+from ratrain.validate.run import validate
 
 PLATFORMS_DIR = Path(ratrain.platforms.__file__).parent
 GRID = """

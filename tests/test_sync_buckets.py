@@ -9,13 +9,13 @@ from ratrain.config import Plan
 from ratrain.cost import CostModel
 from ratrain.errors import RatrainError
 from ratrain.memory.ledger import replay
-from ratrain.memory.states import grad_bytes_per_param, stored_params
 from ratrain.models.presets import get_preset
 from ratrain.platforms import load
 from ratrain.schedule import build_schedule, check_schedule
 from ratrain.schedule.ir import Op
 from ratrain.schedule.lowering import action_bytes, sync_buckets
 from ratrain.sim import simulate_schedule
+from ratrain.sizes.states import grad_bytes_per_param, stored_params
 
 SPEC = get_preset("tiny")  # units: 64 KiB embedding, 180 KiB blocks, 64 KiB head (fp32)
 BUCKET = 200_000

@@ -262,8 +262,8 @@ def test_the_largest_tensor_probe_sees_a_full_score_matrix():
 @pytest.mark.parametrize("preset", ["tiny", "tiny-alibi", "tiny-qwen"])
 def test_a_model_block_on_the_tiled_backend_matches_the_torch_backend(preset):
     """The model's own Block (GQA, ALiBi, qkv bias) with every GEMM and attention tiled."""
-    from ratrain.models.llama import Block
     from ratrain.models.presets import get_preset
+    from ratrain.nn.llama import Block
 
     spec = get_preset(preset)
     ref, tiled = Block(spec, "torch", 0), Block(spec, TiledBackend(THREE), 0)

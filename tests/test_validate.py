@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from ratrain.calibrate import stats
-from ratrain.calibrate.grid import default_grid, load_grid
 from ratrain.cli import main
 from ratrain.errors import RatrainError
+from ratrain.validate import stats
+from ratrain.validate.grid import default_grid, load_grid
 
 
 def test_mape_and_max_error():
@@ -106,8 +106,8 @@ def test_validate_two_plan_grid(tmp_path, capsys):
 def test_step_breakdown_on_known_events():
     from types import SimpleNamespace
 
-    from ratrain.calibrate.breakdown import kind_of, merge, step_breakdown
     from ratrain.schedule.ir import Action, Op
+    from ratrain.validate.breakdown import kind_of, merge, step_breakdown
 
     assert kind_of("F", (0,), 2) == "F.emb" and kind_of("B", (3,), 2) == "B.head"
     assert kind_of("F", (1,), 2) == "F.block" and kind_of("UPD", (1, 2), 2) == "UPD"
@@ -146,8 +146,8 @@ def test_step_breakdown_on_known_events():
 def test_validate_passes_split_the_timed_steps(tmp_path):
     import statistics
 
-    from ratrain.calibrate.validate import validate
     from ratrain.platforms import load
+    from ratrain.validate.run import validate
 
     grid_file = tmp_path / "g.yaml"
     grid_file.write_text(GRID.split("  - {name: b")[0])  # plan a only (one rank)

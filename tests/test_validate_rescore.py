@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from ratrain.calibrate import stats
-from ratrain.calibrate.rescore import rescore
 from ratrain.cli import main
 from ratrain.config import Plan
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import load
 from ratrain.sim import simulate
+from ratrain.validate import stats
+from ratrain.validate.rescore import rescore
 
 TINY = dict(n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, ffn=172, vocab=256)
 JOB = dict(global_batch=4, seq=32, compute_dtype="fp32")

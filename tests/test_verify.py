@@ -9,7 +9,7 @@ import pytest
 from ratrain.cli import main
 from ratrain.cli.verify import max_rel_dev
 from ratrain.config import Plan, save_plan
-from ratrain.runtime.launch import free_port
+from ratrain.launch.spawn import free_port
 
 
 def test_max_rel_dev():

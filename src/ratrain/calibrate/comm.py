@@ -1,6 +1,6 @@
 """Communication measurements over torch.distributed, through the runtime's `Comm`.
 
-Spawns `nproc` local ranks (`ratrain.runtime.launch.spawn`, as `ratrain train` does) and
+Spawns `nproc` local ranks (`ratrain.launch.spawn.spawn`, as `ratrain train` does) and
 times, for each message size, with every rank taking part at once (as in a step):
 
 - p2p: a ping-pong between the two stages of each pipeline (`send_activation` /
@@ -26,9 +26,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from ratrain.launch.grid import ParallelGrid, Rendezvous
+from ratrain.launch.spawn import spawn
 from ratrain.runtime.comm import Comm
-from ratrain.runtime.grid import ParallelGrid, Rendezvous
-from ratrain.runtime.launch import spawn
 
 __all__ = ["measure_comm", "fit_alpha_beta"]
 

@@ -4,7 +4,7 @@
   backward (dX and dW), per dtype at a few model-like shapes, one thread;
 - attention: the backend's `attention` (causal) forward and backward;
 - memory-bound kernels: the model's own `RMSNorm`, `_apply_rope` with `rope_cos_sin`,
-  `cross_entropy` (`ratrain.models.llama`), the MLP's `silu(gate) * up` product and a
+  `cross_entropy` (`ratrain.nn.llama`), the MLP's `silu(gate) * up` product and a
   residual add, forward and backward;
 - the gradient norm's local pass: the runtime's `unit_sq_norm` (fp64 sum of squares, one
   tensor at a time) over a unit's gradient buffer;
@@ -29,8 +29,8 @@ from ratrain.calibrate.timing import Timer
 from ratrain.cost.compute import attention_flops
 from ratrain.cost.measured import MEMORY_BOUND_OPS
 from ratrain.kernels import get_backend
-from ratrain.models.llama import RMSNorm, _apply_rope, cross_entropy, rope_cos_sin
 from ratrain.models.spec import ModelSpec
+from ratrain.nn.llama import RMSNorm, _apply_rope, cross_entropy, rope_cos_sin
 from ratrain.runtime.optim import adamw_step_, unit_sq_norm
 
 __all__ = [

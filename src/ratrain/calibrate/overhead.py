@@ -1,6 +1,6 @@
 """The runtime's fixed cost per action, measured on a model too small to compute anything.
 
-Runs a real training job (`ratrain.runtime.distributed_train.run_job`, the code
+Runs a real training job (`ratrain.train.job.run_job`, the code
 `ratrain train` runs) of a tiny model — hidden 32, 2 blocks, 16 tokens per microbatch —
 on one rank with transient views (so the walk fetches views), traces a few steps after
 warm-up, and takes the median measured duration of each compute-like op on the walk
@@ -17,7 +17,7 @@ import statistics
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
 from ratrain.models.spec import ModelSpec
-from ratrain.runtime.distributed_train import Job, run_job
+from ratrain.train.job import Job, run_job
 
 __all__ = ["TINY_SPEC", "measure_action_overhead"]
 

@@ -201,7 +201,7 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
             "action_overhead_s": over,
             "eager_kernels": _v(
                 True,
-                "derived: the torch model measured here (ratrain.models.llama) runs RMSNorm "
+                "derived: the torch model measured here (ratrain.nn.llama) runs RMSNorm "
                 "eagerly in fp32",
             ),
         },

@@ -9,7 +9,7 @@ figure (`measured_on.speed_probe_s`); `ratrain validate` times it again around e
 and reports the machine's speed relative to calibration. It is a diagnostic only: no
 prediction or measurement is scaled by it.
 
-The probe is the model's own `Block` (`ratrain.models.llama.build_unit`), fp32, forward
+The probe is the model's own `Block` (`ratrain.nn.llama.build_unit`), fp32, forward
 with autograd recording and backward, at one of calibrate's unit shapes (hidden 448, 2 x 128
 tokens), on one thread: the work a step is made of. Its time is the median of `windows`
 windows, each the fastest repetition within `budget_s`.

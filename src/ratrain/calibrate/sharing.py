@@ -7,9 +7,9 @@ burst: `compute.shared_rank_speed`, read by processor sharing instead of its for
 for the rank counts whose ranks run several threads, the speed at 128 and 512 tokens per
 microbatch as well: `compute.rank_speed_tokens`.)
 
-For each rank count k (1, 2, 4, ... up to `nproc`), `ratrain.runtime.launch.spawn` starts k
+For each rank count k (1, 2, 4, ... up to `nproc`), `ratrain.launch.spawn.spawn` starts k
 ranks with the launcher's own thread policy (cores // k threads each, at least one) and
-every rank runs the model's own `Block` forward and backward (`ratrain.models.llama`, a
+every rank runs the model's own `Block` forward and backward (`ratrain.nn.llama`, a
 calibration shape) over and over for the same wall-clock window, all starting together
 after a barrier. The speed of a rank is the time one iteration takes on one thread alone
 over the time it takes there; the one-thread time is measured by rank 0 alone (the others
@@ -37,11 +37,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from ratrain.models.llama import build_unit
+from ratrain.launch.grid import ParallelGrid, Rendezvous
+from ratrain.launch.spawn import _threads_per_rank, spawn
 from ratrain.models.spec import ModelSpec
+from ratrain.nn.llama import build_unit
 from ratrain.runtime.comm import Comm
-from ratrain.runtime.grid import ParallelGrid, Rendezvous
-from ratrain.runtime.launch import _threads_per_rank, spawn
 
 __all__ = ["rank_counts", "measure_rank_speed", "SYNC_BYTES"]
 

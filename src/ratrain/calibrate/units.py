@@ -5,7 +5,7 @@ on the same inputs: warm caches, no neighbours. A unit's forward runs them one a
 other on fresh activations, between the norms, casts and views of the model code, and
 measures slower than the sum of its kernels timed apart (on the 2-core reference machine
 a block's forward by ~15-30%, its backward by about nothing). This measures that
-directly: the model's own `Block` and `Head` modules (`ratrain.models.llama.build_unit`),
+directly: the model's own `Block` and `Head` modules (`ratrain.nn.llama.build_unit`),
 forward with autograd recording (as the executor's F) and backward, one thread, at
 calibration shapes of their own (not a validation grid's), cycling through copies whose
 weights together exceed the caches (a step runs every unit in turn, so none finds its
@@ -28,8 +28,8 @@ import torch
 
 from ratrain.calibrate.overhead import TINY_SPEC
 from ratrain.calibrate.timing import Timer
-from ratrain.models.llama import build_unit
 from ratrain.models.spec import ModelSpec
+from ratrain.nn.llama import build_unit
 
 __all__ = [
     "UNIT_SHAPES",

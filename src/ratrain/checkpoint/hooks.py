@@ -1,5 +1,5 @@
 """The checkpoint and fault hooks of the distributed training loop
-(`ratrain.runtime.distributed_train`): when to save, saving and resuming a stage, which
+(`ratrain.train.job`): when to save, saving and resuming a stage, which
 checkpoint `--resume` means, and keeping the metrics file of a resumed run."""
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from ratrain.checkpoint import layout
 from ratrain.checkpoint.state import StageIO
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
+from ratrain.launch.faults import JobFailed, fault_hook
 from ratrain.models.spec import ModelSpec
-from ratrain.runtime.faults import JobFailed, fault_hook
 
 __all__ = ["save_checkpoint", "load_checkpoint", "check_compatible", "dcp_error_line", "FORMAT"]
 

@@ -7,7 +7,7 @@ same model (DCP matches keys and reshards):
     optim/exp_avg/units.{u}.{name}    AdamW first moment, full shape
     optim/exp_avg_sq/units.{u}.{name} AdamW second moment, full shape
 
-`units.{u}.{name}` is the `LlamaModel` state-dict name (`ratrain.models.hf_weights` maps
+`units.{u}.{name}` is the `LlamaModel` state-dict name (`ratrain.nn.hf_weights` maps
 it to Hugging Face's). Unsharded stages hand DCP their own tensors (saved and loaded in
 place). With a sharded optimizer (ZeRO-1) each replica owns a flat slice of a unit; the
 slices are all-gathered over the replicas into full tensors for the save (DCP writes each

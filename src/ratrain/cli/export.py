@@ -32,9 +32,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ratrain.checkpoint import read_meta, resolve_resume
+    from ratrain.checkpoint.hf import write_hf
     from ratrain.checkpoint.read import read_model_weights
     from ratrain.cli.outputs import prepare_output_dir
-    from ratrain.models.hf_load import write_hf
     from ratrain.models.spec import ModelSpec
 
     if not args.max_shard_gb > 0:

@@ -13,9 +13,9 @@ import time
 from ratrain.cli.common import add_model_arg, add_plan_args, plan_from_args, positive_int
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
+from ratrain.launch.host_memory import check_mmap_threshold
 from ratrain.models.counts import total_params
 from ratrain.models.spec import ModelSpec
-from ratrain.runtime.host_memory import check_mmap_threshold
 
 __all__ = ["add_arguments", "run", "run_reference", "train_config_from_args", "cpu_threads"]
 
@@ -81,10 +81,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--cpu-caching-allocator",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="distributed runtime, CPU: serve tensors from a caching allocator that reuses "
         "freed blocks by size instead of fragmenting malloc's heap (built once with the C++ "
-        "compiler; default on; see docs/runtime.md)",
+        "compiler; default off: it aborts bf16 runs on CPUs with native bf16 units; see "
+        "docs/runtime.md)",
     )
     g.add_argument(
         "--malloc-mmap-threshold",
@@ -214,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if world > 1 or args.nproc is not None or args.save or args.resume or args.init_from:
         # Checkpoints and HF weights live in the distributed runtime (also on one process).
-        from ratrain.runtime.train_command import run_distributed
+        from ratrain.train.command import run_distributed
 
         with _omp_threads(args.threads):  # each rank's threads (the launcher reads it)
             return run_distributed(args, spec, plan, train_config_from_args(args))
@@ -269,8 +270,8 @@ def run_reference(args: argparse.Namespace, spec: ModelSpec, plan: Plan) -> int:
     import torch
 
     from ratrain.data import make_source
-    from ratrain.runtime.metrics import JsonlWriter, Progress, TensorBoardWriter
-    from ratrain.runtime.reference import ReferenceTrainer
+    from ratrain.observe.metrics import JsonlWriter, Progress, TensorBoardWriter
+    from ratrain.train.reference import ReferenceTrainer
 
     cfg = train_config_from_args(args)
     threads = cpu_threads(args, spec)

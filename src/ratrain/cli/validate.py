@@ -98,11 +98,11 @@ def _progress(i: int, n: int, name: str, elapsed_s: float) -> None:
 
 
 def run(args) -> int:
-    from ratrain.calibrate.grid import default_grid, load_grid
     from ratrain.calibrate.probe import probe_s
-    from ratrain.calibrate.validate import result_dict, validate
     from ratrain.errors import RatrainError
     from ratrain.platforms import load
+    from ratrain.validate.grid import default_grid, load_grid
+    from ratrain.validate.run import result_dict, validate
 
     if args.warmup < 0:
         raise RatrainError(f"--warmup must be >= 0, got {args.warmup}")
@@ -135,9 +135,9 @@ def run(args) -> int:
 
 
 def _rescore(args, platform) -> int:
-    from ratrain.calibrate.plot import scatter
-    from ratrain.calibrate.rescore import rescore
-    from ratrain.calibrate.validate import result_dict
+    from ratrain.validate.plot import scatter
+    from ratrain.validate.rescore import rescore
+    from ratrain.validate.run import result_dict
 
     results, summary, before = rescore(
         args.rescore, platform, grid=args.grid, plan_picks=not args.no_plan_pick
@@ -169,10 +169,10 @@ def _rescore(args, platform) -> int:
 
 
 def _plots(out: str, results, summary, platform) -> None:
-    from ratrain.calibrate.plot import scatter, traces_side_by_side
-    from ratrain.runtime.trace import write_measured_trace
+    from ratrain.observe.trace import write_measured_trace
     from ratrain.sim import simulate
     from ratrain.sim.trace import write_trace
+    from ratrain.validate.plot import scatter, traces_side_by_side
 
     scatter(results, out)
     worst = next(r for r in results if r.name == summary["worst_plan"])

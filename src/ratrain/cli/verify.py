@@ -93,8 +93,8 @@ def _config(args: argparse.Namespace, plan: Plan) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     from ratrain.data import make_source
-    from ratrain.runtime.distributed_train import Job, run_job
-    from ratrain.runtime.reference import ReferenceTrainer
+    from ratrain.train.job import Job, run_job
+    from ratrain.train.reference import ReferenceTrainer
 
     spec, plan = plan_from_args(args, default_model="tiny")
     cfg = _config(args, plan)

@@ -16,7 +16,7 @@ ring and tree algorithms, nccl-tests' bus bandwidth):
 
 Rank layouts (`RANK_LAYOUTS`); consecutive ranks fill a node:
 
-- ``"pp-inner"`` (the default, what `ratrain.runtime.grid` launches):
+- ``"pp-inner"`` (the default, what `ratrain.launch.grid` launches):
   ``rank = replica · pp + stage`` (picotron's ``arange(world).view(dp, pp)``): a pipeline's
   stages are neighbours, so stage-to-stage links stay in a node where it holds a pipeline,
   and each stage's DP group strides across nodes;

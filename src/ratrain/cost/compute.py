@@ -168,7 +168,7 @@ def _attention(spec: ModelSpec, micro_batch: int, seq: int, backward: bool) -> K
 
 
 def _elementwise(spec: ModelSpec, tokens: int, where: str, backward: bool) -> list[Kernel]:
-    """The model's memory-bound kernels (`ratrain.models.llama`) of a block or the head."""
+    """The model's memory-bound kernels (`ratrain.nn.llama`) of a block or the head."""
     if where == "head":
         ops = [("rmsnorm", tokens * spec.hidden), ("cross_entropy", tokens * spec.vocab)]
     else:

@@ -80,7 +80,7 @@ def memory_bound_time_s(
 
 
 def threads_per_rank(cores: int, world: int) -> int:
-    """The launcher's policy (`ratrain.runtime.launch`): the cores divided by the ranks."""
+    """The launcher's policy (`ratrain.launch.spawn`): the cores divided by the ranks."""
     return max(1, cores // max(world, 1))
 
 

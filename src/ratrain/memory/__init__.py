@@ -7,8 +7,8 @@ Pure Python (no torch)::
     ledger.stages[s].peak_bytes, ledger.stages[s].breakdown_at_peak
 """
 
-from ratrain.memory.activations import activation_bytes
 from ratrain.memory.ledger import Ledger, StageMemory, replay
-from ratrain.memory.states import STATE_CLASSES
+from ratrain.sizes.activations import activation_bytes
+from ratrain.sizes.states import STATE_CLASSES
 
 __all__ = ["activation_bytes", "replay", "Ledger", "StageMemory", "STATE_CLASSES"]

@@ -25,7 +25,7 @@ order and keeps the bytes of each class (`STATE_CLASSES`):
                  `eager_kernels` also the global checks' temporaries while they are
                  computed on the walk (GRAD_NORM's fp64 copy and square of the stage's
                  largest gradient tensor, OVERFLOW's bool mask of a unit's gradient:
-                 `ratrain.memory.step_workspace`)
+                 `ratrain.sizes.workspace`)
 
 Asynchronous actions in program order (the ledger has no clock): what an action
 allocates counts from its issue. What it frees counts from the first later action on
@@ -57,14 +57,16 @@ from dataclasses import dataclass, field
 
 from ratrain.config import Plan
 from ratrain.gcpause import gc_paused
-from ratrain.memory.activations import (
+from ratrain.models.spec import ModelSpec
+from ratrain.schedule.ir import Action, Op, Resource, Schedule
+from ratrain.sizes.activations import (
     activation_bytes,
     backward_workspace_bytes,
     boundary_bytes,
     forward_workspace_bytes,
     update_workspace_bytes,
 )
-from ratrain.memory.states import (
+from ratrain.sizes.states import (
     ADAM_BYTES_PER_PARAM,
     MASTER_BYTES_PER_PARAM,
     STATE_CLASSES,
@@ -73,14 +75,12 @@ from ratrain.memory.states import (
     stored_params,
     view_bytes_per_param,
 )
-from ratrain.memory.step_workspace import (
+from ratrain.sizes.workspace import (
     bookkeeping_bytes,
     held_token_bytes,
     norm_workspace_bytes,
     overflow_workspace_bytes,
 )
-from ratrain.models.spec import ModelSpec
-from ratrain.schedule.ir import Action, Op, Resource, Schedule
 
 __all__ = ["StageMemory", "Ledger", "replay"]
 
@@ -155,7 +155,7 @@ def replay(
     `flash`: activations under fused attention (no s² tensors); `keep_trace`: False
     skips the per-action trace (faster, for searches that only need the peaks);
     `eager_kernels`: the norms keep what the runtime's eager fp32 RMSNorm keeps
-    (`ratrain.memory.activations`), rather than what a fused norm keeps; `sends_held`:
+    (`ratrain.sizes.activations`), rather than what a fused norm keeps; `sends_held`:
     SEND buffers live to the end of the step (`Platform.sends_held_until_waited`).
     """
     landings = _landings(schedule)

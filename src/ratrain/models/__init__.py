@@ -1,4 +1,4 @@
-"""Model specs (pure Python) and, in `ratrain.models.llama`, the torch model."""
+"""Model specs (pure Python) and, in `ratrain.nn.llama`, the torch model."""
 
 from ratrain.models.presets import PRESETS, get_preset, resolve_model
 from ratrain.models.spec import ModelSpec

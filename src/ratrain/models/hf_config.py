@@ -18,7 +18,13 @@ from ratrain.errors import RatrainError
 from ratrain.models.hf_rope import read_rope
 from ratrain.models.spec import ModelSpec
 
-__all__ = ["from_hf_config", "to_hf_config", "read_hf_config_dict", "SUPPORTED_MODEL_TYPES"]
+__all__ = [
+    "from_hf_config",
+    "to_hf_config",
+    "read_hf_config_dict",
+    "hf_model_type",
+    "SUPPORTED_MODEL_TYPES",
+]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "baichuan")
 _REQUIRED = (
@@ -188,10 +194,15 @@ def from_hf_config(path: str | Path) -> ModelSpec:
     return read_hf_config_dict(cfg, p)
 
 
+def hf_model_type(spec: ModelSpec) -> str:
+    """The HF naming a spec maps to: 'baichuan' (NormHead), 'qwen2' (qkv bias) or 'llama'."""
+    if spec.normalized_head:
+        return "baichuan"
+    return "qwen2" if spec.qkv_bias else "llama"
+
+
 def to_hf_config(spec: ModelSpec) -> dict:
     """A config.json dict that transformers reads as the same model as `spec`."""
-    from ratrain.models.hf_weights import hf_model_type
-
     mt = hf_model_type(spec)
     if spec.position == "alibi" or mt == "baichuan":
         raise RatrainError(

@@ -4,7 +4,7 @@ transformers 5 (`modeling_rope_utils.RotaryEmbeddingConfigMixin`) takes `rope_sc
 present, else `rope_parameters`; inside it, `rope_theta` wins over a top-level
 `rope_theta`, which wins over the default 10000; `rope_type` falls back to the legacy
 `type`, then 'default'. The rope types ratrain computes bit-identically (see
-`ratrain.models.rope`) are modelled; any other is refused, naming the field.
+`ratrain.nn.rope`) are modelled; any other is refused, naming the field.
 """
 
 from __future__ import annotations

@@ -27,18 +27,18 @@ from functools import lru_cache
 
 from ratrain.config import Plan
 from ratrain.cost.model import CostModel
-from ratrain.memory.states import (
+from ratrain.models import counts
+from ratrain.models.spec import ModelSpec
+from ratrain.platforms import Platform
+from ratrain.schedule.ir import Action, Op, Resource
+from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
+from ratrain.sizes.states import (
     ADAM_BYTES_PER_PARAM,
     MASTER_BYTES_PER_PARAM,
     grad_bytes_per_param,
     shards,
     view_bytes_per_param,
 )
-from ratrain.models import counts
-from ratrain.models.spec import ModelSpec
-from ratrain.platforms import Platform
-from ratrain.schedule.ir import Action, Op, Resource
-from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
 
 __all__ = [
     "UnitTimes",
@@ -552,7 +552,7 @@ class MemoryBound:
     def __init__(
         self, spec: ModelSpec, plan: Plan, sends_held: bool = False, eager_kernels: bool = False
     ) -> None:
-        from ratrain.memory.activations import (
+        from ratrain.sizes.activations import (
             activation_bytes,
             backward_workspace_bytes,
             boundary_bytes,

@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 
 from ratrain.config import Plan
-from ratrain.memory.states import DTYPE_BYTES
 from ratrain.planner.bounds import view_rank
 from ratrain.planner.evaluate import Evaluator, MemoryReport, memory_microbatches, usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, memory_bound, options
@@ -34,6 +33,7 @@ from ratrain.planner.space import (
     make_plan,
     structures,
 )
+from ratrain.sizes.states import DTYPE_BYTES
 
 __all__ = ["Change", "Explanation", "explain", "find_feasible", "saturation_clusters"]
 

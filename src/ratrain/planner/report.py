@@ -171,7 +171,7 @@ def plot_memory(c: Candidate, path: str, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ratrain.memory.states import STATE_CLASSES
+    from ratrain.sizes.states import STATE_CLASSES
 
     pp = len(c.peak_memory_bytes)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * pp + 3), 4.5))

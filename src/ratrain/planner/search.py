@@ -26,7 +26,6 @@ from functools import lru_cache
 
 from ratrain import deadline
 from ratrain.config import Plan
-from ratrain.memory.states import grad_bytes_per_param, view_bytes_per_param
 from ratrain.planner.bounds import (
     overheads,
     peak_unit_times,
@@ -56,6 +55,7 @@ from ratrain.planner.space import (
     make_plan,
     structures,
 )
+from ratrain.sizes.states import grad_bytes_per_param, view_bytes_per_param
 
 __all__ = ["Candidate", "Near", "SearchResult", "search", "states_lower_bound_bytes"]
 
@@ -529,7 +529,7 @@ def _saves(a, b) -> bool:
     """Whether knobs `a` hold no more memory than `b` by the quick bounds (model states,
     `MemoryBound`), knob by knob: sharded states, views held no more (`view_rank`),
     gradients no wider, offload. Not under fp32 compute, where sharding adds a gathered fp32 view."""
-    from ratrain.memory.states import DTYPE_BYTES
+    from ratrain.sizes.states import DTYPE_BYTES
 
     return (
         a.compute_dtype == b.compute_dtype != "fp32"

@@ -308,7 +308,7 @@ def _split_costs(req: Request, pp: int, mode: str) -> list[tuple[float, float]]:
         return _edges(
             [(block, 0.0)] * pp, counts.unit_params(spec, emb), counts.unit_params(spec, head)
         )
-    from ratrain.memory.activations import activation_bytes
+    from ratrain.sizes.activations import activation_bytes
 
     plan = Plan(global_batch=1, seq=req.seq, compute_dtype=req.compute_dtype)
     m = _memory_split_m(req, pp)

@@ -140,7 +140,7 @@ class Platform:
     formula."""
     eager_kernels: bool = False
     """The runtime on this machine runs eager fp32 norms (the ledger counts what they keep,
-    `ratrain.memory.activations`); False: fused norm kernels."""
+    `ratrain.sizes.activations`); False: fused norm kernels."""
     sends_held_until_waited: bool = False
     """A point-to-point send reports completion only when waited (gloo's isend), so the
     executor's poll never frees a SEND's buffer before the step's end; the ledger holds

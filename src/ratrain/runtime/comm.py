@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ratrain.runtime.grid import ParallelGrid
+from ratrain.launch.grid import ParallelGrid
 
 __all__ = ["Handle", "Comm", "DONE", "join"]
 

@@ -23,36 +23,28 @@ Excluded, and run eagerly:
   region inside the block (`CheckpointedAttention`), which would put a second
   recomputation inside a compiled graph;
 - the embedding and the head (a lookup; the head's loss is already fused and chunked,
-  `ratrain.models.chunked_loss`);
+  `ratrain.nn.chunked_loss`);
 - backends other than "torch": the tiled backend runs its own Python tile engine.
 
-CPU inductor needs a C++ compiler: without one (`cxx_compiler()` is None) the units run
+CPU inductor needs a C++ compiler: without one (`ratrain.launch.toolchain.cxx_compiler()` is None) the units run
 eagerly after one line on stderr.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import time
 
 import torch
 
-__all__ = ["cxx_compiler", "compile_stage", "compilable"]
+from ratrain.launch.toolchain import cxx_compiler
 
-
-def cxx_compiler() -> str | None:
-    """The C++ compiler CPU inductor would use ($CXX, else c++/g++/clang++), or None."""
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return name
-    return None
+__all__ = ["compile_stage", "compilable"]
 
 
 def compilable(unit_module: torch.nn.Module, policy: str, backend: str) -> str | None:
     """Why this unit runs eagerly under --compile, or None if it is compiled."""
-    from ratrain.models.llama import Block
+    from ratrain.nn.llama import Block
 
     if not isinstance(unit_module, Block):
         return "not a block"

@@ -51,15 +51,15 @@ import torch
 from ratrain.config import Plan, TrainConfig
 from ratrain.data.base import Batches
 from ratrain.errors import RatrainError
+from ratrain.launch.grid import ParallelGrid
 from ratrain.models.spec import ModelSpec
+from ratrain.observe.trace import Recorder
 from ratrain.runtime.comm import Comm, Handle, join
-from ratrain.runtime.grid import ParallelGrid
 from ratrain.runtime.lifecycle import CheckpointedAttention, Stash
 from ratrain.runtime.lr import lr_at
 from ratrain.runtime.optim import clip_coefficient
 from ratrain.runtime.precision import LossScaler
 from ratrain.runtime.stage import StageModel
-from ratrain.runtime.trace import Recorder
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
 
 __all__ = ["StageExecutor", "StepResult"]

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ratrain.memory.step_workspace import ADAMW_CHUNK_ELEMS
+from ratrain.sizes.workspace import ADAMW_CHUNK_ELEMS
 
 __all__ = [
     "decays",

@@ -1,7 +1,7 @@
 """A pipeline stage's training states, unit by unit: master weights, optimizer states,
 parameter view, gradient.
 
-Each unit the stage owns is built alone (`ratrain.models.llama.build_unit`, the same
+Each unit the stage owns is built alone (`ratrain.nn.llama.build_unit`, the same
 values as inside `LlamaModel`) and keeps, as the ledger describes (`ratrain.memory`):
 
 - master weights, fp32: the module's own parameters when the view *is* the master (fp32
@@ -31,9 +31,9 @@ from torch import nn
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
-from ratrain.models.llama import build_unit
 from ratrain.models.spec import ModelSpec
-from ratrain.runtime.memory import resize_storage
+from ratrain.nn.llama import build_unit
+from ratrain.observe.memory import resize_storage
 from ratrain.runtime.optim import adamw_step_, decays, unit_sq_norm
 from ratrain.runtime.precision import torch_dtype
 from ratrain.schedule.lowering import sync_buckets as plan_sync_buckets

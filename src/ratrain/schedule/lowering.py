@@ -54,8 +54,12 @@ from __future__ import annotations
 from ratrain import deadline
 from ratrain.config import Plan
 from ratrain.gcpause import gc_paused
-from ratrain.memory.activations import activation_bytes, boundary_bytes
-from ratrain.memory.states import (
+from ratrain.models.counts import unit_params
+from ratrain.models.spec import ModelSpec
+from ratrain.schedule.ir import Action, Op, Schedule
+from ratrain.schedule.onef1b import build_1f1b, pass_order, splice
+from ratrain.sizes.activations import activation_bytes, boundary_bytes
+from ratrain.sizes.states import (
     ADAM_BYTES_PER_PARAM,
     MASTER_BYTES_PER_PARAM,
     grad_bytes_per_param,
@@ -63,10 +67,6 @@ from ratrain.memory.states import (
     stored_params,
     view_bytes_per_param,
 )
-from ratrain.models.counts import unit_params
-from ratrain.models.spec import ModelSpec
-from ratrain.schedule.ir import Action, Op, Schedule
-from ratrain.schedule.onef1b import build_1f1b, pass_order, splice
 
 __all__ = [
     "build_schedule",

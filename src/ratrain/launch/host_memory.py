@@ -19,7 +19,7 @@ step with `n` = 128 KiB against a few hundred without, and lost tokens/s in ever
 interleaved pair measured. So the runtime leaves glibc as it is unless asked
 (`ratrain train --malloc-mmap-threshold 131072`, `Job.malloc_mmap_threshold_bytes`): a
 trade of speed for resident memory. The runtime's default for CPU ranks is the caching
-allocator instead (`ratrain.runtime.cpu_allocator`), which serves every tensor of 128 KiB
+allocator instead (`ratrain.launch.cpu_allocator`), which serves every tensor of 128 KiB
 and more from its own pools without faults, so the threshold matters only with that off
 (`--no-cpu-caching-allocator`, or no C++ compiler). `docs/runtime.md` ("Host memory") has
 the figures.

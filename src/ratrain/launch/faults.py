@@ -4,7 +4,8 @@ test hook that kills a real rank process.
 Each rank marks the step it is working on (`StepMarker`): in memory, and, for spawned
 jobs, in a small file the launcher's parent reads after a rank died without reporting
 (SIGKILL, the kernel's OOM killer). `JobFailed` is the one line the CLI prints: the rank,
-what happened, the step and the last complete checkpoint to resume from.
+what happened, the step and the last complete checkpoint to resume from
+(`ratrain.train.command.failure_message` words it).
 
 Test hook (read when the job starts, carried to the ranks in the `Job`):
 `RATRAIN_FAULT=RANK:STEP` makes rank RANK kill itself with SIGKILL as it starts
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from ratrain.errors import RatrainError
 
-__all__ = ["JobFailed", "StepMarker", "fault_hook", "current_step", "failure_message"]
+__all__ = ["JobFailed", "StepMarker", "fault_hook", "current_step", "read_steps"]
 
 _current: dict[str, int] = {}
 
@@ -68,20 +69,3 @@ def fault_hook(spec: str | None, rank: int, step: int, where: str) -> None:
         if at.endswith("-raise"):  # an ordinary exception, as a bug or a failed op would be
             raise RuntimeError(f"injected fault on rank {rank} at step {step}")
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def failure_message(rank: int | None, cause: str, step: int | None, save_dir: str | None) -> str:
-    from ratrain.checkpoint import complete_checkpoints
-
-    who = f"rank {rank}" if rank is not None else "a rank"
-    where = f" at step {step}" if step is not None else ""
-    if not save_dir:
-        last = "no checkpoints (run with --save DIR to keep progress)"
-    else:
-        done = complete_checkpoints(save_dir)
-        last = (
-            f"last complete checkpoint {done[-1]} (continue with --resume auto)"
-            if done
-            else f"no complete checkpoint in {save_dir} yet"
-        )
-    return f"{who} {cause}{where}; {last}"

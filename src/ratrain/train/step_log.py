@@ -11,9 +11,9 @@ import torch
 from ratrain.checkpoint.hooks import keep_records_before
 from ratrain.config import Plan
 from ratrain.models.spec import ModelSpec
+from ratrain.observe.metrics import JsonlWriter, Progress, TensorBoardWriter
 from ratrain.runtime.comm import Handle
 from ratrain.runtime.executor import StepResult
-from ratrain.runtime.metrics import JsonlWriter, Progress, TensorBoardWriter
 
 __all__ = ["StepLog", "max_rss_bytes"]
 

@@ -9,15 +9,16 @@ import os
 import sys
 import tempfile
 
+from ratrain.checkpoint import complete_checkpoints
 from ratrain.checkpoint.hooks import is_rank0, resume_dir
 from ratrain.config import Plan, TrainConfig
 from ratrain.data.base import TokenSource
 from ratrain.errors import RatrainError
+from ratrain.launch.faults import JobFailed, current_step, read_steps
+from ratrain.launch.grid import DEFAULT_TIMEOUT_S, rendezvous_from_env
+from ratrain.launch.spawn import RankFailure
 from ratrain.models.spec import ModelSpec
-from ratrain.runtime.distributed_train import Job, RunResult, run_job
-from ratrain.runtime.faults import JobFailed, current_step, failure_message, read_steps
-from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, rendezvous_from_env
-from ratrain.runtime.launch import RankFailure
+from ratrain.train.job import Job, RunResult, run_job
 
 __all__ = ["run_distributed", "train_config_of"]
 
@@ -70,7 +71,7 @@ def run_distributed(args, spec: ModelSpec, plan: Plan, cfg: TrainConfig | None =
         backend=getattr(args, "backend", "torch"),
         compile_units=bool(getattr(args, "compile", False)),
         pin_cores=bool(getattr(args, "pin_cores", False)),
-        cpu_caching_allocator=getattr(args, "cpu_caching_allocator", True),
+        cpu_caching_allocator=getattr(args, "cpu_caching_allocator", False),
         malloc_mmap_threshold_bytes=getattr(args, "malloc_mmap_threshold", 0),
         timeout_s=getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S,
         metrics_path=getattr(args, "metrics", None),
@@ -161,3 +162,19 @@ def _summary(run: RunResult, source: TokenSource, elapsed_s: float, tokens: int)
     return (
         f"{head} vs entropy floor {floor:.4f} nats: {100 * (final - floor) / floor:+.1f}%; {rate}"
     )
+
+
+def failure_message(rank: int | None, cause: str, step: int | None, save_dir: str | None) -> str:
+    """The one line a failed job ends with: who, what, when, and where to resume from."""
+    who = f"rank {rank}" if rank is not None else "a rank"
+    where = f" at step {step}" if step is not None else ""
+    if not save_dir:
+        last = "no checkpoints (run with --save DIR to keep progress)"
+    else:
+        done = complete_checkpoints(save_dir)
+        last = (
+            f"last complete checkpoint {done[-1]} (continue with --resume auto)"
+            if done
+            else f"no complete checkpoint in {save_dir} yet"
+        )
+    return f"{who} {cause}{where}; {last}"

@@ -12,7 +12,7 @@ default group, which `ParallelGrid.init` creates and `destroy` tears down).
 Rendezvous comes from the environment: torchrun's RANK / WORLD_SIZE / LOCAL_RANK /
 MASTER_ADDR / MASTER_PORT, or Slurm's SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (with
 MASTER_ADDR / MASTER_PORT exported by the job script). `ratrain train --nproc N` spawns its
-own local ranks (see `ratrain.runtime.launch`).
+own local ranks (see `ratrain.launch.spawn`).
 """
 
 from __future__ import annotations

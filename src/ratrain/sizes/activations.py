@@ -34,7 +34,7 @@ with 1-byte dropout masks keeps
 
 Choices and what is left out, so the numbers mean what they say:
 - Per-token norm statistics (mean, rstd: a few fp32 scalars per token) are left out, as
-  in Korthikanti. The runtime's RMSNorm computes in fp32 (`ratrain.models.llama`), so an
+  in Korthikanti. The runtime's RMSNorm computes in fp32 (`ratrain.nn.llama`), so an
   eager autograd graph may keep an fp32 copy of a norm input as well; this table counts
   the compute-dtype tensor a fused norm keeps.
 - SwiGLU counts the four tensors eager autograd keeps for ``down(silu(gate(x)) * up(x))``;
@@ -45,7 +45,7 @@ Choices and what is left out, so the numbers mean what they say:
   the o_proj input) plus the log-sum-exp, 4·b·a·s bytes fp32, and recomputes the scores.
 
 Eager kernels (``eager_kernels=True``, what the runtime's torch model runs; a platform
-says which with `Platform.eager_kernels`): `ratrain.models.llama.RMSNorm` computes in fp32 as
+says which with `Platform.eager_kernels`): `ratrain.nn.llama.RMSNorm` computes in fp32 as
 ``weight * (x.float() * rsqrt(mean(x²) + eps)).to(dtype)``, so autograd keeps, per norm,
 the normalised tensor before the weight product (c·h) and, when the compute dtype is not
 fp32, the fp32 copy of the input (4·h) in place of the compute-dtype input (which nothing
@@ -73,9 +73,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratrain.config import DTYPE_BYTES, Plan
-from ratrain.memory.step_workspace import ADAMW_CHUNK_ELEMS, largest_tensor_elems
 from ratrain.models.counts import head_unit, is_block
 from ratrain.models.spec import ModelSpec
+from ratrain.sizes.workspace import ADAMW_CHUNK_ELEMS, largest_tensor_elems
 
 __all__ = [
     "ActTensor",
@@ -225,7 +225,7 @@ def activation_bytes(
 
 
 def _chunked_head_bytes(spec: ModelSpec, tokens: int, c: int) -> int:
-    """The head under the chunked loss (`ratrain.models.chunked_loss`): the final norm's
+    """The head under the chunked loss (`ratrain.nn.chunked_loss`): the final norm's
     input and the loss's dL/dh (c·h per token each), and its dL/dw (fp32, V·H): no
     per-token V-wide tensor outlives the forward."""
     return tokens * 2 * c * spec.hidden + 4 * spec.vocab * spec.hidden

@@ -11,7 +11,7 @@ u0..u1 runs them as a plain chain. There is no distributed code here.
 
 Parameter names follow Hugging Face inside each unit (`self_attn.q_proj.weight`,
 `mlp.gate_proj.weight`, `input_layernorm.weight`, ...), so a checkpoint maps over by a
-prefix rewrite (`ratrain.models.hf_weights`). GEMMs and attention go through a
+prefix rewrite (`ratrain.nn.hf_weights`). GEMMs and attention go through a
 `ratrain.kernels.Backend`; norms, softmax and RoPE are done in fp32 and cast back, as in
 Hugging Face, so bf16/fp16 parameters work.
 
@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ratrain.kernels import Backend, get_backend
-from ratrain.models.chunked_loss import chunked_cross_entropy
-from ratrain.models.rope import rope_inv_freq
 from ratrain.models.spec import ModelSpec
+from ratrain.nn.chunked_loss import chunked_cross_entropy
+from ratrain.nn.rope import rope_inv_freq
 
 __all__ = [
     "RMSNorm",
@@ -270,7 +270,7 @@ class Head(nn.Module):
     ) -> torch.Tensor:
         """Mean next-token loss of hidden states x (B, T, H) against targets (B, T).
 
-        With `chunk_tokens`, the fused chunked loss (`ratrain.models.chunked_loss`): the
+        With `chunk_tokens`, the fused chunked loss (`ratrain.nn.chunked_loss`): the
         logits of the whole microbatch never exist at once. Backends other than "torch"
         (the tiled one schedules its own GEMMs and memory) always take the plain path."""
         if chunk_tokens is None or self.backend.name != "torch":

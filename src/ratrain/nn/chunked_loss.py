@@ -15,7 +15,7 @@ Exactness: the same arithmetic as `cross_entropy(h @ w.T, targets)` up to the or
 the sums (the loss is summed chunk by chunk, dL/dw accumulated over chunks), so fp32
 values agree to rounding (tests: within 1e-5 relative); not bit for bit.
 
-Memory, per microbatch (what `ratrain.memory.activations` counts): kept from F to B,
+Memory, per microbatch (what `ratrain.sizes.activations` counts): kept from F to B,
 dL/dh (c·H per token) and dL/dw (4·V·H bytes); transient, one fp32 (chunk, V) buffer
 that holds a chunk's logits, then their log-softmax, then the softmax's gradient, in place
 (`torch._log_softmax(..., out=)` on its own input: each row is reduced before it is

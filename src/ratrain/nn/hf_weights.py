@@ -19,13 +19,13 @@ import re
 import torch
 
 from ratrain.errors import RatrainError
+from ratrain.models.hf_config import hf_model_type
 from ratrain.models.spec import ModelSpec
 
 __all__ = [
     "hf_to_ratrain_state_dict",
     "ratrain_to_hf_state_dict",
     "unit_state_dict",
-    "hf_model_type",
 ]
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -34,15 +34,8 @@ _UNIT = re.compile(r"^units\.(\d+)\.(.+)$")
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
 
 
-def hf_model_type(spec: ModelSpec) -> str:
-    """The HF naming a spec maps to: 'baichuan' (NormHead), 'qwen2' (qkv bias) or 'llama'."""
-    if spec.normalized_head:
-        return "baichuan"
-    return "qwen2" if spec.qkv_bias else "llama"
-
-
 def _expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    from ratrain.models.llama import LlamaModel
+    from ratrain.nn.llama import LlamaModel
 
     with torch.device("meta"):
         model = LlamaModel(spec, seed=None)

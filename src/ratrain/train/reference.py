@@ -25,10 +25,10 @@ import torch
 from ratrain.config import Plan, TrainConfig
 from ratrain.data.base import Batches, TokenSource
 from ratrain.errors import RatrainError
-from ratrain.models.llama import LlamaModel, cross_entropy
 from ratrain.models.spec import ModelSpec
+from ratrain.nn.llama import LlamaModel, cross_entropy
+from ratrain.observe.metrics import JsonlWriter
 from ratrain.runtime.lr import lr_at
-from ratrain.runtime.metrics import JsonlWriter
 from ratrain.runtime.optim import adamw_step_, clip_coefficient, decays, unit_sq_norm
 from ratrain.runtime.precision import LossScaler, torch_dtype
 

@@ -9,7 +9,7 @@ For each plan of the grid:
   slowest rank's; a second, shorter run with `measure_memory` gives each rank's peak
   tensor bytes (`LiveBytes` slows the step, so it is not timed).
 
-Then the statistics (`ratrain.calibrate.stats`) and, per model, the planner's check:
+Then the statistics (`ratrain.validate.stats`) and, per model, the planner's check:
 `ratrain plan`'s search (`ratrain.planner.search`, all families, the grid's compute dtype
 pinned, each unit count up to the grid's largest) picks the plan it predicts fastest for
 that job on the platform; it is run too unless the grid holds it, and its measured step
@@ -24,14 +24,14 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from ratrain.calibrate import stats
-from ratrain.calibrate.grid import GridPlan
 from ratrain.config import TrainConfig
 from ratrain.data import make_source
 from ratrain.errors import RatrainError
 from ratrain.platforms import Platform
-from ratrain.runtime.distributed_train import Job, run_job
 from ratrain.sim import simulate
+from ratrain.train.job import Job, run_job
+from ratrain.validate import stats
+from ratrain.validate.grid import GridPlan
 
 __all__ = ["PlanResult", "run_plan", "planner_pick", "summarize", "validate", "result_dict"]
 

@@ -16,9 +16,9 @@ step behind. The metrics rank (last stage, replica 0) turns it into the step's r
 global-batch loss summed in the reference trainer's order (replica-major), lr, grad norm,
 tokens/s, step time (the period between step ends), peak tensor bytes per rank (CUDA's
 allocator, or `LiveBytes` with `measure_memory`; else null) and peak RSS per rank; it
-writes the JSONL, TensorBoard and the progress bar (`ratrain.runtime.step_log`). The
+writes the JSONL, TensorBoard and the progress bar (`ratrain.train.step_log`). The
 `ratrain train` command's side (flags, launch, failures, summary) is
-`ratrain.runtime.train_command`.
+`ratrain.train.command`.
 """
 
 from __future__ import annotations
@@ -39,28 +39,28 @@ from ratrain.checkpoint.hooks import (
 from ratrain.config import Plan, TrainConfig
 from ratrain.data.base import Batches, TokenSource
 from ratrain.errors import RatrainError
-from ratrain.memory import replay
-from ratrain.models.spec import ModelSpec
-from ratrain.runtime import cpu_allocator
-from ratrain.runtime.comm import Comm
-from ratrain.runtime.compiled import compile_stage
-from ratrain.runtime.executor import StageExecutor
-from ratrain.runtime.faults import (
+from ratrain.launch import cpu_allocator
+from ratrain.launch.faults import (
     StepMarker,
     fault_hook,
 )
-from ratrain.runtime.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, rendezvous_from_env
-from ratrain.runtime.host_memory import (
+from ratrain.launch.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, rendezvous_from_env
+from ratrain.launch.host_memory import (
     check_mmap_threshold,
     fix_mmap_threshold,
 )
-from ratrain.runtime.launch import spawn
-from ratrain.runtime.memory import PeakMemory
-from ratrain.runtime.profile import StepProfile
+from ratrain.launch.spawn import spawn
+from ratrain.memory import replay
+from ratrain.models.spec import ModelSpec
+from ratrain.observe.memory import PeakMemory
+from ratrain.observe.profile import StepProfile
+from ratrain.observe.trace import Recorder, write_measured_trace
+from ratrain.runtime.comm import Comm
+from ratrain.runtime.compiled import compile_stage
+from ratrain.runtime.executor import StageExecutor
 from ratrain.runtime.stage import StageModel, check_tied
-from ratrain.runtime.step_log import StepLog
-from ratrain.runtime.trace import Recorder, write_measured_trace
 from ratrain.schedule import build_schedule, check_schedule
+from ratrain.train.step_log import StepLog
 
 __all__ = [
     "Job",
@@ -114,24 +114,26 @@ class Job:
     init_from: str | None = None
     """A Hugging Face directory (config.json + safetensors) to take the weights from."""
     fault: str | None = None
-    """The RATRAIN_FAULT test hook (`ratrain.runtime.faults`)."""
+    """The RATRAIN_FAULT test hook (`ratrain.launch.faults`)."""
     status_dir: str | None = None
-    """Each rank writes the step it is on here (`ratrain.runtime.faults.StepMarker`)."""
+    """Each rank writes the step it is on here (`ratrain.launch.faults.StepMarker`)."""
     run_steps: int | None = None
     """Steps to run now (None: up to `cfg.steps`); 0 with `save_dir` saves the starting
     state (e.g. HF weights as a checkpoint) and stops."""
     profile_step: int | None = None
-    """Profile this step on every rank (`ratrain.runtime.profile`): `RunResult.profile`."""
+    """Profile this step on every rank (`ratrain.observe.profile`): `RunResult.profile`."""
     compile_units: bool = False
     """Run each block unit through `torch.compile` (`ratrain.runtime.compiled`)."""
     pin_cores: bool = False
     """Pin each locally spawned rank to one core of this process's affinity set
     (`cores_of`); ranks launched by torchrun or Slurm keep the launcher's placement."""
-    cpu_caching_allocator: bool = True
-    """CPU ranks serve tensors from a caching allocator (`ratrain.runtime.cpu_allocator`):
-    freed blocks are reused by size instead of fragmenting malloc's heap."""
+    cpu_caching_allocator: bool = False
+    """CPU ranks serve tensors from a caching allocator (`ratrain.launch.cpu_allocator`):
+    freed blocks are reused by size instead of fragmenting malloc's heap. Off by default:
+    it does not serve oneDNN's raw allocations, which native-bf16 CPUs (AVX512-BF16) make,
+    and it was measured to change no tokens/s (docs/runtime.md, "Host memory")."""
     malloc_mmap_threshold_bytes: int = 0
-    """> 0: each rank fixes glibc's mmap threshold to this (`ratrain.runtime.host_memory`),
+    """> 0: each rank fixes glibc's mmap threshold to this (`ratrain.launch.host_memory`),
     so freed tensors go back to the OS (less RSS, more page faults); 0 leaves glibc's own
     dynamic threshold."""
 
@@ -148,7 +150,7 @@ class RunResult:
     step_times_s: list[float] = field(default_factory=list)
     trace: list[dict] = field(default_factory=list)
     profile: dict[str, float] | None = None
-    """This rank's time per bucket in `Job.profile_step` (`ratrain.runtime.profile`)."""
+    """This rank's time per bucket in `Job.profile_step` (`ratrain.observe.profile`)."""
     compile_s: float = 0.0
     """Time this rank spent compiling and warming up its units, before the first step."""
     save_times_s: list[float] = field(default_factory=list)
@@ -293,7 +295,7 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
         mem.track(model.state_tensors())
         resumed = resume_stage(grid, model, job, plan) if job.resume_from else None
         if job.init_from and resumed is None:
-            from ratrain.models.hf_load import load_stage_from_hf
+            from ratrain.checkpoint.hf import load_stage_from_hf
 
             load_stage_from_hf(model, job.init_from)
         if job.compile_units:

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from ratrain.errors import RatrainError
-from ratrain.models.hf_config import from_hf_config, to_hf_config
-from ratrain.models.hf_weights import hf_model_type, ratrain_to_hf_state_dict
+from ratrain.models.hf_config import from_hf_config, hf_model_type, to_hf_config
 from ratrain.models.spec import ModelSpec
+from ratrain.nn.hf_weights import ratrain_to_hf_state_dict
 
 __all__ = ["load_stage_from_hf", "hf_tensor_files", "write_hf", "read_hf_tensors"]
 

@@ -33,7 +33,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
 from ratrain.errors import RatrainError
-from ratrain.runtime.grid import Rendezvous
+from ratrain.launch.grid import Rendezvous
 
 __all__ = ["free_port", "spawn", "DEFAULT_DEADLINE_S", "RankFailure"]
 
@@ -54,7 +54,7 @@ _PRELOAD = [
     "torch",
     "torch.distributed",
     "torch.fx.experimental.symbolic_shapes",
-    "ratrain.runtime.distributed_train",
+    "ratrain.train.job",
 ]
 
 

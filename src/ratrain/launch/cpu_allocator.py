@@ -27,7 +27,7 @@ import functools
 import os
 import sys
 
-from ratrain.runtime.compiled import cxx_compiler
+from ratrain.launch.toolchain import cxx_compiler
 
 __all__ = ["build", "install", "stats", "trim"]
 

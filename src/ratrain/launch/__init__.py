@@ -1,0 +1,1 @@
+"""Process launch: process groups and the rank grid, spawning, faults, host memory."""

@@ -1,0 +1,1 @@
+"""The torch model: blocks, RoPE, chunked loss and Hugging Face weight names."""

@@ -1,0 +1,1 @@
+"""Observation: metrics, traces, step profiles and measured memory."""
