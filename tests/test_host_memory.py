@@ -93,8 +93,8 @@ def test_ranks_train_the_same_on_every_allocator():
     plan = Plan(pp=2, dp=1, micro_batch=1, global_batch=4, seq=16, compute_dtype="fp32")
     cfg = TrainConfig(steps=3, warmup_steps=1)
     runs = [("ratrain", {}), ("baseline", {"schedule": "baseline"})]
-    caching = harness.run(spec, plan, cfg, runs)  # the default: the caching allocator
-    malloc = harness.run(spec, plan, cfg, runs, cpu_caching_allocator=False)
+    caching = harness.run(spec, plan, cfg, runs, cpu_caching_allocator=True)
+    malloc = harness.run(spec, plan, cfg, runs)  # the default: malloc
     fixed = harness.run(
         spec,
         plan,
