@@ -10,7 +10,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ratrain.config import Plan
+from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
 
@@ -70,24 +70,32 @@ def is_rank0() -> bool:
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
 
 
-def resume_dir(args, spec: ModelSpec, plan: Plan, cfg=None):
-    """The checkpoint `--resume` names (None: a fresh start). A job restarted by torchrun
-    (TORCHELASTIC_RESTART_COUNT > 0) with --save resumes from it as with `--resume auto`."""
+def resume_dir(
+    spec: ModelSpec,
+    plan: Plan,
+    *,
+    save_dir: str | None,
+    resume: str | None,
+    cfg: TrainConfig | None = None,
+) -> Path | None:
+    """The checkpoint `resume` (`--resume`: a step-* directory, a `--save` directory, or
+    "auto") names, checked against `spec` and `plan`; None: a fresh start. A job restarted
+    by torchrun (TORCHELASTIC_RESTART_COUNT > 0) with `save_dir` resumes from it as with
+    `--resume auto`. With `cfg`, rank 0 notes a changed LR schedule or optimizer."""
     from ratrain.checkpoint import complete_checkpoints, read_meta, resolve_resume
     from ratrain.checkpoint.io import check_compatible
 
-    save, resume = getattr(args, "save", None), getattr(args, "resume", None)
-    if resume is None and save and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+    if resume is None and save_dir and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         resume = "auto"
     if resume is None:
-        if save and complete_checkpoints(save):
-            newest = complete_checkpoints(save)[-1].name
+        if save_dir and complete_checkpoints(save_dir):
+            newest = complete_checkpoints(save_dir)[-1].name
             raise RatrainError(
-                f"--save {save} already holds checkpoints (newest {newest}); pass --resume auto "
-                "to continue from it, or another --save directory"
+                f"--save {save_dir} already holds checkpoints (newest {newest}); pass --resume "
+                "auto to continue from it, or another --save directory"
             )
         return None
-    ckpt = resolve_resume(resume, save)
+    ckpt = resolve_resume(resume, save_dir)
     if ckpt is not None:
         meta = read_meta(ckpt)
         check_compatible(meta, ckpt, spec, plan)  # before any rank starts
@@ -96,7 +104,7 @@ def resume_dir(args, spec: ModelSpec, plan: Plan, cfg=None):
     return ckpt
 
 
-def _note_schedule_change(meta: dict, cfg) -> None:
+def _note_schedule_change(meta: dict, cfg: TrainConfig) -> None:
     """Say so when the resumed run's LR schedule or optimizer differs from the saved run's:
     legitimate (e.g. more --steps), but then it is no longer the same training."""
     saved = meta.get("lr_schedule", {})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -16,8 +17,18 @@ from ratrain.errors import RatrainError
 from ratrain.launch.host_memory import check_mmap_threshold
 from ratrain.models.counts import total_params
 from ratrain.models.spec import ModelSpec
+from ratrain.train.request import TrainRequest
+from ratrain.train.summary import summary_line
 
-__all__ = ["add_arguments", "run", "run_reference", "train_config_from_args", "cpu_threads"]
+__all__ = [
+    "add_arguments",
+    "run",
+    "run_reference",
+    "train_config_from_args",
+    "train_request_from_args",
+    "data_source",
+    "cpu_threads",
+]
 
 # The demo: 300 steps of 32 x 64 tokens at lr 1e-2 bring the tiny model to within about 3%
 # of the synthetic source's entropy floor on held-out data, in about 30 s of one CPU core
@@ -31,7 +42,6 @@ PLAN_DEFAULTS = {
 }
 DEFAULT_STEPS = 300
 DEFAULT_LR = 1e-2
-SUMMARY_WINDOW = 10  # the final loss is the mean of the last steps (one batch is noisy)
 SMALL_MODEL_PARAMS = 50_000_000  # below this, one CPU thread by default (see --threads)
 
 
@@ -39,6 +49,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arg(p)  # default: the plan file's model, else tiny
     add_plan_args(p, defaults=PLAN_DEFAULTS)
     g = p.add_argument_group("training")
+    _add_optimizer_args(g)
+    _add_runtime_args(g)
+    _add_data_args(p.add_argument_group("data"))
+    _add_output_args(p.add_argument_group("output"))
+    _add_checkpoint_args(p.add_argument_group("checkpoints (see docs/checkpoints.md)"))
+
+
+def _add_optimizer_args(g) -> None:
+    """Steps, learning-rate schedule, weight decay, seed."""
     g.add_argument(
         "--steps",
         type=int,
@@ -64,6 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--seed", type=int, default=0, help="seed of the weights and of the data (default 0)"
     )
+
+
+def _add_runtime_args(g) -> None:
+    """Kernels, compilation, placement, host memory, threads, processes, timeout."""
     g.add_argument("--backend", default="torch", help="kernel backend (default torch)")
     g.add_argument(
         "--compile",
@@ -113,7 +136,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="rendezvous/collective timeout in s: a stuck or lost rank fails the job after it "
         "(default 300)",
     )
-    d = p.add_argument_group("data")
+
+
+def _add_data_args(d) -> None:
     d.add_argument(
         "--data",
         default="synthetic",
@@ -126,11 +151,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument(
         "--data-dtype", choices=("uint16", "uint32"), help="token dtype of a binary token file"
     )
-    o = p.add_argument_group("output")
+
+
+def _add_output_args(o) -> None:
     o.add_argument("--metrics", help="write per-step metrics as JSON lines to this file")
     o.add_argument("--tensorboard", metavar="DIR", help="also log to TensorBoard (if installed)")
     o.add_argument("--quiet", action="store_true", help="no progress bar")
-    c = p.add_argument_group("checkpoints (see docs/checkpoints.md)")
+
+
+def _add_checkpoint_args(c) -> None:
     c.add_argument(
         "--save",
         metavar="DIR",
@@ -183,13 +212,67 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     )
 
 
+def train_request_from_args(args: argparse.Namespace) -> TrainRequest:
+    """What the distributed runtime is asked for besides model, plan, config and data."""
+    return TrainRequest(
+        backend=args.backend,
+        compile_units=bool(args.compile),
+        pin_cores=bool(args.pin_cores),
+        cpu_caching_allocator=bool(args.cpu_caching_allocator),
+        malloc_mmap_threshold_bytes=args.malloc_mmap_threshold,
+        timeout_s=args.timeout,
+        metrics_path=args.metrics,
+        tensorboard_dir=args.tensorboard,
+        progress=not args.quiet,
+        save_dir=args.save,
+        save_every=args.save_every,
+        keep=args.keep,
+        resume=args.resume,
+        init_from=args.init_from,
+        run_steps=0 if args.steps == 0 else None,  # --steps 0: save the starting state
+    )
+
+
+def data_source(args: argparse.Namespace, spec: ModelSpec, plan: Plan):
+    """A factory of the token source --data, --tokenizer and --data-dtype name."""
+    from ratrain.data import make_source
+
+    return functools.partial(
+        make_source,
+        args.data,
+        spec,
+        plan.seq,
+        args.seed,
+        tokenizer=args.tokenizer,
+        dtype=args.data_dtype,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    cfg = _check_flags(args)
+    spec, plan = plan_from_args(args, default_model="tiny")
+    _check_processes(args, plan)
+    distributed = plan.pp * plan.dp > 1 or args.nproc is not None
+    if distributed or args.save or args.resume or args.init_from:
+        # Checkpoints and HF weights live in the distributed runtime (also on one process).
+        from ratrain.train.command import run_distributed
+
+        request, source = train_request_from_args(args), data_source(args, spec, plan)
+        with _omp_threads(args.threads):  # each rank's threads (the launcher reads it)
+            return run_distributed(request, spec, plan, cfg, source)
+    _note_ignored_flags(args, plan)
+    return run_reference(args, spec, plan)
+
+
+def _check_flags(args: argparse.Namespace) -> TrainConfig:
+    """The flags' errors (one line each) before anything is built; the training config.
+    With --init-from, --model becomes its config.json."""
     from ratrain.cli.outputs import prepare_output_dir, prepare_output_file
 
     prepare_output_file(args.metrics, "--metrics")
     prepare_output_dir(args.tensorboard, "--tensorboard")
-    train_config_from_args(args)  # flag errors before anything is built
-    check_mmap_threshold(getattr(args, "malloc_mmap_threshold", 0))
+    cfg = train_config_from_args(args)
+    check_mmap_threshold(args.malloc_mmap_threshold)
     _check_checkpoint_flags(args)
     if args.init_from:
         from ratrain.models.hf_config import from_hf_config
@@ -203,7 +286,11 @@ def run(args: argparse.Namespace) -> int:
             )
         from_hf_config(args.init_from)  # a config error is reported as such, first
         args.model = _config_path(args.init_from)
-    spec, plan = plan_from_args(args, default_model="tiny")
+    return cfg
+
+
+def _check_processes(args: argparse.Namespace, plan: Plan) -> None:
+    """--nproc and --threads: positive, and --nproc equal to pp x dp."""
     world = plan.pp * plan.dp
     if args.nproc is not None and args.nproc <= 0:
         raise RatrainError(f"--nproc must be a positive integer, got {args.nproc}")
@@ -213,26 +300,23 @@ def run(args: argparse.Namespace) -> int:
         raise RatrainError(
             f"--nproc {args.nproc} does not match pp x dp = {world}; drop --nproc or fix it"
         )
-    if world > 1 or args.nproc is not None or args.save or args.resume or args.init_from:
-        # Checkpoints and HF weights live in the distributed runtime (also on one process).
-        from ratrain.train.command import run_distributed
 
-        with _omp_threads(args.threads):  # each rank's threads (the launcher reads it)
-            return run_distributed(args, spec, plan, train_config_from_args(args))
-    if getattr(args, "compile", False) or plan.loss_chunk_tokens:
+
+def _note_ignored_flags(args: argparse.Namespace, plan: Plan) -> None:
+    """Say which flags the single-process reference trainer does not apply."""
+    if args.compile or plan.loss_chunk_tokens:
         print(
             "ratrain train: --compile and --loss-chunk-tokens apply to the pipeline runtime "
             "(pp x dp > 1, or --nproc 1); the single-process reference trainer runs eagerly "
             "with the plain loss",
             file=sys.stderr,
         )
-    if getattr(args, "malloc_mmap_threshold", 0):
+    if args.malloc_mmap_threshold:
         print(
             "ratrain train: --malloc-mmap-threshold applies to the pipeline runtime's ranks "
             "(pp x dp > 1, or --nproc 1); the single-process reference trainer ignores it",
             file=sys.stderr,
         )
-    return run_reference(args, spec, plan)
 
 
 @contextlib.contextmanager
@@ -269,15 +353,12 @@ def run_reference(args: argparse.Namespace, spec: ModelSpec, plan: Plan) -> int:
     """Single-process training with `ReferenceTrainer`: progress, metrics, a summary line."""
     import torch
 
-    from ratrain.data import make_source
     from ratrain.observe.metrics import JsonlWriter, Progress, TensorBoardWriter
     from ratrain.train.reference import ReferenceTrainer
 
     cfg = train_config_from_args(args)
     threads = cpu_threads(args, spec)
-    source = make_source(
-        args.data, spec, plan.seq, args.seed, tokenizer=args.tokenizer, dtype=args.data_dtype
-    )
+    source = data_source(args, spec, plan)()
     metrics = JsonlWriter(args.metrics) if args.metrics else None
     tb = TensorBoardWriter(args.tensorboard)
     trainer = ReferenceTrainer(spec, plan, cfg, source, backend=args.backend, metrics=metrics)
@@ -306,7 +387,8 @@ def run_reference(args: argparse.Namespace, spec: ModelSpec, plan: Plan) -> int:
         tb.close()
         if metrics is not None:
             metrics.close()
-    print(_summary(losses, source, time.perf_counter() - t0, cfg.steps * plan.tokens_per_step))
+    elapsed_s = time.perf_counter() - t0
+    print(summary_line(losses, source, elapsed_s, cfg.steps * plan.tokens_per_step))
     return 0
 
 
@@ -320,17 +402,3 @@ def cpu_threads(args: argparse.Namespace, spec: ModelSpec) -> int:
     if "OMP_NUM_THREADS" not in os.environ and total_params(spec) < SMALL_MODEL_PARAMS:
         return 1
     return torch.get_num_threads()
-
-
-def _summary(losses: list[float], source, elapsed_s: float, tokens: int) -> str:
-    tail = losses[-SUMMARY_WINDOW:]
-    final = sum(tail) / len(tail)
-    rate = f"{len(losses)} steps in {elapsed_s:.1f} s ({tokens / elapsed_s:,.0f} tokens/s)"
-    floor = getattr(source, "entropy_floor_nats", None)
-    if floor is None:
-        return f"final loss {final:.4f} (mean of the last {len(tail)} steps); {rate}"
-    gap = 100 * (final - floor) / floor
-    return (
-        f"final loss {final:.4f} (mean of the last {len(tail)} steps) vs entropy floor "
-        f"{floor:.4f} nats: {gap:+.1f}%; {rate}"
-    )

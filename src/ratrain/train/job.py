@@ -279,6 +279,34 @@ def _metrics_rank(grid: ParallelGrid) -> int:
 def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Plan) -> RunResult:
     """Train `job.cfg.steps` steps of `plan` (run name `kind`) from the initial weights."""
     spec, cfg = job.spec, job.cfg
+    schedule, batches = _lower(job, kind, plan)
+    is_metrics = grid.rank == _metrics_rank(grid)
+    result = RunResult(kind)
+    with PeakMemory(grid.device, job.measure_memory) as mem:
+        model, resumed = _build_stage(grid, job, plan, mem, result)
+        _barrier(grid)
+        rec = Recorder(grid.stage, grid.replica, time.perf_counter(), set(job.trace_steps))
+        ex = StageExecutor(grid, comm, model, schedule, batches, spec, plan, cfg, rec)
+        start = _restore(ex, resumed, plan)
+        log = (
+            StepLog(grid, comm, plan, spec, job, kind, start)
+            if is_metrics
+            else StepLog(grid, comm, plan, spec)
+        )
+        try:
+            _train_steps(grid, model, ex, log, mem, job, plan, start, result)
+        finally:
+            log.close()
+        result.peak_bytes = mem.peak_bytes()
+    result.losses = log.losses
+    result.records = log.records
+    result.trace = _gather_trace(grid, rec, job, kind)
+    return result
+
+
+def _lower(job: Job, kind: str, plan: Plan):
+    """The checked schedule of `plan` and its batches of the job's data."""
+    spec = job.spec
     if (plan.pp, plan.dp) != (job.plan.pp, job.plan.dp):
         raise RatrainError(f"run {kind!r}: a variant cannot change pp or dp")
     schedule = build_schedule(spec, plan)
@@ -288,75 +316,87 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
         raise RatrainError(
             f"data vocab {batches.source.vocab} exceeds {spec.name}'s vocab {spec.vocab}"
         )
-    is_metrics = grid.rank == _metrics_rank(grid)
-    result = RunResult(kind)
-    with PeakMemory(grid.device, job.measure_memory) as mem:
-        model = StageModel(spec, plan, cfg, grid.stage, grid.replica, grid.device, job.backend)
-        mem.track(model.state_tensors())
-        resumed = resume_stage(grid, model, job, plan) if job.resume_from else None
-        if job.init_from and resumed is None:
-            from ratrain.checkpoint.hf import load_stage_from_hf
+    return schedule, batches
 
-            load_stage_from_hf(model, job.init_from)
-        if job.compile_units:
-            result.compile_s = compile_stage(
-                model.modules(),
-                {u: plan.recompute_of(spec, grid.stage, u) for u in model.unit_ids},
-                job.backend,
-                (plan.micro_batch, plan.seq, spec.hidden),  # (B, T, H)
-                model.dtype,
-                grid.device,
-            )
-        _barrier(grid)
-        rec = Recorder(grid.stage, grid.replica, time.perf_counter(), set(job.trace_steps))
-        ex = StageExecutor(grid, comm, model, schedule, batches, spec, plan, cfg, rec)
-        start = 0
-        if resumed is not None:
-            start = resumed["step"]
-            ex.updates = resumed["optimizer_updates"]
-            if resumed["plan"].get("compute_dtype") == plan.compute_dtype:
-                # (another dtype keeps its own initial scale: bf16/fp32 store a disabled one)
-                ex.scaler.load_state_dict(resumed["loss_scaler"])
-        log = (
-            StepLog(grid, comm, plan, spec, job, kind, start)
-            if is_metrics
-            else StepLog(grid, comm, plan, spec)
+
+def _build_stage(
+    grid: ParallelGrid, job: Job, plan: Plan, mem: PeakMemory, result: RunResult
+) -> tuple[StageModel, dict | None]:
+    """This rank's stage: its weights from the checkpoint resumed (also returned, None on a
+    fresh start), else from `init_from`, else initial; compiled when the job asks
+    (`result.compile_s`)."""
+    spec = job.spec
+    model = StageModel(spec, plan, job.cfg, grid.stage, grid.replica, grid.device, job.backend)
+    mem.track(model.state_tensors())
+    resumed = resume_stage(grid, model, job, plan) if job.resume_from else None
+    if job.init_from and resumed is None:
+        from ratrain.checkpoint.hf import load_stage_from_hf
+
+        load_stage_from_hf(model, job.init_from)
+    if job.compile_units:
+        result.compile_s = compile_stage(
+            model.modules(),
+            {u: plan.recompute_of(spec, grid.stage, u) for u in model.unit_ids},
+            job.backend,
+            (plan.micro_batch, plan.seq, spec.hidden),  # (B, T, H)
+            model.dtype,
+            grid.device,
         )
-        try:
-            t_last = time.perf_counter()
-            end = cfg.steps if job.run_steps is None else min(cfg.steps, start + job.run_steps)
-            if job.save_dir and end == start:
-                save_stage(grid, model, ex, job, plan, start)
-            marker = StepMarker(job.status_dir, grid.rank)
-            for k in range(start, end):
-                marker.mark(k)
-                fault_hook(job.fault, grid.rank, k, "step")
-                if k == job.profile_step:
-                    with StepProfile() as prof:
-                        res = ex.step(k)
-                    result.profile = prof.finish(ex.wait_s)
-                else:
-                    res = ex.step(k)
-                # The step time is the period between step ends: it includes waiting for the
-                # other stages, which the walk of one step alone may not.
-                now = time.perf_counter()
-                res.time_s, t_last = now - t_last, now
-                result.step_times_s.append(res.time_s)
-                log.push(res, mem.peak_bytes())
-                cpu_allocator.trim()  # sizes this step no longer asked for go back
-                if save_due(job, k):
-                    log.flush()  # no collective in flight while DCP runs its own
-                    save_stage(grid, model, ex, job, plan, k + 1)
-                    t_last, t_save = time.perf_counter(), t_last
-                    result.save_times_s.append(t_last - t_save)  # not part of a step's time
-            log.flush()
-        finally:
-            log.close()
-        result.peak_bytes = mem.peak_bytes()
-    result.losses = log.losses
-    result.records = log.records
-    result.trace = _gather_trace(grid, rec, job, kind)
-    return result
+    return model, resumed
+
+
+def _restore(ex: StageExecutor, resumed: dict | None, plan: Plan) -> int:
+    """The step to start from, with the executor's optimizer count and loss scale as the
+    checkpoint left them."""
+    if resumed is None:
+        return 0
+    ex.updates = resumed["optimizer_updates"]
+    if resumed["plan"].get("compute_dtype") == plan.compute_dtype:
+        # (another dtype keeps its own initial scale: bf16/fp32 store a disabled one)
+        ex.scaler.load_state_dict(resumed["loss_scaler"])
+    return resumed["step"]
+
+
+def _train_steps(
+    grid: ParallelGrid,
+    model: StageModel,
+    ex: StageExecutor,
+    log: StepLog,
+    mem: PeakMemory,
+    job: Job,
+    plan: Plan,
+    start: int,
+    result: RunResult,
+) -> None:
+    """Steps `start` up to the job's end: each logged, profiled if asked, saved when due."""
+    cfg = job.cfg
+    t_last = time.perf_counter()
+    end = cfg.steps if job.run_steps is None else min(cfg.steps, start + job.run_steps)
+    if job.save_dir and end == start:
+        save_stage(grid, model, ex, job, plan, start)
+    marker = StepMarker(job.status_dir, grid.rank)
+    for k in range(start, end):
+        marker.mark(k)
+        fault_hook(job.fault, grid.rank, k, "step")
+        if k == job.profile_step:
+            with StepProfile() as prof:
+                res = ex.step(k)
+            result.profile = prof.finish(ex.wait_s)
+        else:
+            res = ex.step(k)
+        # The step time is the period between step ends: it includes waiting for the
+        # other stages, which the walk of one step alone may not.
+        now = time.perf_counter()
+        res.time_s, t_last = now - t_last, now
+        result.step_times_s.append(res.time_s)
+        log.push(res, mem.peak_bytes())
+        cpu_allocator.trim()  # sizes this step no longer asked for go back
+        if save_due(job, k):
+            log.flush()  # no collective in flight while DCP runs its own
+            save_stage(grid, model, ex, job, plan, k + 1)
+            t_last, t_save = time.perf_counter(), t_last
+            result.save_times_s.append(t_last - t_save)  # not part of a step's time
+    log.flush()
 
 
 def _barrier(grid: ParallelGrid) -> None:
