@@ -3,7 +3,7 @@ measured values say so; the timer and the α–β fit on known data."""
 
 import pytest
 
-from ratrain.calibrate.comm import fit_alpha_beta
+from ratrain.calibrate.fit import fit_alpha_beta
 from ratrain.cli import main
 from ratrain.platforms import load
 

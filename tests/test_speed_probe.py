@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 import ratrain.platforms
-from ratrain.calibrate.probe import describe, machine_speed, probe_s, relative_speeds
+from ratrain.calibrate.probe import probe_s
 from ratrain.config import Plan
 from ratrain.platforms import load
 from ratrain.validate.grid import load_grid
 from ratrain.validate.rescore import rescore
 from ratrain.validate.run import validate
+from ratrain.validate.speed import describe, machine_speed, relative_speeds
 
 PLATFORMS_DIR = Path(ratrain.platforms.__file__).parent
 GRID = """

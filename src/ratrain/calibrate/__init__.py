@@ -5,8 +5,16 @@
 
 Everything is measured through the code the runtime runs (the backend's kernels, the
 model's own functions, the runtime's optimizer step, its communication wrappers and its
-executor), so a change to the runtime is followed by re-running calibration. See
-`ratrain.calibrate.kernels`, `.comm`, `.overhead`; `.platform_file` writes the notes.
+executor), so a change to the runtime is followed by re-running calibration.
+
+What measures (torch, imported when `calibrate` runs): `kernels` (kernel curves, memory-bound
+ops, optimizer, thread scaling), `units` (whole units against their kernels), `sharing`
+(ranks sharing the node), `comm` (p2p and collectives), `overhead` (the fixed cost per
+action), `probe` (the speed probe), timed by `timing` in the interleaved `windows`, with
+`load` watching other processes. What turns the figures into a file (no torch, so that
+`--merge` runs without it): `platform_file` (every value with its note), `fit` (the α–β
+fit), `shapes` (the shapes measured), `merge` (the median of several calibrations).
+Setting the file's predictions beside real runs is `ratrain.validate`'s.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from ratrain.calibrate.windows import DEFAULT_MAX_SPREAD, run_windows
+from ratrain.calibrate.windows import CALIBRATE_STATISTIC, DEFAULT_MAX_SPREAD, run_windows
 from ratrain.errors import RatrainError
 
 __all__ = ["calibrate", "write_platform", "machine_description"]
@@ -79,17 +87,39 @@ def calibrate(
     windows interleaved across quantities (`ratrain.calibrate.windows`); quantities whose
     windows disagree by more than `max_spread` are measured once more, and those still
     over are listed in the file's `calibration_warnings`."""
-    import torch
-
-    from ratrain.calibrate import kernels as K
-    from ratrain.calibrate import units as U
-    from ratrain.calibrate.comm import measure_comm
     from ratrain.calibrate.load import OthersLoad
-    from ratrain.calibrate.overhead import measure_action_overhead
     from ratrain.calibrate.platform_file import build_platform
-    from ratrain.calibrate.probe import probe_s
-    from ratrain.calibrate.sharing import measure_rank_speed, rank_counts
-    from ratrain.calibrate.timing import CALIBRATE_STATISTIC, Progress, Timer
+    from ratrain.calibrate.timing import Progress
+
+    windows = windows if windows is not None else 3
+    _check_args(device, nproc, dtypes, windows, max_spread)
+    # Seconds per window of one quantity: a window is the mean of its repetitions.
+    window_s = budget_s if budget_s is not None else (0.08 if quick else 0.25)
+    cores = _cores() if device == "cpu" else 1
+    items = _windowed_items(dtypes, quick)
+    bar = Progress(_steps(items, windows, nproc, device), enabled=progress)
+    others = OthersLoad()
+    try:
+        got, probes_s = _measure_windows(items, device, cores, window_s, windows, max_spread, bar)
+        sharing, comm, overhead = _measure_ranks(device, nproc, quick, windows, bar)
+    finally:
+        bar.close()
+    by_label = {_label(item): w for item, w in got.items()}
+    busy = others.share()
+    warnings = _warnings(by_label, sharing, busy, max_spread)
+    ctx = _context(device, nproc, cores, quick, by_label, busy, probes_s)
+    kernels, units = _assemble(got, cores)
+    raw = dict(kernels=kernels, comm=comm, overhead=overhead, units=units, sharing=sharing)
+    data = build_platform(name, raw, ctx)
+    if warnings:
+        data["calibration_warnings"] = warnings
+    return data
+
+
+def _check_args(
+    device: str, nproc: int, dtypes: tuple[str, ...], windows: int, max_spread: float
+) -> None:
+    import torch
 
     if device not in ("cpu", "cuda"):
         raise RatrainError(f"--device must be cpu or cuda, got {device!r}")
@@ -100,22 +130,53 @@ def calibrate(
     unknown = [d for d in dtypes if d not in DTYPES]
     if unknown or "fp32" not in dtypes:
         raise RatrainError(f"--dtypes must include fp32 and be among {', '.join(DTYPES)}")
-    windows = windows if windows is not None else 3
     if windows < 1:
         raise RatrainError(f"--windows must be >= 1, got {windows}")
     if not max_spread > 0:
         raise RatrainError(f"--max-spread must be positive, got {max_spread}")
-    # Seconds per window of one quantity: a window is the mean of its repetitions.
-    budget = budget_s if budget_s is not None else (0.08 if quick else 0.25)
-    cores = _cores() if device == "cpu" else 1
+
+
+def _windowed_items(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, tuple]]:
+    """The quantities measured in interleaved windows: ("k", kernel item) and ("u", unit
+    item)."""
+    from ratrain.calibrate import kernels as K
+    from ratrain.calibrate import units as U
+
     k_items = K.kernel_plan(dtypes, quick)
     u_items = U.unit_items(dtypes, quick)
-    items = [("k", it) for it in k_items] + [("u", it) for it in u_items]
+    return [("k", it) for it in k_items] + [("u", it) for it in u_items]
+
+
+def _label(item: tuple[str, tuple]) -> str:
+    """An item as the notes and the warnings name it."""
+    from ratrain.calibrate import kernels as K
+    from ratrain.calibrate import units as U
+
+    return (K.label if item[0] == "k" else U.label)(item[1])
+
+
+def _steps(items: list, windows: int, nproc: int, device: str) -> int:
+    """The progress bar's steps: every window of every item, the probes and the rank
+    measurements."""
+    from ratrain.calibrate.sharing import rank_counts
+
     n_steps = len(items) * windows + 2
     n_steps += len(rank_counts(nproc)) + 2 if device == "cpu" else 0
-    bar = Progress(n_steps, enabled=progress)
+    return n_steps
+
+
+def _measure_windows(items, device, cores, window_s, windows, max_spread, bar):
+    """The kernels and units in interleaved windows, one thread, between two speed probes
+    (on CPU): ({item: Windowed}, [probe s])."""
+    import torch
+
+    from ratrain.calibrate import kernels as K
+    from ratrain.calibrate import units as U
+    from ratrain.calibrate.probe import probe_s
+    from ratrain.calibrate.timing import Timer
+
     dev = torch.device(device)
-    timer = Timer(dev, budget, statistic=CALIBRATE_STATISTIC)
+    timer = Timer(dev, window_s, statistic=CALIBRATE_STATISTIC)
 
     def measure(item):
         kind, it = item
@@ -123,39 +184,61 @@ def calibrate(
             return K.measure_kernel(it, dev, timer, cores)
         return U.measure_unit(it, dev, timer)
 
-    def label(item):
-        return (K.label if item[0] == "k" else U.label)(item[1])
-
     saved = torch.get_num_threads()
-    others = OthersLoad()
     try:
         if device == "cpu":
             torch.set_num_threads(1)  # the curves are one thread's; sharing is modelled apart
         U.prepare_units(dev)
-        probes = []  # the speed probe at the start and the end of the windows
+        probes_s = []  # the speed probe at the start and the end of the windows
         if device == "cpu":
             bar.step("speed probe")
-            probes.append(probe_s(dev))
-        got = run_windows(items, measure, windows, max_spread, label, bar)
+            probes_s.append(probe_s(dev))
+        got = run_windows(items, measure, windows, max_spread, _label, bar)
         if device == "cpu":
             bar.step("speed probe")
-            probes.append(probe_s(dev))
-        torch.set_num_threads(saved)
-        sharing = measure_rank_speed(nproc, quick, bar, windows) if device == "cpu" else {}
-        bar.step(f"p2p and collectives, {nproc} ranks")
-        comm = measure_comm(nproc, quick, device) if nproc > 1 else {}
-        bar.step("fixed cost per action (tiny training job)")
-        overhead = measure_action_overhead(quick, device)
+            probes_s.append(probe_s(dev))
     finally:
         torch.set_num_threads(saved)
-        bar.close()
-    kernels = K.assemble_kernels({it: got[("k", it)].value for it in k_items}, cores)
-    units = U.assemble_units({it: got[("u", it)].value for it in u_items})
-    spreads = {label(item): w for item, w in got.items()}
+    return got, probes_s
+
+
+def _measure_ranks(
+    device: str, nproc: int, quick: bool, windows: int, bar
+) -> tuple[dict, dict, dict]:
+    """What takes several ranks or a whole job, all threads: (ranks sharing the node,
+    communication, the runtime's fixed cost per action)."""
+    from ratrain.calibrate.comm import measure_comm
+    from ratrain.calibrate.overhead import measure_action_overhead
+    from ratrain.calibrate.sharing import measure_rank_speed
+
+    sharing = measure_rank_speed(nproc, quick, bar, windows) if device == "cpu" else {}
+    bar.step(f"p2p and collectives, {nproc} ranks")
+    comm = measure_comm(nproc, quick, device) if nproc > 1 else {}
+    bar.step("fixed cost per action (tiny training job)")
+    overhead = measure_action_overhead(quick, device)
+    return sharing, comm, overhead
+
+
+def _assemble(got: dict, cores: int) -> tuple[dict, dict]:
+    """(kernels, units) from each item's windows' median, as the platform file's builder
+    reads them."""
+    from ratrain.calibrate import kernels as K
+    from ratrain.calibrate import units as U
+
+    median = {kind: {} for kind in ("k", "u")}
+    for (kind, it), w in got.items():
+        median[kind][it] = w.value
+    return K.assemble_kernels(median["k"], cores), U.assemble_units(median["u"])
+
+
+def _warnings(by_label: dict, sharing: dict, busy: float | None, max_spread: float) -> list[str]:
+    """Why the figures may not hold: windows that still disagree, a loaded machine."""
+    from ratrain.calibrate.load import OthersLoad
+
     warnings = [
         f"{what}: its windows disagree by {w.spread:.0%} (> {max_spread:.0%}) after a "
         "re-measurement"
-        for what, w in spreads.items()
+        for what, w in by_label.items()
         if w.over
     ]
     for k, spread in (sharing or {}).get("spreads", {}).items():
@@ -164,31 +247,43 @@ def calibrate(
                 f"{k} rank(s) sharing the node: windows disagree by {spread:.0%} "
                 f"(> {max_spread:.0%})"
             )
-    busy = others.share()
     if busy is not None and busy > OthersLoad.WARN_SHARE:
         warnings.append(
             f"other processes used {busy:.0%} of the machine's CPU time while it was measured"
         )
-    ctx = {
+    return warnings
+
+
+def _context(
+    device: str,
+    nproc: int,
+    cores: int,
+    quick: bool,
+    by_label: dict,
+    busy: float | None,
+    probes_s: list[float],
+) -> dict:
+    """When, where and how the figures were measured: what the notes say beside them."""
+    return {
         "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_description(device),
         "device": device,
         "nproc": nproc,
         "cores": cores,
-        "memory_bytes": _memory_bytes()
-        if device == "cpu"
-        else torch.cuda.get_device_properties(0).total_memory * nproc,
+        "memory_bytes": _total_memory_bytes(device, nproc),
         "quick": quick,
-        "windows": {label(item): w for item, w in got.items()},
+        "windows": by_label,
         "others_share": busy,
-        "probes_s": probes,
+        "probes_s": probes_s,
     }
-    raw = {"kernels": kernels, "comm": comm, "overhead": overhead, "units": units}
-    raw["sharing"] = sharing
-    data = build_platform(name, raw, ctx)
-    if warnings:
-        data["calibration_warnings"] = warnings
-    return data
+
+
+def _total_memory_bytes(device: str, nproc: int) -> int:
+    if device == "cpu":
+        return _memory_bytes()
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory * nproc
 
 
 def write_platform(data: dict, path: str | Path) -> Path:

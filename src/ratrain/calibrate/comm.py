@@ -14,7 +14,8 @@ times, for each message size, with every rank taking part at once (as in a step)
   complete, so on such a backend every SEND buffer of a step lives to the step's end.
 
 Each size's time is the median over repetitions of the slowest rank's time; α and the
-bandwidth come from a least-squares line through (bytes, seconds).
+bandwidth come from a least-squares line through (bytes, seconds)
+(`ratrain.calibrate.fit.fit_alpha_beta`, when the platform file is built).
 """
 
 from __future__ import annotations
@@ -30,23 +31,10 @@ from ratrain.launch.grid import ParallelGrid, Rendezvous
 from ratrain.launch.spawn import spawn
 from ratrain.runtime.comm import Comm
 
-__all__ = ["measure_comm", "fit_alpha_beta"]
+__all__ = ["measure_comm"]
 
 _SIZES = (4_096, 262_144, 4_194_304, 16_777_216)
 _SIZES_QUICK = (4_096, 1_048_576, 8_388_608)
-
-
-def fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares t = α + S/β through (S bytes, t seconds): (α ≥ 0, β bytes/s)."""
-    n = len(points)
-    sx = sum(p[0] for p in points)
-    sy = sum(p[1] for p in points)
-    sxx = sum(p[0] ** 2 for p in points)
-    sxy = sum(p[0] * p[1] for p in points)
-    slope = (n * sxy - sx * sy) / max(n * sxx - sx * sx, 1e-30)
-    slope = max(slope, 1e-15)
-    alpha = max((sy - slope * sx) / n, 0.0)
-    return alpha, 1.0 / slope
 
 
 def _slowest(dt: float) -> float:

@@ -28,7 +28,7 @@ import statistics
 from pathlib import Path
 
 from ratrain.calibrate.platform_file import _raise_peaks, peak_entry
-from ratrain.calibrate.timing import TIMED_AS
+from ratrain.calibrate.windows import TIMED_AS
 from ratrain.errors import RatrainError
 from ratrain.yaml_io import read_yaml_file
 

@@ -14,16 +14,12 @@ from __future__ import annotations
 import functools
 import statistics
 
+from ratrain.calibrate.shapes import TINY_SPEC
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
-from ratrain.models.spec import ModelSpec
 from ratrain.train.job import Job, run_job
 
-__all__ = ["TINY_SPEC", "measure_action_overhead"]
-
-TINY_SPEC = ModelSpec(
-    name="calib-tiny", n_layers=2, hidden=32, n_heads=2, n_kv_heads=2, ffn=64, vocab=64
-)
+__all__ = ["measure_action_overhead"]
 
 
 def measure_action_overhead(quick: bool, device: str | None = None) -> dict[str, float]:

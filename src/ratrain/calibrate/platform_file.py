@@ -6,17 +6,22 @@ it (the network between nodes)."""
 from __future__ import annotations
 
 import math
+import statistics
 
-from ratrain.calibrate.comm import fit_alpha_beta
-from ratrain.calibrate.probe import PROBE_WHAT
-from ratrain.calibrate.timing import CALIBRATE_STATISTIC, TIMED_AS
+from ratrain.calibrate.fit import fit_alpha_beta
+from ratrain.calibrate.shapes import PROBE_WHAT, TINY_SHAPE
+from ratrain.calibrate.windows import CALIBRATE_STATISTIC, TIMED_AS
 from ratrain.config import DTYPE_BYTES
+from ratrain.cost.compute import kernels_time_s, unit_kernels
+from ratrain.models.spec import ModelSpec
 from ratrain.platforms.host import host_fingerprint
+from ratrain.platforms.load import _parse
 
 __all__ = ["build_platform"]
 
 _ASYNC_P2P = ("SEND_F", "SEND_B", "RECV_F", "RECV_B")
 _ASYNC_COLL = ("SYNC", "NORM", "OVF")
+_DTYPES = ("fp32", "bf16", "fp16")
 
 
 def _v(value, note: str) -> dict:
@@ -54,20 +59,86 @@ def _rate_rows(gemm: list, attention: list) -> dict[str, list[tuple[float, float
 
 
 def build_platform(name: str, raw: dict, ctx: dict) -> dict:
-    """The platform file's data. `raw`: {"kernels", "comm", "overhead"} measurements;
-    `ctx`: {"when", "machine", "device", "nproc", "cores", "memory_bytes", "quick"}."""
+    """The platform file's data. `raw`: {"kernels", "comm", "overhead", "units", "sharing"}
+    measurements; `ctx`: {"when", "machine", "device", "nproc", "cores", "memory_bytes",
+    "quick", "windows", "others_share", "probes_s"}."""
     on = f"{ctx['when']}, on {ctx['machine']}"
-    k = raw["kernels"]
-    cores = ctx["cores"]
-    te = k.get("thread_efficiency", 1.0)
     cpu = ctx["device"] == "cpu"
-    speedup = 1 + (cores - 1) * te if cpu else 1.0
-    peaks, curves = {}, {}
+    te = raw["kernels"].get("thread_efficiency", 1.0)
+    speedup = 1 + (ctx["cores"] - 1) * te if cpu else 1.0
+    timer = _timer_words(ctx)
+    usable_bytes = int(ctx["memory_bytes"] // max(ctx["nproc"], 1))
+    data = {"name": name, "description": _description(ctx), **_memory(usable_bytes, ctx, on)}
+    data["compute"] = _compute(raw["kernels"], speedup, timer, ctx, on)
+    opt_bytes_per_s = raw["kernels"]["optimizer_bytes_per_s"]
+    data["tiers"] = [_tier(usable_bytes, opt_bytes_per_s, timer, ctx, on)]
+    data["host"] = _host(opt_bytes_per_s, cpu)
+    data["network"] = _network(raw["comm"], ctx, on)
+    data["runtime"] = _runtime(raw, ctx, on)
+    data["measured_on"] = _measured_on(ctx, on)
+    if cpu:
+        data["compute"]["cores_per_node"] = _v(
+            ctx["cores"], f"measured: CPUs this process may run on (sched_getaffinity), {on}"
+        )
+    data["compute"].update(_sharing(raw.get("sharing") or {}, on))
+    if raw.get("units"):
+        data["compute"]["unit_time_factor"] = _unit_factors(data, raw["units"], timer, on, ctx)
+    _raise_peaks(data["compute"], speedup)
+    return data
+
+
+def _timer_words(ctx: dict) -> str:
+    """How a kernel window was timed, as the notes say it (`--merge` reads it back)."""
     timed = TIMED_AS[CALIBRATE_STATISTIC]
+    cpu = ctx["device"] == "cpu"
     timer = f"{timed} repeated wall-clock runs" if cpu else f"{timed} CUDA-event timings"
-    if ctx.get("windows"):
-        timer += " per window"
-    for dt in ("fp32", "bf16", "fp16"):
+    return timer + (" per window" if ctx.get("windows") else "")
+
+
+def _description(ctx: dict) -> str:
+    quick = " (--quick)" if ctx["quick"] else ""
+    return f"Measured by ratrain calibrate{quick} on {ctx['machine']}, {ctx['when']}" + (
+        f"; other processes used {ctx['others_share']:.0%} of the CPU time meanwhile"
+        if ctx.get("others_share") is not None
+        else ""
+    )
+
+
+def _memory(usable_bytes: int, ctx: dict, on: str) -> dict:
+    return {
+        "usable_memory_bytes": _v(
+            usable_bytes, f"measured: total memory / {ctx['nproc']} ranks, {on}"
+        ),
+        "workspace_bytes": _v(
+            int(min(0.25e9, usable_bytes // 8)), "assumed: allocator and Python overheads"
+        ),
+    }
+
+
+def _compute(k: dict, speedup: float, timer: str, ctx: dict, on: str) -> dict:
+    """The kernel figures: peaks, curves, memory-bound bandwidths, thread scaling."""
+    peaks, curves = _peaks_and_curves(k, speedup, timer, ctx, on)
+    return {
+        "peak_flops": peaks,
+        "efficiency": _v(
+            float(f"{1 / speedup:.4g}"),
+            "derived: one thread's best over the peak (kernels without a curve)",
+        ),
+        "efficiency_curves": curves,
+        "memory_bound_bytes_per_s": _memory_bound(k["memory"], timer, ctx, on),
+        "thread_efficiency": _v(
+            float(f"{max(k.get('thread_efficiency', 1.0), 0.05):.4g}"),
+            f"measured: speed-up per extra thread of an fp32 512x2048x1024 GEMM, {on}"
+            + _win(ctx, "threads"),
+        ),
+    }
+
+
+def _peaks_and_curves(k: dict, speedup: float, timer: str, ctx: dict, on: str):
+    """Per dtype, the peak (the fastest kernel x the thread scaling) and the curves as
+    fractions of it; a dtype not measured takes fp32's peak."""
+    peaks, curves = {}, {}
+    for dt in _DTYPES:
         rows = _rate_rows(k["gemm"].get(dt, []), k["attention"].get(dt, []))
         if not rows:
             continue
@@ -75,17 +146,23 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
         peak = best * speedup
         peaks[dt] = peak_entry(dt, best, speedup, "measured")
         for kind, pts in rows.items():
+            how = "forward" if kind in ("gemm", "attention_fwd") else "autograd backward"
+            family = "gemm" if kind.startswith("gemm") else "attention"
             curves[f"{kind}.{dt}"] = _v(
                 [[float(f), float(f"{r / peak:.4g}")] for f, r in sorted(pts)],
-                f"measured: {kind} {dt} via the torch backend ({'forward' if kind in ('gemm', 'attention_fwd') else 'autograd backward'}), "
+                f"measured: {kind} {dt} via the torch backend ({how}), "
                 f"one thread, {timer}, [FLOPs, achieved / peak], {on}"
-                + _win(ctx, f"{'gemm' if kind.startswith('gemm') else 'attention'} {dt} "),
+                + _win(ctx, f"{family} {dt} "),
             )
-    missing = [dt for dt in ("fp32", "bf16", "fp16") if dt not in peaks]
-    for dt in missing:  # a dtype not measured falls back on fp32's figure
+    for dt in [dt for dt in _DTYPES if dt not in peaks]:
         peaks[dt] = _v(peaks["fp32"]["value"], f"assumed: {dt} not measured; fp32's peak")
+    return peaks, curves
+
+
+def _memory_bound(memory: dict, timer: str, ctx: dict, on: str) -> dict:
+    """Bytes per second of the model's memory-bound ops, forward and backward."""
     mem_bw = {}
-    for dt, ops in k["memory"].items():
+    for dt, ops in memory.items():
         for op, (elements, t_f, t_b) in ops.items():
             nbytes = elements * DTYPE_BYTES[dt]
             for d, t in (("fwd", t_f), ("bwd", t_b)):
@@ -95,13 +172,65 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
                     f"elements x {DTYPE_BYTES[dt]}) / {timer}, one thread, {on}"
                     + _win(ctx, f"memory {dt} {op}"),
                 )
-    opt_bw = k["optimizer_bytes_per_s"]
-    c = raw["comm"]
+    return mem_bw
+
+
+def _tier(usable_bytes: int, opt_bytes_per_s: float, timer: str, ctx: dict, on: str) -> dict:
+    return {
+        "name": "dram" if ctx["device"] == "cpu" else "hbm",
+        "capacity_bytes": _v(usable_bytes, "derived: usable_memory_bytes"),
+        "bandwidth_bytes_per_s": _v(
+            float(f"{opt_bytes_per_s:.4g}"),
+            f"measured: the runtime's adamw_step_ over 4M fp32 parameters, 28 bytes "
+            f"moved per parameter / {timer}, one thread, {on}" + _win(ctx, "optimizer"),
+        ),
+        "latency_s": _v(1e-6, "assumed: 1 us per memory-bound pass"),
+        "copies": _v(1, "assumed: one memory space per rank"),
+    }
+
+
+def _host(opt_bytes_per_s: float, cpu: bool) -> dict:
+    return {
+        "bandwidth_bytes_per_s": _v(
+            float(f"{opt_bytes_per_s:.4g}"),
+            "derived: the tier's measured bandwidth (CPU: one memory)",
+        )
+        if cpu
+        else _v(25e9, "assumed: PCIe 4 x16 pinned copies"),
+        "latency_s": _v(5e-6, "assumed: 5 us per copy"),
+    }
+
+
+def _network(c: dict, ctx: dict, on: str) -> dict:
+    """Within the node, α and β fitted to the measured p2p and collective times; between
+    nodes, assumed (one machine cannot measure it)."""
     alpha, beta = fit_alpha_beta(c["p2p"]) if c.get("p2p") else (50e-6, 1e9)
     p2p_note = (
         f"measured: ping-pong of send_activation/recv_grad, {len(c.get('p2p', []))} sizes, "
         f"least-squares α + S/β, all pipelines at once, {ctx['nproc']} ranks, {on}"
     )
+    cpu = ctx["device"] == "cpu"
+    return {
+        "units_per_node": _v(
+            max(ctx["nproc"], ctx["cores"]) if cpu else ctx["nproc"],
+            "assumed: the ranks this machine runs (all of a plan's ranks on one node)",
+        ),
+        "intra_node": {
+            "bandwidth_bytes_per_s": _v(float(f"{beta:.4g}"), p2p_note),
+            "latency_s": _v(float(f"{max(alpha, 1e-7):.4g}"), p2p_note),
+            "efficiency": _v(1.0, "derived: the bandwidth above is an achieved figure"),
+        },
+        "inter_node": {
+            "bandwidth_bytes_per_s": _v(0.1e9, "assumed: not measured (one machine); 1 Gb/s"),
+            "latency_s": _v(100e-6, "assumed: not measured (one machine)"),
+            "efficiency": _v(0.9, "assumed: TCP reaches about 90% of nominal"),
+        },
+        "algorithm": _v("ring", "assumed: gloo's and NCCL's ring for large messages"),
+        "collectives": _collectives(c, ctx, on),
+    }
+
+
+def _collectives(c: dict, ctx: dict, on: str) -> dict:
     coll = {}
     for kind, groups in c.get("collectives", {}).items():
         rows = []
@@ -113,14 +242,42 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
             f"measured: runtime Comm.dp_{kind} wall time (slowest rank, median), every DP group "
             f"at once, least-squares [n, α s, bytes/s], {ctx['nproc']} ranks, {on}",
         )
+    return coll
+
+
+def _runtime(raw: dict, ctx: dict, on: str) -> dict:
+    """The runtime's fixed costs and its behaviours as measured (or assumed)."""
+    c = raw["comm"]
+    out = {
+        "action_overhead_s": _action_overheads(raw["overhead"], c.get("issue_s", {}), on),
+        "eager_kernels": _v(
+            True,
+            "derived: the torch model measured here (ratrain.nn.llama) runs RMSNorm "
+            "eagerly in fp32",
+        ),
+    }
+    if "send_polls_complete" in c:
+        held = not c["send_polls_complete"]
+        out["sends_held_until_waited"] = _v(
+            held,
+            "measured: an isend polled (is_completed) after its receiver had the data "
+            f"reported {'not ' if held else ''}complete, {ctx['nproc']} ranks, {on}",
+        )
+    if ctx.get("device") == "cpu":
+        shared_rows = (raw.get("sharing") or {}).get("shared_rank_speed") or []
+        out["waiting_ranks_lend_cores"] = _lend_cores(bool(shared_rows), on)
+    return out
+
+
+def _action_overheads(overhead: dict, issue: dict, on: str) -> dict:
+    """Each compute op's measured time on the walk; the async ops' issue time."""
     over = {}
-    for op, t in raw["overhead"].items():
+    for op, t in overhead.items():
         over[op] = _v(
             float(f"{t:.4g}"),
             f"measured: median {op} duration on the runtime's walk, tiny model (hidden 32), "
             f"one rank, {on}",
         )
-    issue = c.get("issue_s", {})
     for ops, key, what in (
         (_ASYNC_P2P, "p2p", "an isend/irecv"),
         (_ASYNC_COLL, "collective", "an async all-reduce"),
@@ -130,168 +287,97 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
                 over[op] = _v(
                     float(f"{issue[key]:.4g}"), f"measured: median time to issue {what}, {on}"
                 )
-    usable = int(ctx["memory_bytes"] // max(ctx["nproc"], 1))
-    quick = " (--quick)" if ctx["quick"] else ""
-    data = {
-        "name": name,
-        "description": f"Measured by ratrain calibrate{quick} on {ctx['machine']}, {ctx['when']}"
-        + (
-            f"; other processes used {ctx['others_share']:.0%} of the CPU time meanwhile"
-            if ctx.get("others_share") is not None
-            else ""
-        ),
-        "usable_memory_bytes": _v(usable, f"measured: total memory / {ctx['nproc']} ranks, {on}"),
-        "workspace_bytes": _v(
-            int(min(0.25e9, usable // 8)), "assumed: allocator and Python overheads"
-        ),
-        "compute": {
-            "peak_flops": peaks,
-            "efficiency": _v(
-                float(f"{1 / speedup:.4g}"),
-                "derived: one thread's best over the peak (kernels without a curve)",
-            ),
-            "efficiency_curves": curves,
-            "memory_bound_bytes_per_s": mem_bw,
-            "thread_efficiency": _v(
-                float(f"{max(te, 0.05):.4g}"),
-                f"measured: speed-up per extra thread of an fp32 512x2048x1024 GEMM, {on}"
-                + _win(ctx, "threads"),
-            ),
-        },
-        "tiers": [
-            {
-                "name": "dram" if cpu else "hbm",
-                "capacity_bytes": _v(usable, "derived: usable_memory_bytes"),
-                "bandwidth_bytes_per_s": _v(
-                    float(f"{opt_bw:.4g}"),
-                    f"measured: the runtime's adamw_step_ over 4M fp32 parameters, 28 bytes "
-                    f"moved per parameter / {timer}, one thread, {on}" + _win(ctx, "optimizer"),
-                ),
-                "latency_s": _v(1e-6, "assumed: 1 us per memory-bound pass"),
-                "copies": _v(1, "assumed: one memory space per rank"),
-            }
-        ],
-        "host": {
-            "bandwidth_bytes_per_s": _v(
-                float(f"{opt_bw:.4g}"), "derived: the tier's measured bandwidth (CPU: one memory)"
-            )
-            if cpu
-            else _v(25e9, "assumed: PCIe 4 x16 pinned copies"),
-            "latency_s": _v(5e-6, "assumed: 5 us per copy"),
-        },
-        "network": {
-            "units_per_node": _v(
-                max(ctx["nproc"], cores) if cpu else ctx["nproc"],
-                "assumed: the ranks this machine runs (all of a plan's ranks on one node)",
-            ),
-            "intra_node": {
-                "bandwidth_bytes_per_s": _v(float(f"{beta:.4g}"), p2p_note),
-                "latency_s": _v(float(f"{max(alpha, 1e-7):.4g}"), p2p_note),
-                "efficiency": _v(1.0, "derived: the bandwidth above is an achieved figure"),
-            },
-            "inter_node": {
-                "bandwidth_bytes_per_s": _v(0.1e9, "assumed: not measured (one machine); 1 Gb/s"),
-                "latency_s": _v(100e-6, "assumed: not measured (one machine)"),
-                "efficiency": _v(0.9, "assumed: TCP reaches about 90% of nominal"),
-            },
-            "algorithm": _v("ring", "assumed: gloo's and NCCL's ring for large messages"),
-            "collectives": coll,
-        },
-        "runtime": {
-            "action_overhead_s": over,
-            "eager_kernels": _v(
-                True,
-                "derived: the torch model measured here (ratrain.nn.llama) runs RMSNorm "
-                "eagerly in fp32",
-            ),
-        },
-    }
-    if "send_polls_complete" in c:
-        held = not c["send_polls_complete"]
-        data["runtime"]["sends_held_until_waited"] = _v(
-            held,
-            "measured: an isend polled (is_completed) after its receiver had the data "
-            f"reported {'not ' if held else ''}complete, {ctx['nproc']} ranks, {on}",
-        )
-    shared_rows = (raw.get("sharing") or {}).get("shared_rank_speed") or []
-    if ctx.get("device") == "cpu" and shared_rows:
-        data["runtime"]["waiting_ranks_lend_cores"] = _v(
+    return over
+
+
+def _lend_cores(measured: bool, on: str) -> dict:
+    if measured:
+        return _v(
             True,
             "measured: ranks computing while others of the node wait in a blocked receive "
             "run at compute.shared_rank_speed (processor sharing, docs/validation.md), "
             f"{on}",
         )
-    elif ctx.get("device") == "cpu":
-        data["runtime"]["waiting_ranks_lend_cores"] = _v(
-            True,
-            "assumed: a rank waiting on a receive or a collective lends its cores to the "
-            "node's computing ranks (processor sharing, docs/validation.md); not measured",
-        )
+    return _v(
+        True,
+        "assumed: a rank waiting on a receive or a collective lends its cores to the "
+        "node's computing ranks (processor sharing, docs/validation.md); not measured",
+    )
+
+
+def _measured_on(ctx: dict, on: str) -> dict:
+    """The host the file was measured on, and the speed probe's time there."""
     here = host_fingerprint()
-    data["measured_on"] = {
+    out = {
         "cpu": _v(here["cpu"], f"measured: /proc/cpuinfo model name, {on}"),
         "cores": _v(here["cores"], f"measured: sched_getaffinity, {on}"),
     }
     probes = ctx.get("probes_s") or []
     if probes:
-        data["measured_on"]["speed_probe_s"] = _v(
+        out["speed_probe_s"] = _v(
             float(f"{math.prod(probes) ** (1 / len(probes)):.4g}"),
             f"measured: {PROBE_WHAT}, median of 3 windows, geometric mean of the probes at "
             f"calibration's start and end ({', '.join(f'{p:.4g}' for p in probes)} s); "
             f"`ratrain validate` times it again to report how far the machine moved, {on}",
         )
-    if cpu:
-        data["compute"]["cores_per_node"] = _v(
-            cores, f"measured: CPUs this process may run on (sched_getaffinity), {on}"
-        )
-    sharing = raw.get("sharing") or {}
+    return out
+
+
+def _sharing(sharing: dict, on: str) -> dict:
+    """The compute entries of ranks sharing the node (`ratrain.calibrate.sharing`), those
+    measured."""
+    out = {}
     if sharing.get("rank_speed"):
-        rows = sharing["rank_speed"]
-        data["compute"]["rank_speed"] = _v(
-            [[k, float(f"{v:.4g}")] for k, v, _ in rows],
-            "measured: k ranks at once (the launcher's threads: "
-            + ", ".join(f"{k} x {t}" for k, _, t in rows)
-            + " threads), each running the model's Block forward+backward (hidden 384, "
-            f"256 tokens) for the same window; [k, one thread alone's time / a rank's], {on}"
-            + (
-                "; median of consecutive windows, spread "
-                + ", ".join(f"k={k}: {v:.0%}" for k, v in sharing["spreads"].items())
-                if sharing.get("spreads")
-                else ""
-            ),
-        )
+        out["rank_speed"] = _rank_speed(sharing, on)
     if sharing.get("rank_speed_tokens"):
         rows = sharing["rank_speed_tokens"]
-        data["compute"]["rank_speed_tokens"] = _v(
+        out["rank_speed_tokens"] = _v(
             [[k, n, float(f"{v:.4g}")] for k, n, v in rows],
             "measured: as rank_speed, for the rank counts whose ranks run several threads, "
             "at " + ", ".join(sorted({f"{n}" for _, n, _ in rows}, key=int)) + " tokens per "
             f"microbatch; [k, tokens, one thread alone's time / a rank's], {on}",
         )
     if sharing.get("shared_rank_speed"):
-        rows = sharing["shared_rank_speed"]
-        data["compute"]["shared_rank_speed"] = _v(
-            [[w, b, float(f"{v:.4g}"), float(f"{x:.4g}")] for w, b, v, x, _ in rows],
-            "measured: w ranks (the launcher's threads) pass b tokens round a ring; a rank "
-            "holding one runs the model's Block forward (short burst) or forward+backward "
-            "(long burst), passes it on and waits in a blocked gloo receive (irecv().wait(), "
-            "the executor's wait), so b compute at any moment and the busy set moves on after "
-            "every burst, as in a pipeline; [w, b, one thread alone's time / a busy rank's, "
-            "one thread's seconds per burst], median of consecutive windows, spread "
-            + ", ".join(f"{w}/{b}@{x * 1e3:.0f}ms: {sp:.0%}" for w, b, _, x, sp in rows)
-            + f", {on}",
-        )
+        out["shared_rank_speed"] = _shared_rank_speed(sharing["shared_rank_speed"], on)
     if sharing.get("collective_compute_s_per_byte") is not None:
-        data["compute"]["collective_compute_s_per_byte"] = _v(
+        out["collective_compute_s_per_byte"] = _v(
             float(f"{sharing['collective_compute_s_per_byte']:.4g}"),
             "measured: 2 ranks' Block forward+backward with vs without an async "
             "Comm.dp_all_reduce of 16 MB overlapping each iteration; extra seconds per "
             f"iteration / bytes, {on}",
         )
-    if raw.get("units"):
-        data["compute"]["unit_time_factor"] = _unit_factors(data, raw["units"], timer, on, ctx)
-    _raise_peaks(data["compute"], speedup)
-    return data
+    return out
+
+
+def _rank_speed(sharing: dict, on: str) -> dict:
+    rows = sharing["rank_speed"]
+    return _v(
+        [[k, float(f"{v:.4g}")] for k, v, _ in rows],
+        "measured: k ranks at once (the launcher's threads: "
+        + ", ".join(f"{k} x {t}" for k, _, t in rows)
+        + " threads), each running the model's Block forward+backward (hidden 384, "
+        f"256 tokens) for the same window; [k, one thread alone's time / a rank's], {on}"
+        + (
+            "; median of consecutive windows, spread "
+            + ", ".join(f"k={k}: {v:.0%}" for k, v in sharing["spreads"].items())
+            if sharing.get("spreads")
+            else ""
+        ),
+    )
+
+
+def _shared_rank_speed(rows: list, on: str) -> dict:
+    return _v(
+        [[w, b, float(f"{v:.4g}"), float(f"{x:.4g}")] for w, b, v, x, _ in rows],
+        "measured: w ranks (the launcher's threads) pass b tokens round a ring; a rank "
+        "holding one runs the model's Block forward (short burst) or forward+backward "
+        "(long burst), passes it on and waits in a blocked gloo receive (irecv().wait(), "
+        "the executor's wait), so b compute at any moment and the busy set moves on after "
+        "every burst, as in a pipeline; [w, b, one thread alone's time / a busy rank's, "
+        "one thread's seconds per burst], median of consecutive windows, spread "
+        + ", ".join(f"{w}/{b}@{x * 1e3:.0f}ms: {sp:.0%}" for w, b, _, x, sp in rows)
+        + f", {on}",
+    )
 
 
 def peak_entry(dt: str, best: float, speedup: float, which: str) -> dict:
@@ -330,13 +416,6 @@ def _unit_factors(data: dict, units: dict, timer: str, on: str, ctx: dict) -> di
     per kind, direction and dtype, the median over shapes of the measured time beyond the
     tiny shape's over the cost model's kernel sum beyond the tiny shape's, on the platform
     built from this calibration's own kernel measurements."""
-    import statistics
-
-    from ratrain.calibrate.units import TINY_SHAPE
-    from ratrain.cost.compute import kernels_time_s, unit_kernels
-    from ratrain.models.spec import ModelSpec
-    from ratrain.platforms.load import _parse
-
     plat = _parse(data, "calibration")
     tiny_spec, tiny_mb, tiny_seq = TINY_SHAPE
 

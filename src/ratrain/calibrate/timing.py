@@ -5,9 +5,9 @@ budget is spent (at least `min_reps` times): one *window*. It returns the window
 repetition by default (timeit's advice: slower repetitions measure interference from other
 work on the machine, not the kernel), the median with `statistic="median"`, or the mean
 with `statistic="mean"`: what a long run of such calls pays per call, jitter included
-(`ratrain calibrate` uses it; see `CALIBRATE_STATISTIC`). On CUDA the events
-are recorded on the current stream around each call and read after a synchronize, so
-the figure is device time, not launch time. (The CUDA path is written to the same
+(`ratrain calibrate` uses it; see `ratrain.calibrate.windows.CALIBRATE_STATISTIC`). On
+CUDA the events are recorded on the current stream around each call and read after a
+synchronize, so the figure is device time, not launch time. (The CUDA path is written to the same
 interface but was not run on the machine this was built on, which has no GPU.)
 """
 
@@ -20,21 +20,9 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["Timer", "Progress", "CALIBRATE_STATISTIC", "TIMED_AS"]
+from ratrain.calibrate.windows import TIMED_AS
 
-CALIBRATE_STATISTIC = "mean"
-"""measured: a training step runs hundreds of kernel calls back to back, so its time is
-their sum and its median over steps approaches the sum of each call's *mean* time, not of
-its fastest. On the 2-core reference VM (idle, one thread, 55-200 calls each) the median
-call of a Block forward (h384, 128-256 tokens), the Head's loss and a 256x384x1024 GEMM
-ran 1.05-1.52x the fastest and the mean 1.01-1.11x the median: the fastest call
-under-charges every kernel by the machine's jitter. A calibration window's value is thus
-its calls' mean; a slow spell over a whole window is still left out by the median over
-interleaved windows (`ratrain.calibrate.windows`)."""
-
-TIMED_AS = {"min": "fastest of", "median": "median of", "mean": "mean of"}
-"""The statistics a window can take, each as a platform file's kernel note names it
-(followed by "repeated ..."); `ratrain calibrate --merge` reads it back."""
+__all__ = ["Timer", "Progress"]
 
 
 class Timer:

@@ -7,10 +7,10 @@ measures slower than the sum of its kernels timed apart (on the 2-core reference
 a block's forward by ~15-30%, its backward by about nothing). This measures that
 directly: the model's own `Block` and `Head` modules (`ratrain.nn.llama.build_unit`),
 forward with autograd recording (as the executor's F) and backward, one thread, at
-calibration shapes of their own (not a validation grid's), cycling through copies whose
-weights together exceed the caches (a step runs every unit in turn, so none finds its
-weights cached), and at the overhead measurement's tiny shape, whose time is the modules'
-dispatch alone.
+calibration shapes of their own (`ratrain.calibrate.shapes`, not a validation grid's),
+cycling through copies whose weights together exceed the caches (a step runs every unit
+in turn, so none finds its weights cached), and at the overhead measurement's tiny shape,
+whose time is the modules' dispatch alone.
 
 `ratrain.calibrate.platform_file` turns these into `compute.unit_time_factor`: per unit
 kind, direction and dtype, the median over the shapes of
@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import torch
 
-from ratrain.calibrate.overhead import TINY_SPEC
+from ratrain.calibrate.shapes import TINY_SHAPE, UNIT_SHAPES
 from ratrain.calibrate.timing import Timer
 from ratrain.models.spec import ModelSpec
 from ratrain.nn.llama import build_unit
 
 __all__ = [
-    "UNIT_SHAPES",
-    "TINY_SHAPE",
     "unit_plan",
     "unit_items",
     "prepare_units",
@@ -41,16 +39,6 @@ __all__ = [
     "assemble_units",
     "label",
 ]
-
-# (spec, micro_batch, seq): widths between and beside the default grid's (256/384/512).
-_SPEC_A = ModelSpec(
-    name="calib-a", n_layers=1, hidden=320, n_heads=5, n_kv_heads=5, ffn=864, vocab=6144
-)
-_SPEC_B = ModelSpec(
-    name="calib-b", n_layers=1, hidden=448, n_heads=7, n_kv_heads=7, ffn=1216, vocab=6144
-)
-UNIT_SHAPES = ((_SPEC_A, 1, 128), (_SPEC_A, 4, 128), (_SPEC_B, 2, 128))
-TINY_SHAPE = (TINY_SPEC, 1, 16)
 
 
 def unit_plan(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, int]]:

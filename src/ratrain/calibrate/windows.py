@@ -21,13 +21,35 @@ import statistics
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Windowed", "spread_of", "run_windows", "DEFAULT_MAX_SPREAD"]
+__all__ = [
+    "Windowed",
+    "spread_of",
+    "run_windows",
+    "DEFAULT_MAX_SPREAD",
+    "CALIBRATE_STATISTIC",
+    "TIMED_AS",
+]
 
 DEFAULT_MAX_SPREAD = 0.15
 """assumed: a median of windows whose extremes agree within 15% is within ~7% of each of
 them, inside the step-time target (MAPE <= 10%) it feeds; on the idle 2-core reference
 machine most quantities' windows agree within a few per cent, so more than 15% says the
 machine's load changed while it was measured."""
+
+CALIBRATE_STATISTIC = "mean"
+"""measured: a training step runs hundreds of kernel calls back to back, so its time is
+their sum and its median over steps approaches the sum of each call's *mean* time, not of
+its fastest. On the 2-core reference VM (idle, one thread, 55-200 calls each) the median
+call of a Block forward (h384, 128-256 tokens), the Head's loss and a 256x384x1024 GEMM
+ran 1.05-1.52x the fastest and the mean 1.01-1.11x the median: the fastest call
+under-charges every kernel by the machine's jitter. A calibration window's value is thus
+its calls' mean (`ratrain.calibrate.timing.Timer`); a slow spell over a whole window is
+still left out by the median over interleaved windows."""
+
+TIMED_AS = {"min": "fastest of", "median": "median of", "mean": "mean of"}
+"""The statistics a window can take, each as a platform file's kernel note names it
+(followed by "repeated ..."); `ratrain calibrate --merge` reads it back. Here, beside
+the windows, so that the platform file is written and merged without torch."""
 
 
 def spread_of(samples: Sequence[Sequence[float]]) -> float:

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _table(results, summary) -> str:
-    from ratrain.calibrate.probe import describe
+    from ratrain.validate.speed import describe
 
     lines = [
         f"{'plan':<22} {'pred s':>8} {'meas s':>8} {'err':>7}  ledger / measured peak MiB (per rank)"
@@ -98,17 +98,24 @@ def _progress(i: int, n: int, name: str, elapsed_s: float) -> None:
 
 
 def run(args) -> int:
-    from ratrain.calibrate.probe import probe_s
     from ratrain.errors import RatrainError
     from ratrain.platforms import load
-    from ratrain.validate.grid import default_grid, load_grid
-    from ratrain.validate.run import result_dict, validate
 
     if args.warmup < 0:
         raise RatrainError(f"--warmup must be >= 0, got {args.warmup}")
     platform = load(args.platform)
-    if args.rescore:
+    if args.rescore:  # runs nothing: no torch
         return _rescore(args, platform)
+    return _validate(args, platform)
+
+
+def _validate(args, platform) -> int:
+    from ratrain.calibrate.probe import probe_s
+    from ratrain.errors import RatrainError
+    from ratrain.validate.grid import default_grid, load_grid
+    from ratrain.validate.results import result_dict
+    from ratrain.validate.run import validate
+
     grid = default_grid(args.max_ranks) if args.grid == "default" else load_grid(args.grid)
     if not grid:
         raise RatrainError("the grid has no plans")
@@ -137,7 +144,7 @@ def run(args) -> int:
 def _rescore(args, platform) -> int:
     from ratrain.validate.plot import scatter
     from ratrain.validate.rescore import rescore
-    from ratrain.validate.run import result_dict
+    from ratrain.validate.results import result_dict
 
     results, summary, before = rescore(
         args.rescore, platform, grid=args.grid, plan_picks=not args.no_plan_pick

@@ -22,14 +22,14 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from ratrain.calibrate.probe import machine_speed
 from ratrain.config import Plan
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import Platform
 from ratrain.sim import simulate
 from ratrain.validate.grid import DEFAULT_MODELS, GridPlan, load_grid_models
-from ratrain.validate.run import PlanResult, planner_pick, summarize
+from ratrain.validate.results import PlanResult, planner_pick, summarize
+from ratrain.validate.speed import machine_speed
 
 __all__ = ["load_previous", "rescore"]
 
