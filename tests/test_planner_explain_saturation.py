@@ -6,7 +6,8 @@ the same at any larger count, and a request that does not fit there fits at none
 from ratrain.models.presets import get_preset
 from ratrain.planner import explain, search
 from ratrain.planner.explain import find_feasible, saturation_clusters
-from ratrain.planner.space import ALL_FAMILIES, Request, family_of, structures
+from ratrain.planner.families import ALL_FAMILIES
+from ratrain.planner.space import Request, family_of, structures
 from ratrain.platforms.load import load
 
 

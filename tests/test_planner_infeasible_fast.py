@@ -16,10 +16,10 @@ from ratrain.config import Plan
 from ratrain.models.presets import get_preset
 from ratrain.planner import explain, search
 from ratrain.planner.evaluate import Evaluator, usable_bytes
+from ratrain.planner.families import ALL_FAMILIES
 from ratrain.planner.fit import memory_bound, stage_options
 from ratrain.planner.search import _dominant, _saves
 from ratrain.planner.space import (
-    ALL_FAMILIES,
     Knobs,
     Request,
     family_of,

@@ -7,9 +7,10 @@ import pytest
 
 from ratrain.models.presets import get_preset
 from ratrain.planner.evaluate import usable_bytes
+from ratrain.planner.families import ALL_FAMILIES
 from ratrain.planner.fit import options
 from ratrain.planner.search import _memory_pass, _ruled_out, _State
-from ratrain.planner.space import ALL_FAMILIES, Request, family_of, knob_combos, structures
+from ratrain.planner.space import Request, family_of, knob_combos, structures
 from ratrain.platforms.load import load
 
 

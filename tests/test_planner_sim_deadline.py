@@ -12,7 +12,7 @@ from ratrain.models.presets import get_preset
 from ratrain.planner import Request
 from ratrain.planner.evaluate import Evaluator
 from ratrain.platforms.load import load
-from test_planner_steady_tries import _plan as _tries_plan
+from test_sim_steady_tries import _plan as _tries_plan
 
 TINY = get_preset("tiny")
 

@@ -15,7 +15,7 @@ from ratrain.launch.toolchain import cxx_compiler
 from ratrain.memory import replay
 from ratrain.models.presets import get_preset
 from ratrain.schedule import build_schedule
-from ratrain.schedule.lowering import sync_buckets
+from ratrain.schedule.passes import sync_buckets
 from ratrain.train.job import RankResult
 from ratrain.train.reference import ReferenceTrainer
 

@@ -14,16 +14,15 @@ from ratrain.cost import CostModel
 from ratrain.cost.measured import compute_speed
 from ratrain.cost.sharing import peak_speed, shared_speed, solo_speed
 from ratrain.models.presets import get_preset
-from ratrain.planner import steady
-from ratrain.planner.steady import MIN_MICROBATCHES, extrapolate
 from ratrain.platforms.load import load
 from ratrain.schedule import build_schedule
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
-from ratrain.sim import simulate
+from ratrain.sim import simulate, steady
 from ratrain.sim.engine import run_flat
 from ratrain.sim.sharing import _SharingEngine, node_sharing, run_shared
 from ratrain.sim.simulate import _charge_stolen_compute
-from test_planner_steady import _plans
+from ratrain.sim.steady import MIN_MICROBATCHES, extrapolate
+from test_sim_steady import _plans
 
 # cpu-local (2 cores; rank_speed rows measured) with processor sharing on, by its formula
 # (the measured shared_rank_speed table left out: the formula is what is checked here)

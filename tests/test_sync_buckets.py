@@ -13,7 +13,8 @@ from ratrain.models.presets import get_preset
 from ratrain.platforms import load
 from ratrain.schedule import build_schedule, check_schedule
 from ratrain.schedule.ir import Op
-from ratrain.schedule.lowering import action_bytes, sync_buckets
+from ratrain.schedule.lowering import action_bytes
+from ratrain.schedule.passes import sync_buckets
 from ratrain.sim import simulate_schedule
 from ratrain.sizes.states import grad_bytes_per_param, stored_params
 

@@ -10,8 +10,8 @@ import pytest
 from _platforms import KIB, THREE, make_platform
 from ratrain.cost import tiling, tiling_attention, tiling_core
 from ratrain.cost.tiling import _buffers, _Gemm, _grids, _tally
-from ratrain.cost.tiling_attention import _Attn, _divisors, _model
-from ratrain.cost.tiling_attention_time import _pairs, bwd_time_s, fwd_time_s, fwd_vis
+from ratrain.cost.tiling_attention import _divisors, _model
+from ratrain.cost.tiling_attention_time import AttnTiling, _pairs, bwd_time_s, fwd_time_s, fwd_vis
 from ratrain.cost.tiling_core import (
     ACC_BYTES,
     Hw,
@@ -108,11 +108,11 @@ def _every_attention(op, b, h, kvh, s, d, e, causal, hws):
     for hg in _divisors(g):
         for br in sz:
             for bc in sz:
-                base = _Attn(hg, br, bc, 0)
+                base = AttnTiling(hg, br, bc, 0)
                 for hw in hws:
                     for f in (1, 2) if causal and hw.stage is not None else (1,):
                         p = 1 if hw.stage is None else min(hw.cores, ceil_div(units(base), f))
-                        c = _Attn(hg, br, bc, inner(base), p, f)
+                        c = AttnTiling(hg, br, bc, inner(base), p, f)
                         if fits(hw, buffers(hw, s, d, e, c)):
                             out.append(
                                 (*rank(hw, *tally(hw, b, h, kvh, s, d, e, causal, c)), hw, c)
@@ -273,7 +273,7 @@ def test_attention_time_models_equal_the_step_by_step_sums(fwd, causal, platform
             f = rng.choice([1, 2]) if causal and hw.stage is not None else 1
             p = 1 if hw.stage is None else min(hw.cores, ceil_div(units, f))
             bs = inner * rng.choice([1, 2, 3, 8]) if hw.stage is not None else inner
-            c = _Attn(hg, br, bc, bs, p, f)
+            c = AttnTiling(hg, br, bc, bs, p, f)
             args = (hw, b, h, kvh, s, d, 2, causal, c)
             assert timing(*args, memo) == ref(*args), c
 

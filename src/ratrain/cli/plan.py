@@ -128,7 +128,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _request(args: argparse.Namespace):
     from ratrain.models.presets import resolve_model
     from ratrain.planner import Request, parse_pins
-    from ratrain.planner.space import ALL_FAMILIES
+    from ratrain.planner.families import ALL_FAMILIES
     from ratrain.platforms import load
 
     spec, platform = resolve_model(args.model), load(args.platform)

@@ -19,10 +19,9 @@ last visit of a q step or panel writes the dtype, the others fp32 partial sums.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 from ratrain.config import DTYPE_BYTES
-from ratrain.cost.tiling_attention_time import bwd_time_s, fwd_time_s, fwd_vis
+from ratrain.cost.tiling_attention_time import AttnTiling, bwd_time_s, fwd_time_s, fwd_vis
 from ratrain.cost.tiling_core import (
     ACC_BYTES,
     Hw,
@@ -47,20 +46,6 @@ from ratrain.platforms import Platform
 __all__ = ["plan_attention", "plan_attention_backward"]
 
 
-@dataclass(frozen=True, order=True)
-class _Attn:
-    hg: int  # query heads per unit (forward) or per q step (backward), dividing the group
-    br: int  # q rows per unit (forward) or per q step (backward)
-    bc: int  # kv rows per step (forward) or per unit (backward)
-    bs: int  # staged step, a multiple of bc (forward) or br (backward); that step if unstaged
-    p: int = 1  # cores per block
-    f: int = 1  # units per core in a block (2: a causal unit paired with its mirror)
-
-    @property
-    def block(self) -> int:
-        return self.p * self.f
-
-
 def _divisors(x: int) -> list[int]:
     return [d for d in range(1, x + 1) if x % d == 0]
 
@@ -68,7 +53,7 @@ def _divisors(x: int) -> list[int]:
 # --- forward ---------------------------------------------------------------------------------
 
 
-def _fwd_buffers(hw: Hw, s, d, e, c: _Attn) -> dict[int, int]:
+def _fwd_buffers(hw: Hw, s, d, e, c: AttnTiling) -> dict[int, int]:
     r, t = c.hg * min(c.br, s), min(c.bc, s)
     # Q (x2) in dtype; fp32 O, m, l and the score tile; K and V (x2 each).
     out = {0: c.f * (2 * r * d * e + ACC_BYTES * r * (d + 2 + t) + 4 * t * d * e)}
@@ -85,7 +70,7 @@ def _fwd_block_ends(s, g, hg, br, block, causal) -> tuple[int, ...]:
     return tuple(fwd_vis(u // (g // hg), s, br, causal) for u in last)
 
 
-def _fwd_tally(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn) -> tuple[Tally, int]:
+def _fwd_tally(hw: Hw, b, h, kvh, s, d, e, causal, c: AttnTiling) -> tuple[Tally, int]:
     g = h // kvh
     hgroups, nq = g // c.hg, ceil_div(s, c.br)
     r_last = s - (nq - 1) * c.br
@@ -108,7 +93,7 @@ def _fwd_tally(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn) -> tuple[Tally, int
 # --- backward --------------------------------------------------------------------------------
 
 
-def _bwd_buffers(hw: Hw, s, d, e, c: _Attn) -> dict[int, int]:
+def _bwd_buffers(hw: Hw, s, d, e, c: AttnTiling) -> dict[int, int]:
     r, t = c.hg * min(c.br, s), min(c.bc, s)
     kv = 4 * t * d * e + 2 * ACC_BYTES * t * d  # K, V (x2) and fp32 dK, dV
     stream = 4 * r * d * e + 4 * ACC_BYTES * r + 2 * ACC_BYTES * r * d  # Q, dO, LSE, Δ, dQ (x2)
@@ -127,7 +112,7 @@ def _bwd_sums(s: int, step: int, starts: int, stride: int, causal: bool) -> tupl
     return starts * s - skipped * step, starts * n - skipped
 
 
-def _bwd_tally(hw: Hw, b, h, kvh, s, d, e, causal, c: _Attn) -> tuple[Tally, int]:
+def _bwd_tally(hw: Hw, b, h, kvh, s, d, e, causal, c: AttnTiling) -> tuple[Tally, int]:
     g = h // kvh
     hgroups = g // c.hg
     nu, nr = ceil_div(s, c.bc), ceil_div(s, c.br)
@@ -182,22 +167,22 @@ def _rows(hws: list[Hw], s, g, buffers, inner, units, causal):
                 for f in (1, 2) if causal and hw.stage is not None else (1,):
 
                     def cfg(bc, hg=hg, br=br, hw=hw, f=f):
-                        base = _Attn(hg, br, bc, 0)
+                        base = AttnTiling(hg, br, bc, 0)
                         p = 1 if hw.stage is None else min(hw.cores, ceil_div(units(base), f))
-                        return _Attn(hg, br, bc, inner(base), p, f)
+                        return AttnTiling(hg, br, bc, inner(base), p, f)
 
                     n = fitting(lambda bc, hw=hw, cfg=cfg: fits(hw, buffers(hw, cfg(bc))), sz)
                     if n:
                         yield hw, [cfg(bc) for bc in sz[:n]]
 
 
-def _expand(hw: Hw, c: _Attn, s: int, step: int):
+def _expand(hw: Hw, c: AttnTiling, s: int, step: int):
     if hw.stage is None:
         return
     bs = c.bs
     while bs < s:
         bs = min(bs * 2, ceil_div(s, step) * step)
-        yield _Attn(c.hg, c.br, c.bc, bs, c.p, c.f)
+        yield AttnTiling(c.hg, c.br, c.bc, bs, c.p, c.f)
 
 
 def _model(op, s, g):

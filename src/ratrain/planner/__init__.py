@@ -12,8 +12,9 @@ that can still win. Families (`FAMILIES`) give the GPU-style baselines their own
 """
 
 from ratrain.planner.explain import Explanation, explain, find_feasible
+from ratrain.planner.families import BASELINE_FAMILIES, FAMILIES, Family
 from ratrain.planner.search import Candidate, SearchResult, search
-from ratrain.planner.space import BASELINE_FAMILIES, FAMILIES, Family, Request, parse_pins
+from ratrain.planner.space import Request, parse_pins
 
 __all__ = [
     "BASELINE_FAMILIES",

@@ -1,6 +1,6 @@
 """Where RATrain's gain comes from: its family with one lifecycle mechanism switched off.
 
-Each ablation is the ``ratrain`` family (`ratrain.planner.space.FAMILIES`) with one of its
+Each ablation is the ``ratrain`` family (`ratrain.planner.families.FAMILIES`) with one of its
 knobs taken away, searched (re-planned) under the same memory cap as the full family:
 
 - ``no-layer-sync``: no per-layer gradient sync and update. The step uses the gpu-style
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ratrain.planner.space import FAMILIES, Family
+from ratrain.planner.families import FAMILIES, Family
 
 __all__ = ["ABLATIONS", "ablation_families"]
 

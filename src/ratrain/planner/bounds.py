@@ -29,9 +29,12 @@ from ratrain.config import Plan
 from ratrain.cost.model import CostModel
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
+from ratrain.planner.cache import Memo
 from ratrain.platforms import Platform
 from ratrain.schedule.ir import Action, Op, Resource
-from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
+from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS, offloaded_mbs
+from ratrain.schedule.passes import global_checks
+from ratrain.sizes.activations import activation_bytes, backward_workspace_bytes, boundary_bytes
 from ratrain.sizes.states import (
     ADAM_BYTES_PER_PARAM,
     MASTER_BYTES_PER_PARAM,
@@ -75,7 +78,8 @@ class UnitTimes:
     """Recomputing one block's attention core."""
 
 
-_UNIT_TIMES: dict[tuple, tuple[Platform, UnitTimes]] = {}
+_UNIT_TIMES: Memo[tuple[Platform, UnitTimes]] = Memo(None)
+"""(platform, times) by model, id(platform) and shape: the platform, kept, tells a reused id."""
 
 
 def unit_times(
@@ -87,7 +91,7 @@ def unit_times(
     if hit is not None and hit[0] is platform:
         return hit[1]
     ut = _unit_times(spec, platform, micro_batch, seq, dtype)
-    _UNIT_TIMES[key] = (platform, ut)
+    _UNIT_TIMES.put(key, (platform, ut))
     return ut
 
 
@@ -206,8 +210,6 @@ class Overheads:
 
 def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
     """The bound's overheads for `plan` (its recompute field is not read)."""
-    from ratrain.schedule.lowering import global_checks
-
     # At the fastest any rank computes (alone on its node under processor sharing), so
     # that the UPDATE times stay bounds where the simulator shares cores.
     cm = CostModel(spec, plan, platform, speed="peak")
@@ -246,9 +248,8 @@ def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
 
 @lru_cache(maxsize=4096)
 def _offloaded_count(pp: int, m: int, s: int) -> int:
-    from ratrain.schedule.lowering import _offloaded_mbs  # the lowering's own choice
-
-    return len(_offloaded_mbs(pp, m, s))
+    """Microbatches stage `s` offloads: the lowering's own choice."""
+    return len(offloaded_mbs(pp, m, s))
 
 
 @dataclass(frozen=True)
@@ -324,7 +325,7 @@ def _fetched_forward_s(spec: ModelSpec, plan: Plan, cm: CostModel, units) -> tup
     """Per stage, fetch seconds within one forward pass: the pass's span (from its first
     F's start to its last F's end) is at least these plus one block's F, when views are
     fetched per use, `view_lookahead` (L) uses ahead
-    (`_add_transient_views`: ratrain's transient views, fsdp-pp resharding after use).
+    (`add_transient_views`: ratrain's transient views, fsdp-pp resharding after use).
 
     The fetch for the pass's use k is placed before use k - L, and the stage's walk issues
     it only after every compute action before that point has ended: for k >= L + 1, after
@@ -359,7 +360,7 @@ def _transient_views(plan: Plan) -> bool:
 def prefetched_views_of(schedule: str, view_policy: str, view_lookahead: int) -> bool:
     """Whether, while B(u) runs, the view of the unit the backward pass reads next is held
     too: views fetched at least one use ahead and dropped after the use
-    (`lowering._add_transient_views`: ratrain's transient views, fsdp-pp resharding), or
+    (`passes.add_transient_views`: ratrain's transient views, fsdp-pp resharding), or
     gathered before their first use of the step and freed after their last (fsdp-pp
     without resharding, `fsdp._add_step_views`: the unit below was used in the forward
     passes and its last backward pass is still ahead)."""
@@ -449,15 +450,11 @@ def persistent_bound_of(
     shard count and the wider of the view and gradient bytes per parameter (the search
     bounds structures with it before it builds their plans)."""
     key = (spec, split, n_shards, most_bytes_per_param)
-    hit = _PERSISTENT.get(key)
-    if hit is None:
-        if len(_PERSISTENT) > 100_000:
-            _PERSISTENT.clear()
-        hit = _PERSISTENT[key] = _persistent(spec, split, n_shards, most_bytes_per_param)
-    return hit
+    return _PERSISTENT.get_or(key, _persistent, spec, split, n_shards, most_bytes_per_param)
 
 
-_PERSISTENT: dict[tuple, tuple[int, ...]] = {}
+_PERSISTENT: Memo[tuple[int, ...]] = Memo(100_000)
+"""`persistent_bound_of` by its arguments."""
 
 
 def _persistent(spec: ModelSpec, split: tuple[int, ...], n_shards: int, most: int):
@@ -494,10 +491,26 @@ def _unit_params(spec: ModelSpec) -> tuple[int, ...]:
     return tuple(counts.unit_params(spec, u) for u in range(spec.n_layers + 2))
 
 
-_STAGE_MEMO: dict[tuple, int] = {}
+_STAGE_MEMO: Memo[int] = Memo(200_000)
 """`MemoryBound.stage` by what it reads (`MemoryBound._share`) and the stage's key."""
-_TABLES: dict[tuple, tuple] = {}
+_TABLES: Memo[tuple] = Memo(1024)
 """`MemoryBound`'s per-unit activation, workspace and parameter tables, by what they read."""
+
+
+def _unit_tables(spec: ModelSpec, plan: Plan, kinds: dict[str, int], eager: bool) -> tuple:
+    """Per unit kind: the activations kept under each policy, the backward workspace and
+    the parameters; and the boundary bytes (`_TABLES`)."""
+    keep = {
+        (k, p): activation_bytes(spec, plan, u, p, flash=True, eager_kernels=eager)
+        for k, u in kinds.items()
+        for p in ("none", "selective", "full")
+    }
+    bws = {
+        k: backward_workspace_bytes(spec, plan, u, flash=True, eager_kernels=eager)
+        for k, u in kinds.items()
+    }
+    params = {k: counts.unit_params(spec, u) for k, u in kinds.items()}
+    return keep, bws, params, boundary_bytes(spec, plan)
 
 
 @dataclass(frozen=True)
@@ -552,12 +565,6 @@ class MemoryBound:
     def __init__(
         self, spec: ModelSpec, plan: Plan, sends_held: bool = False, eager_kernels: bool = False
     ) -> None:
-        from ratrain.sizes.activations import (
-            activation_bytes,
-            backward_workspace_bytes,
-            boundary_bytes,
-        )
-
         self.spec, self.plan = spec, plan
         emb, head = counts.embedding_unit(spec), counts.head_unit(spec)
         kinds = {"emb": emb, "block": 1, "head": head}
@@ -571,22 +578,7 @@ class MemoryBound:
             plan.loss_chunk_tokens,
             eager_kernels,
         )
-        tables = _TABLES.get(tkey)
-        if tables is None:
-            if len(_TABLES) > 1024:
-                _TABLES.clear()
-            eager = eager_kernels
-            keep = {
-                (k, p): activation_bytes(spec, plan, u, p, flash=True, eager_kernels=eager)
-                for k, u in kinds.items()
-                for p in ("none", "selective", "full")
-            }
-            bws = {
-                k: backward_workspace_bytes(spec, plan, u, flash=True, eager_kernels=eager)
-                for k, u in kinds.items()
-            }
-            params = {k: counts.unit_params(spec, u) for k, u in kinds.items()}
-            tables = _TABLES[tkey] = (keep, bws, params, boundary_bytes(spec, plan))
+        tables = _TABLES.get_or(tkey, _unit_tables, spec, plan, kinds, eager_kernels)
         self.keep, self.bws, self.params, boundary = tables
         self.gbp, vbp = grad_bytes_per_param(plan), view_bytes_per_param(plan)
         self.transient = _transient_views(plan) and vbp > 0
@@ -647,13 +639,9 @@ class MemoryBound:
 
     def stage_at(self, stage_key: tuple[int, bool, bool, int], policy: str) -> int:
         """`stage` of the stage whose `stage_key` is given (the plan's split not read)."""
-        key = (self._share, (*stage_key, policy))
-        hit = _STAGE_MEMO.get(key)
-        if hit is None:
-            if len(_STAGE_MEMO) > 200_000:
-                _STAGE_MEMO.clear()
-            hit = _STAGE_MEMO[key] = self._stage(*key[1])
-        return hit
+        return _STAGE_MEMO.get_or(
+            (self._share, (*stage_key, policy)), self._stage, *stage_key, policy
+        )
 
     def breakdown(self, stage: int, policy: str) -> dict[str, int]:
         """The bound of `stage` under `policy` by state class (the ledger's classes), at

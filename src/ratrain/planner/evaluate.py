@@ -7,7 +7,7 @@ build_schedule`), the same one `ratrain simulate --plan` reports.
 
 During the search, memory is replayed on a shortened step: a 1F1B stage's memory repeats
 from one steady-state pair to the next, so a step of a few more microbatches than stages
-reaches the same per-stage peak as a longer one (`memory_microbatches`;
+reaches the same per-stage peak as a longer one (`memory_microbatches`, with the simulator;
 `tests/test_planner.py` checks the equality over schedules, policies and lookaheads).
 A simulation is not replayed by the ledger again: its peaks are the shortened replay's (as
 `ratrain simulate --plan` reports them; `tests/test_planner.py` compares ranked plans with
@@ -20,12 +20,16 @@ import time
 from dataclasses import dataclass, field
 
 from ratrain.config import Plan
+from ratrain.cost.model import CostModel
 from ratrain.planner.space import Request
+from ratrain.schedule import build_schedule
+from ratrain.sim import steady as steady_state
+from ratrain.sim.simulate import memory_microbatches, platform_ledger, simulate_schedule
+from ratrain.sim.steady_one import one_point
 
 __all__ = [
     "MemoryReport",
     "Evaluator",
-    "memory_microbatches",
     "simulated_microbatches",
     "usable_bytes",
 ]
@@ -34,17 +38,6 @@ __all__ = [
 def usable_bytes(req: Request) -> int:
     """What a stage's ledger peak may reach: the usable memory less the reserved workspace."""
     return req.platform.usable_memory_bytes - req.platform.workspace_bytes
-
-
-def memory_microbatches(plan: Plan) -> int:
-    """Microbatches of the shortened step whose per-stage peak equals the full step's: one
-    steady pair past the longest warmup (pp - 1 forwards), and, with views that live within
-    the step (transient, fsdp-pp), room for a fetch placed `view_lookahead` uses back to
-    reach into the previous pass."""
-    # fsdp-pp's views live within the step under either policy (dropped after the last use)
-    within_step = plan.view_policy == "transient" or plan.schedule == "fsdp-pp"
-    extra = 2 + plan.view_lookahead if within_step else 1
-    return min(plan.microbatches, plan.pp + extra)
 
 
 @dataclass(frozen=True)
@@ -77,7 +70,7 @@ class Evaluator:
     shortcut: bool = True
     """Replay memory on the shortened step (exact; see the module docstring)."""
     steady: bool = True
-    """Time a long step from a short one (`ratrain.planner.steady`)."""
+    """Time a long step from a short one (`ratrain.sim.steady`)."""
     n_memory: int = 0
     n_simulated: int = 0
     memory_s: float = 0.0
@@ -93,9 +86,6 @@ class Evaluator:
     """The last short step's simulation time per microbatch x stage (`_short_until`)."""
 
     def memory(self, plan: Plan) -> MemoryReport:
-        from ratrain.schedule import build_schedule
-        from ratrain.sim.simulate import platform_ledger
-
         pf = self.req.platform
         # Sends held to the end of the step (cpu-local's gloo) pile up with the microbatches:
         # there the shortened step's peak is not the full one's.
@@ -126,9 +116,6 @@ class Evaluator:
         the full step's peaks; no memory timeline). With `deadline` (a perf_counter time):
         None instead of a short step or a full simulation expected to end past it (the
         steady-state tries that fail would otherwise start a full one whatever the time)."""
-        from ratrain.cost.model import CostModel
-        from ratrain.sim.simulate import simulate_schedule
-
         key = _freeze(plan)
         hit = self._sim.get(key)
         if hit is not None:
@@ -136,12 +123,10 @@ class Evaluator:
         t0 = time.perf_counter()
         res = None
         if self.steady:
-            from ratrain.planner.steady import extrapolate
-
             rep = self.memory(plan)  # the shortened replay: the full step's peaks
             short = self._simulate_short if deadline is None else self._short_until(deadline)
             try:
-                res = extrapolate(plan, short, (rep.peak_bytes, rep.breakdown))
+                res = steady_state.extrapolate(plan, short, (rep.peak_bytes, rep.breakdown))
             except _Late:
                 return None
             if res is None and deadline is not None and self._late(plan, deadline):
@@ -200,10 +185,6 @@ class Evaluator:
 
     def _simulate_short(self, plan: Plan):
         """A shortened step's timing alone (no ledger: its memory is the plan's replay)."""
-        from ratrain.cost.model import CostModel
-        from ratrain.schedule import build_schedule
-        from ratrain.sim.simulate import simulate_schedule
-
         cost = CostModel(self.req.spec, plan, self.req.platform)
         return simulate_schedule(build_schedule(self.req.spec, plan), cost)
 
@@ -214,11 +195,10 @@ class _Late(Exception):
 
 def simulated_microbatches(plan: Plan, steady: bool = True) -> int:
     """Microbatches a simulation of `plan` runs: the steady-state shortcut's first short
-    step where it applies (`ratrain.planner.steady_one.one_point`), else the step's."""
-    from ratrain.planner.steady import MIN_MICROBATCHES, MIN_SAVING
-    from ratrain.planner.steady_one import one_point
-
-    m2 = one_point(plan, 0, 0, MIN_SAVING, MIN_MICROBATCHES) if steady else None
+    step where it applies (`ratrain.sim.steady_one.one_point`), else the step's."""
+    # The thresholds are read when called: tests lower them on the module.
+    limits = steady_state.MIN_SAVING, steady_state.MIN_MICROBATCHES
+    m2 = one_point(plan, 0, 0, *limits) if steady else None
     return m2 or plan.microbatches
 
 

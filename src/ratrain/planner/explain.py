@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ratrain.config import Plan
 from ratrain.planner.bounds import view_rank
-from ratrain.planner.evaluate import Evaluator, MemoryReport, memory_microbatches, usable_bytes
+from ratrain.planner.evaluate import Evaluator, MemoryReport, usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, memory_bound, options
 from ratrain.planner.search import Near, states_lower_bound_bytes
 from ratrain.planner.space import (
@@ -33,6 +33,7 @@ from ratrain.planner.space import (
     make_plan,
     structures,
 )
+from ratrain.sim.simulate import memory_microbatches
 from ratrain.sizes.states import DTYPE_BYTES
 
 __all__ = ["Change", "Explanation", "explain", "find_feasible", "saturation_clusters"]

@@ -27,8 +27,10 @@ from ratrain.planner.bounds import (
     step_time_lower_bound_s,
     transient_views_of,
 )
+from ratrain.planner.cache import Memo
 from ratrain.planner.evaluate import usable_bytes
-from ratrain.planner.space import Family, Knobs, Request, Structure, make_plan
+from ratrain.planner.families import Family
+from ratrain.planner.space import Knobs, Request, Structure, make_plan
 
 __all__ = [
     "Options",
@@ -74,7 +76,8 @@ class Options:
         return all(self.per_stage) if per_stage else bool(self.uniform)
 
 
-_BOUNDS: dict[tuple, MemoryBound] = {}
+_BOUNDS: Memo[MemoryBound] = Memo(4096)
+"""`memory_bound` by what the bound reads of the request and the plan."""
 
 _ANY_POLICY = ("full",)
 """The bound does not read the plan's recompute: the one the search's model-state check
@@ -85,11 +88,7 @@ def memory_bound(req: Request, plan) -> MemoryBound:
     """The memory bound of `plan`, shared by plans that differ only in split and recompute."""
     held, eager = req.platform.sends_held_until_waited, req.platform.eager_kernels
     key = (req.spec, held, eager, MemoryBound.key(plan))
-    mb = _BOUNDS.get(key)
-    if mb is None:
-        if len(_BOUNDS) > 4096:
-            _BOUNDS.clear()
-        mb = _BOUNDS[key] = MemoryBound(req.spec, plan, sends_held=held, eager_kernels=eager)
+    mb = _BOUNDS.get_or(key, MemoryBound, req.spec, plan, held, eager)
     mb.plan = plan  # the split is read per stage; the rest is the key
     return mb
 

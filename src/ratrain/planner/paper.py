@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ratrain.models.presets import get_preset
+from ratrain.planner.families import BASELINE_FAMILIES
 from ratrain.planner.search import Candidate, search
-from ratrain.planner.space import BASELINE_FAMILIES, Request
+from ratrain.planner.space import Request
 from ratrain.platforms import Platform
 
 __all__ = [

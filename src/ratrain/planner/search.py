@@ -327,60 +327,8 @@ def search(
     if hard_budget_s is not None:
         state.hard_deadline = t0 + hard_budget_s
     tasks, total = _tasks(req, req.families, state)
-    n_tasks = len(tasks)
-    last_report, done = t0, 0
-    queue_floor = None
-    while tasks:
-        lb, order, seq, level, st, fam, kns, queue = heapq.heappop(tasks)
-        if prune and best.beaten(lb):
-            state.pruned = len(tasks) + 1
-            break
-        if state.out_of_time(best):
-            # The heap's smallest bound is below every bound left (those of the knob
-            # queues left are no smaller than their structure's). Back in the heap, to be
-            # tightened below.
-            heapq.heappush(tasks, (lb, order, seq, level, st, fam, kns, queue))
-            state.floor = lb if state.floor is None else min(state.floor, lb)
-            state.pruned = len(tasks)
-            break
-        if state.past_hard_deadline():  # nothing fits yet: stop without a floor
-            state.stopped, state.pruned = True, len(tasks) + 1
-            break
-        m = st.microbatches(req.global_batch)
-        if level == _PEAK:
-            # Memory first (no kernel model): the knobs whose memory bound may fit.
-            if queue is not _PASSED:
-                kns = _memory_pass(req, st, fam, kns, state)
-            if not kns:
-                continue
-            # Then the kernel model's times, and back in the heap.
-            ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
-            lb = step_time_lower_bound_s(st.layer_split, m, ut)
-            heapq.heappush(tasks, (lb, order, seq, _KERNELS, st, fam, kns, None))
-            continue
-        ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
-        if level == _KERNELS:  # the memory bound's recomputation and the overheads added
-            queue = _bound_knobs(req, st, fam, kns, ut, state)
-            if queue:
-                heapq.heappush(tasks, (queue[0][0], order, seq, _KNOBS, st, fam, kns, queue))
-            continue
-        _run_queue(ev, req, st, fam, ut, queue, best, state, prune)
-        if state.stopped:
-            state.pruned = len(tasks) + 1
-            break
-        if state.floor is not None:  # cut inside the queue: the structures left bound too
-            queue_floor = state.floor  # the rest of this structure's queue: no smaller
-            state.floor = min(state.floor, tasks[0][0]) if tasks else state.floor
-            state.pruned = len(tasks)
-            break
-        done += 1
-        if progress is not None and time.perf_counter() - last_report > 1.0:
-            last_report = time.perf_counter()
-            tps = f"{best.items[0].tokens_per_s:,.0f} tokens/s" if best.items else "none fits yet"
-            progress(
-                f"{done}/{n_tasks} structures, {ev.n_memory} memory replays, "
-                f"{ev.n_simulated} simulated; best {tps}"
-            )
+    report = _reporter(progress, ev, best, len(tasks), t0)
+    queue_floor = _work(req, ev, tasks, best, state, prune, report)
     if state.floor is not None and time_budget_s:
         # Cut: refine the bounds left (no simulation) for a little longer, for a smaller
         # gap; a structure's queue cut midway keeps its own bound.
@@ -389,6 +337,96 @@ def search(
         floors = [f for f in (left, queue_floor) if f is not None]
         # Nothing left that may fit: the ranking is the search's to the end.
         state.floor = max(state.floor, min(floors)) if floors else best.items[0].step_time_s
+    return _result(req, ev, best, state, total, t0)
+
+
+def _work(req: Request, ev: Evaluator, tasks: list, best: _Top, state: _State, prune, report):
+    """Work the heap of structures until it is empty or the search stops (pruned, out of
+    time, or past the hard deadline); the bound of a knob queue cut midway (None if none
+    was)."""
+    while tasks:
+        entry = heapq.heappop(tasks)
+        if _stops_at(tasks, entry, best, state, prune):
+            return None
+        _, _, _, level, st, fam, _, queue = entry
+        if level != _KNOBS:
+            _refine(req, tasks, entry, state)
+            continue
+        ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
+        _run_queue(ev, req, st, fam, ut, queue, best, state, prune)
+        if state.stopped:
+            state.pruned = len(tasks) + 1
+            return None
+        if state.floor is not None:  # cut inside the queue: the structures left bound too
+            queue_floor = state.floor  # the rest of this structure's queue: no smaller
+            state.floor = min(state.floor, tasks[0][0]) if tasks else state.floor
+            state.pruned = len(tasks)
+            return queue_floor
+        report()
+    return None
+
+
+def _stops_at(tasks: list, entry: tuple, best: _Top, state: _State, prune: bool) -> bool:
+    """Whether the search stops at the heap's smallest `entry` (just popped): every bound
+    left is beaten, the time budget is spent (`entry` goes back, setting the floor), or
+    the hard deadline is past with nothing ranked."""
+    lb = entry[0]
+    if prune and best.beaten(lb):
+        state.pruned = len(tasks) + 1
+        return True
+    if state.out_of_time(best):
+        # The heap's smallest bound is below every bound left (those of the knob queues
+        # left are no smaller than their structure's). Back in the heap, to be tightened.
+        heapq.heappush(tasks, entry)
+        state.floor = lb if state.floor is None else min(state.floor, lb)
+        state.pruned = len(tasks)
+        return True
+    if state.past_hard_deadline():  # nothing fits yet: stop without a floor
+        state.stopped, state.pruned = True, len(tasks) + 1
+        return True
+    return False
+
+
+def _refine(req: Request, tasks: list, entry: tuple, state: _State) -> None:
+    """Refine a popped structure's bound one level and push it back (unless no knobs are
+    left): at `_PEAK`, the memory pass (no kernel model), then the kernel model's times;
+    at `_KERNELS`, per knob combination with the recomputation the memory bound forces and
+    the overheads."""
+    _, order, seq, level, st, fam, kns, queue = entry
+    if level == _PEAK:
+        if queue is not _PASSED:
+            kns = _memory_pass(req, st, fam, kns, state)
+        if kns:
+            ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
+            lb = step_time_lower_bound_s(st.layer_split, st.microbatches(req.global_batch), ut)
+            heapq.heappush(tasks, (lb, order, seq, _KERNELS, st, fam, kns, None))
+        return
+    ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
+    queue = _bound_knobs(req, st, fam, kns, ut, state)
+    if queue:
+        heapq.heappush(tasks, (queue[0][0], order, seq, _KNOBS, st, fam, kns, queue))
+
+
+def _reporter(progress, ev: Evaluator, best: _Top, n_tasks: int, t0: float) -> Callable[[], None]:
+    """Called after each structure worked on: `progress` at most once a second."""
+    done, last_report = 0, t0
+
+    def report() -> None:
+        nonlocal done, last_report
+        done += 1
+        if progress is not None and time.perf_counter() - last_report > 1.0:
+            last_report = time.perf_counter()
+            tps = f"{best.items[0].tokens_per_s:,.0f} tokens/s" if best.items else "none fits yet"
+            progress(
+                f"{done}/{n_tasks} structures, {ev.n_memory} memory replays, "
+                f"{ev.n_simulated} simulated; best {tps}"
+            )
+
+    return report
+
+
+def _result(req: Request, ev: Evaluator, best: _Top, state: _State, total: int, t0: float):
+    stopped = state.floor is not None or state.stopped
     return SearchResult(
         request=req,
         ranked=list(best.items),
@@ -399,9 +437,9 @@ def search(
         memory_replays=ev.n_memory,
         structures_pruned=state.pruned,
         near=None if best.items else state.nearest(req),
-        cut=state.floor is not None or state.stopped,
+        cut=stopped,
         floor_step_s=state.floor,
-        structures_left=state.pruned if state.floor is not None or state.stopped else 0,
+        structures_left=state.pruned if stopped else 0,
         untimed=None if best.items else state.untimed,
     )
 
@@ -420,24 +458,13 @@ def _tighten(req: Request, tasks: list, until: float) -> float | None:
     kernel times are not known yet (the kernel model may take a second)."""
     scratch = _State()  # a plan fits: the misses and near misses are not needed
     while tasks and time.perf_counter() < until:
-        lb, order, seq, level, st, fam, kns, queue = tasks[0]
+        _, _, _, level, st, _, _, _ = tasks[0]
         if level == _KNOBS:
             break
         args = (req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
         if level == _PEAK and not unit_times_known(*args):
             break
-        heapq.heappop(tasks)
-        if level == _PEAK:
-            if queue is not _PASSED:
-                kns = _memory_pass(req, st, fam, kns, scratch)
-            if kns:
-                m = st.microbatches(req.global_batch)
-                lb = step_time_lower_bound_s(st.layer_split, m, unit_times(*args))
-                heapq.heappush(tasks, (lb, order, seq, _KERNELS, st, fam, kns, None))
-            continue
-        q = _bound_knobs(req, st, fam, kns, unit_times(*args), scratch)
-        if q:
-            heapq.heappush(tasks, (q[0][0], order, seq, _KNOBS, st, fam, kns, q))
+        _refine(req, tasks, heapq.heappop(tasks), scratch)
     return tasks[0][0] if tasks else None
 
 

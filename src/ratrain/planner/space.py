@@ -1,4 +1,5 @@
-"""The search space: what the planner may choose, what the user pinned, and the families.
+"""The search space: what the planner may choose, what the user pinned, and the families
+(`ratrain.planner.families`, with their ablations) by name.
 
 A *request* fixes the model, the platform, the cluster count, the global batch and the
 sequence length. A *family* says which knobs a system has: RATrain's lifecycle schedule
@@ -25,13 +26,12 @@ from ratrain.config import DTYPES, SCHEDULES, Plan, even_split
 from ratrain.errors import RatrainError
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
+from ratrain.planner.ablation import ABLATIONS
+from ratrain.planner.cache import Memo
+from ratrain.planner.families import ALL_FAMILIES, FAMILIES, Family
 from ratrain.platforms import Platform
 
 __all__ = [
-    "ALL_FAMILIES",
-    "BASELINE_FAMILIES",
-    "FAMILIES",
-    "Family",
     "Knobs",
     "Request",
     "Structure",
@@ -52,93 +52,10 @@ _PINNABLE = tuple(f.name for f in fields(Plan) if f.name not in ("global_batch",
 _BOOL_TEXT = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
-@dataclass(frozen=True)
-class Family:
-    """A system whose knobs the planner searches."""
-
-    name: str
-    schedule: str
-    description: str
-    per_stage_recompute: bool
-    """True: each stage picks its own policy; False: one policy for every stage."""
-    shard: tuple[bool, ...]
-    views: tuple[tuple[str, int], ...]
-    """(view_policy, view_lookahead) pairs."""
-    offload: tuple[bool, ...]
-    split_modes: tuple[str, ...]
-
-
-_ALL_VIEWS = (("persistent", 1), ("transient", 1), ("transient", 2))
-_SPLITS = ("even", "compute", "params")
-
-FAMILIES: dict[str, Family] = {
-    f.name: f
-    for f in [
-        Family(
-            "ratrain",
-            "ratrain",
-            "RATrain lifecycle schedule: per-layer sync, update and view prefetch",
-            per_stage_recompute=True,
-            shard=(False, True),
-            views=_ALL_VIEWS,
-            offload=(False, True),
-            split_modes=(*_SPLITS, "memory"),
-        ),
-        Family(
-            "gpu-style",
-            "gpu-style",
-            "Megatron-like 1F1B: uniform recompute, bucketed overlapped sync, end-of-step optimizer",
-            per_stage_recompute=False,
-            shard=(False, True),  # Megatron's distributed optimizer is one of its knobs
-            views=(("persistent", 1),),
-            offload=(False,),
-            split_modes=_SPLITS,
-        ),
-        Family(
-            "zero1-pp",
-            "baseline",
-            "DeepSpeed-like ZeRO-1 + PP: Baseline-1F1B with optimizer states sharded over DP",
-            per_stage_recompute=False,
-            shard=(True,),
-            views=(("persistent", 1),),
-            offload=(False,),
-            split_modes=_SPLITS,
-        ),
-        Family(
-            "fsdp-pp",
-            "fsdp-pp",
-            "torchtitan-like FSDP2 + 1F1B: per-layer sharded parameters all-gathered on use, "
-            "reduce-scattered gradients, end-of-step optimizer",
-            per_stage_recompute=False,
-            shard=(True,),  # sharded parameters are the family
-            # persistent: reshard_after_forward=False (gathered once per step);
-            # transient: reshard_after_forward=True (gathered per use); see schedule/fsdp.py
-            views=(("persistent", 1), ("transient", 1)),
-            offload=(False,),
-            split_modes=_SPLITS,
-        ),
-        Family(
-            "baseline",
-            "baseline",
-            "Baseline-1F1B: sync after the flush, one optimizer step per stage",
-            per_stage_recompute=False,
-            shard=(False,),
-            views=(("persistent", 1),),
-            offload=(False,),
-            split_modes=_SPLITS,
-        ),
-    ]
-}
-BASELINE_FAMILIES = ("gpu-style", "zero1-pp", "fsdp-pp")
-ALL_FAMILIES = tuple(FAMILIES)
-
-
 def family_of(name: str) -> Family:
     """A family by name: one of `FAMILIES`, or an ablation (`ratrain.planner.ablation`)."""
     if name in FAMILIES:
         return FAMILIES[name]
-    from ratrain.planner.ablation import ABLATIONS
-
     if name in ABLATIONS:
         return ABLATIONS[name]
     raise RatrainError(f"unknown family {name!r}; choose from {', '.join(FAMILIES)}")
@@ -336,7 +253,8 @@ def _edges(
     return costs
 
 
-_SPLITS_CACHE: dict[tuple, tuple[int, ...]] = {}
+_SPLIT_MEMO: Memo[tuple[int, ...]] = Memo(100_000)
+"""Balanced layer splits by what they read (`_split`)."""
 
 
 @lru_cache(maxsize=4096)
@@ -364,13 +282,11 @@ def _split(req: Request, pp: int, mode: str) -> tuple[int, ...]:
     key = (req.spec, req.platform.name, req.seq, req.compute_dtype, pp, mode)
     if mode == "memory":
         key += (min(pp, _memory_split_m(req, pp)),)
-    hit = _SPLITS_CACHE.get(key)
-    if hit is None:
-        if len(_SPLITS_CACHE) > 100_000:
-            _SPLITS_CACHE.clear()
-        hit = balanced_split(_split_costs(req, pp, mode), req.spec.n_layers, pp)
-        _SPLITS_CACHE[key] = hit
-    return hit
+    return _SPLIT_MEMO.get_or(key, _balanced_split_of, req, pp, mode)
+
+
+def _balanced_split_of(req: Request, pp: int, mode: str) -> tuple[int, ...]:
+    return balanced_split(_split_costs(req, pp, mode), req.spec.n_layers, pp)
 
 
 def structures(req: Request, family: Family) -> Iterator[Structure]:
@@ -469,7 +385,8 @@ def knob_combos(req: Request, family: Family, st: Structure) -> list[Knobs]:
     return out
 
 
-_PLANS: dict[tuple, Plan] = {}
+_PLANS: Memo[Plan] = Memo(200_000)
+"""Candidate plans by request, structure, knobs and recompute (`make_plan`)."""
 
 
 def make_plan(req: Request, st: Structure, kn: Knobs, recompute: tuple[str, ...]) -> Plan:
@@ -477,12 +394,7 @@ def make_plan(req: Request, st: Structure, kn: Knobs, recompute: tuple[str, ...]
     (Memoised: the search builds the same candidate's plan several times.)"""
     extra = {k: v for k, v in req.pins.items() if k in ("bucket_bytes", "clip_grad")}
     key = (req.spec.name, req.global_batch, req.seq, st, kn, recompute, tuple(extra.items()))
-    hit = _PLANS.get(key)
-    if hit is None:
-        if len(_PLANS) > 200_000:
-            _PLANS.clear()
-        hit = _PLANS[key] = _make_plan(req, st, kn, recompute, extra)
-    return hit
+    return _PLANS.get_or(key, _make_plan, req, st, kn, recompute, extra)
 
 
 def _make_plan(req: Request, st: Structure, kn: Knobs, recompute, extra) -> Plan:

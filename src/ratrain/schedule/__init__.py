@@ -7,10 +7,12 @@ Pure Python (no torch)::
     check_schedule(sch, spec, plan)       # raises ScheduleError listing problems
 """
 
+from ratrain.schedule.build import build_schedule
 from ratrain.schedule.check import ScheduleError, check_schedule, dry_run, find_problems
 from ratrain.schedule.ir import Action, Op, Resource, Schedule, format_action, parse_action
-from ratrain.schedule.lowering import action_bytes, build_schedule, global_checks, reads_view
+from ratrain.schedule.lowering import action_bytes
 from ratrain.schedule.onef1b import build_1f1b, pass_order, warmup_passes
+from ratrain.schedule.passes import global_checks, reads_view
 
 __all__ = [
     "Action",

@@ -29,7 +29,7 @@ from ratrain.config import Plan
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Resource, Schedule, format_action
-from ratrain.schedule.lowering import global_checks, reads_view
+from ratrain.schedule.passes import global_checks, reads_view
 
 __all__ = ["ScheduleError", "check_schedule", "find_problems", "dry_run"]
 

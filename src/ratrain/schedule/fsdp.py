@@ -17,7 +17,7 @@ Pure Python (no torch). Modelled on torchtitan's composition of ``fully_shard`` 
     microbatch's backward, when FSDP2's post-backward reshards);
   * ``"transient"`` = ``reshard_after_forward=True``: gathered before, and freed after,
     every use (each microbatch's forward, recompute and backward), ``view_lookahead`` uses
-    ahead, as the ratrain lowering's transient views (`_add_transient_views`).
+    ahead, as the ratrain lowering's transient views (`add_transient_views`).
 
 - Gradients: accumulated unsharded over the step's microbatches (FSDP2 under PP turns
   gradient sync off until the last backward), then one reduce-scatter per layer issued
@@ -41,14 +41,14 @@ from __future__ import annotations
 from ratrain.config import Plan
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Schedule
-from ratrain.schedule.lowering import (
-    _add_transient_views,
-    _base,
-    _bucket_syncs,
-    _checks,
-    _view_uses,
-)
 from ratrain.schedule.onef1b import splice
+from ratrain.schedule.passes import (
+    add_transient_views,
+    base_schedule,
+    bucket_syncs,
+    stage_checks,
+    view_uses,
+)
 
 __all__ = ["lower_fsdp_pp"]
 
@@ -56,17 +56,17 @@ __all__ = ["lower_fsdp_pp"]
 def lower_fsdp_pp(spec: ModelSpec, plan: Plan) -> Schedule:
     assert plan.shard_optimizer, "Plan validation requires shard_optimizer for fsdp-pp"
     reshard = plan.view_policy == "transient"
-    sch = _base(spec, plan, "fsdp-pp", "transient")
+    sch = base_schedule(spec, plan, "fsdp-pp", "transient")
     sch.meta["reshard_after_forward"] = reshard
     if reshard:
-        _add_transient_views(sch, plan.view_lookahead)
+        add_transient_views(sch, plan.view_lookahead)
     else:
         _add_step_views(sch, plan.view_lookahead)
     m = plan.microbatches
     for s, acts in enumerate(sch.stages):
         units = sch.meta["stage_units"][s]
-        after, syncs = _bucket_syncs(sch, s, acts, m)  # the reduce-scatters, one per unit
-        checks = _checks(sch, plan, s, syncs)
+        after, syncs = bucket_syncs(sch, s, acts, m)  # the reduce-scatters, one per unit
+        checks = stage_checks(sch, plan, s, syncs)
         upd = Action(Op.UPDATE, s, units)
         sch.add_dep(upd, *syncs, *checks)
         sch.stages[s] = splice(acts, after=after) + [*checks, upd]
@@ -78,7 +78,7 @@ def _add_step_views(sch: Schedule, lookahead: int) -> None:
     it after its last use (``reshard_after_forward=False``)."""
     deps = sch.deps
     for s, acts in enumerate(sch.stages):
-        uses = _view_uses(acts)
+        uses = view_uses(acts)
         first: dict[int, int] = {}
         last: dict[int, int] = {}
         for k, (_, u) in enumerate(uses):

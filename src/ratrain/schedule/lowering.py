@@ -1,5 +1,6 @@
 """The three lowerings of a plain 1F1B step: baseline, gpu-style and ratrain (and, in
-`ratrain.schedule.fsdp`, the fsdp-pp baseline built from these passes).
+`ratrain.schedule.fsdp`, the fsdp-pp baseline built from the same passes,
+`ratrain.schedule.passes`; `ratrain.schedule.build` dispatches on ``plan.schedule``).
 
 Pure Python (no torch). Each starts from `build_1f1b` and adds the actions of the
 training-state lifecycle, with their dependencies, per stage:
@@ -53,11 +54,18 @@ from __future__ import annotations
 
 from ratrain import deadline
 from ratrain.config import Plan
-from ratrain.gcpause import gc_paused
 from ratrain.models.counts import unit_params
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Schedule
-from ratrain.schedule.onef1b import build_1f1b, pass_order, splice
+from ratrain.schedule.onef1b import pass_order, splice
+from ratrain.schedule.passes import (
+    add_transient_views,
+    base_schedule,
+    bucket_syncs,
+    group_by_grad_bytes,
+    last_b_index,
+    stage_checks,
+)
 from ratrain.sizes.activations import activation_bytes, boundary_bytes
 from ratrain.sizes.states import (
     ADAM_BYTES_PER_PARAM,
@@ -69,15 +77,12 @@ from ratrain.sizes.states import (
 )
 
 __all__ = [
-    "build_schedule",
     "lower_baseline",
     "lower_gpu_style",
     "lower_ratrain",
-    "global_checks",
-    "reads_view",
     "action_bytes",
+    "offloaded_mbs",
     "RELOAD_AHEAD_UNITS",
-    "sync_buckets",
 ]
 
 RELOAD_AHEAD_UNITS = 2
@@ -86,88 +91,13 @@ RELOAD_AHEAD_UNITS = 2
 _SCALAR_BYTES = 4  # fp32 partial norm / overflow flag per stage
 
 
-@gc_paused()  # bulk building of acyclic data: see ratrain.gcpause
-def build_schedule(spec: ModelSpec, plan: Plan) -> Schedule:
-    """One training step of `plan`, lowered as ``plan.schedule`` says."""
-    plan.check_for(spec)
-    if plan.schedule == "fsdp-pp":
-        from ratrain.schedule.fsdp import lower_fsdp_pp  # it builds on this module's passes
-
-        return lower_fsdp_pp(spec, plan)
-    lower = {"baseline": lower_baseline, "gpu-style": lower_gpu_style, "ratrain": lower_ratrain}
-    return lower[plan.schedule](spec, plan)
-
-
-def global_checks(plan: Plan) -> tuple[Op, ...]:
-    """The global reductions exact semantics need: the gradient norm for clipping, the
-    overflow flag for fp16 loss scaling."""
-    ops = []
-    if plan.clip_grad is not None:
-        ops.append(Op.GRAD_NORM)
-    if plan.compute_dtype == "fp16":
-        ops.append(Op.OVERFLOW)
-    return tuple(ops)
-
-
-def reads_view(a: Action) -> bool:
-    """Whether the action reads its unit's parameter view. The embedding's backward does
-    not: its weight gradient is a scatter of the incoming gradient by token id."""
-    return a.op in (Op.F, Op.RECOMPUTE) or (a.op is Op.B and a.units != (0,))
-
-
-def _base(spec: ModelSpec, plan: Plan, kind: str, view_policy: str) -> Schedule:
-    sch = build_1f1b(spec, plan, kind)
-    vb = view_bytes_per_param(plan)
-    sch.meta.update(
-        grad_sync="reduce-scatter" if plan.shard_optimizer else "all-reduce",
-        view_fetch=None if vb == 0 else ("all-gather" if plan.shard_optimizer else "cast"),
-        view_policy=view_policy,
-        global_checks=global_checks(plan),
-        sync_buckets=[sync_buckets(spec, plan, s) for s in range(plan.pp)],
-    )
-    _add_recompute(sch, spec, plan)
-    return sch
-
-
-def _add_recompute(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
-    for s, acts in enumerate(sch.stages):
-        recomputed = {
-            u for u in sch.meta["stage_units"][s] if plan.recompute_of(spec, s, u) != "none"
-        }
-        if not recomputed:
-            continue
-        before: dict[int, list[Action]] = {}
-        for i, a in enumerate(acts):
-            if a.op is Op.B and a.units[0] in recomputed:
-                rc = Action(Op.RECOMPUTE, s, a.units, a.mb)
-                sch.deps[rc] = (Action(Op.F, s, a.units, a.mb),)
-                sch.add_dep(a, rc)
-                before[i] = [rc]
-        sch.stages[s] = splice(acts, before)
-
-
-def _last_b_index(acts: list[Action], m: int) -> dict[int, int]:
-    """Unit -> index of its last microbatch's B, by one scan (no hashing)."""
-    b, last = Op.B, m - 1
-    return {a.units[0]: i for i, a in enumerate(acts) if a.op is b and a.mb == last}
-
-
 def _last_bs(s: int, units, m: int) -> list[Action]:
     return [Action(Op.B, s, (u,), m - 1) for u in units]
 
 
-def _checks(sch: Schedule, plan: Plan, s: int, syncs: list[Action]) -> list[Action]:
-    out = []
-    for op in global_checks(plan):
-        g = Action(op, s)
-        sch.add_dep(g, *syncs)
-        out.append(g)
-    return out
-
-
 def _stage_tail(sch: Schedule, plan: Plan, s: int, units: tuple[int, ...], syncs: list[Action]):
     """Global checks, one stage-wide UPDATE and one VIEW_FETCH refreshing the views."""
-    checks = _checks(sch, plan, s, syncs)
+    checks = stage_checks(sch, plan, s, syncs)
     upd = Action(Op.UPDATE, s, units)
     sch.add_dep(upd, *syncs, *checks)
     tail = [*checks, upd]
@@ -179,7 +109,7 @@ def _stage_tail(sch: Schedule, plan: Plan, s: int, units: tuple[int, ...], syncs
 
 
 def lower_baseline(spec: ModelSpec, plan: Plan) -> Schedule:
-    sch = _base(spec, plan, "baseline", "persistent")
+    sch = base_schedule(spec, plan, "baseline", "persistent")
     m = plan.microbatches
     for s in range(plan.pp):
         units = sch.meta["stage_units"][s]
@@ -189,50 +119,20 @@ def lower_baseline(spec: ModelSpec, plan: Plan) -> Schedule:
     return sch
 
 
-def _group(
-    spec: ModelSpec, plan: Plan, units: tuple[int, ...], parts, min_bytes: int
-) -> list[tuple[int, ...]]:
-    """`parts` (groups of units, backward order) merged in that order until a group holds
-    >= min_bytes of gradient; each group's units ascending."""
-    buckets, cur, cur_bytes = [], [], 0
-    params = stored_params(spec, units)
-    for part in parts:
-        cur += part
-        cur_bytes += sum(params[u] for u in part) * grad_bytes_per_param(plan)
-        if cur_bytes >= min_bytes:
-            buckets.append(tuple(sorted(cur)))
-            cur, cur_bytes = [], 0
-    if cur:
-        buckets.append(tuple(sorted(cur)))
-    return buckets
-
-
-def sync_buckets(spec: ModelSpec, plan: Plan, stage: int) -> list[tuple[int, ...]]:
-    """The stage's gradient-sync buckets, backward order: units from the last one down,
-    grouped until a bucket holds >= ``plan.sync_bucket_bytes`` of gradient (one unit each
-    when that is 0, or when the optimizer is sharded: a reduce-scatter of a bucket would
-    shard the bucket, not each unit as the optimizer states are)."""
-    units = tuple(plan.stage_units(spec, stage))
-    singles = [(u,) for u in reversed(units)]
-    if plan.sync_bucket_bytes == 0 or plan.shard_optimizer:
-        return singles
-    return _group(spec, plan, units, singles, plan.sync_bucket_bytes)
-
-
 def _buckets(
     spec: ModelSpec, plan: Plan, units: tuple[int, ...], atoms: list[tuple[int, ...]]
 ) -> list[tuple[int, ...]]:
     """Sync buckets in backward order, grouped until a bucket holds >= bucket_bytes."""
-    return _group(spec, plan, units, atoms, plan.bucket_bytes)
+    return group_by_grad_bytes(spec, plan, units, atoms, plan.bucket_bytes)
 
 
 def lower_gpu_style(spec: ModelSpec, plan: Plan) -> Schedule:
-    sch = _base(spec, plan, "gpu-style", "persistent")
+    sch = base_schedule(spec, plan, "gpu-style", "persistent")
     m = plan.microbatches
     sch.meta["buckets"] = []
     for s, acts in enumerate(sch.stages):
         units = sch.meta["stage_units"][s]
-        last_b = _last_b_index(acts, m)
+        last_b = last_b_index(acts, m)
         buckets = _buckets(spec, plan, units, sch.meta["sync_buckets"][s])
         after: dict[int, list[Action]] = {}
         syncs = []
@@ -246,37 +146,20 @@ def lower_gpu_style(spec: ModelSpec, plan: Plan) -> Schedule:
     return sch
 
 
-def _bucket_syncs(
-    sch: Schedule, s: int, acts: list[Action], m: int
-) -> tuple[dict[int, list[Action]], list[Action]]:
-    """One GRAD_SYNC per sync bucket of stage `s`, each placed right after the last
-    backward of the step of the bucket's last unit in backward order (its lowest), in
-    backward order: the actions to splice in after each index, and the syncs."""
-    last_b = _last_b_index(acts, m)
-    after: dict[int, list[Action]] = {}
-    syncs = []
-    for bucket in sch.meta["sync_buckets"][s]:
-        sync = Action(Op.GRAD_SYNC, s, bucket)
-        sch.deps[sync] = tuple(acts[last_b[u]] for u in reversed(bucket))
-        after.setdefault(last_b[bucket[0]], []).append(sync)
-        syncs.append(sync)
-    return after, syncs
-
-
 def lower_ratrain(spec: ModelSpec, plan: Plan) -> Schedule:
     view_policy = plan.view_policy if view_bytes_per_param(plan) else "persistent"
-    sch = _base(spec, plan, "ratrain", view_policy)
+    sch = base_schedule(spec, plan, "ratrain", view_policy)
     deadline.check()  # between phases: a planner's deadline (`ratrain.deadline`)
     if plan.offload_activations:
         _add_offload(sch, spec, plan)
         deadline.check()
     if view_policy == "transient":
-        _add_transient_views(sch, plan.view_lookahead)
+        add_transient_views(sch, plan.view_lookahead)
         deadline.check()
     m = plan.microbatches
     for s, acts in enumerate(sch.stages):
-        after, syncs = _bucket_syncs(sch, s, acts, m)
-        checks = _checks(sch, plan, s, syncs)
+        after, syncs = bucket_syncs(sch, s, acts, m)
+        checks = stage_checks(sch, plan, s, syncs)
         tail = list(checks)
         for sync in syncs:
             upd = Action(Op.UPDATE, s, sync.units)
@@ -290,7 +173,7 @@ def lower_ratrain(spec: ModelSpec, plan: Plan) -> Schedule:
     return sch
 
 
-def _offloaded_mbs(pp: int, m: int, s: int) -> set[int]:
+def offloaded_mbs(pp: int, m: int, s: int) -> set[int]:
     """Microbatches with another forward pass between their forward and backward passes:
     the others go straight from F to B, where an offload would only add traffic."""
     order = pass_order(pp, m, s)
@@ -306,7 +189,7 @@ def _add_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
     deps = sch.deps
     for s, acts in enumerate(sch.stages):
         units = sch.meta["stage_units"][s]
-        offloaded = _offloaded_mbs(plan.pp, plan.microbatches, s)
+        offloaded = offloaded_mbs(plan.pp, plan.microbatches, s)
         f_at: dict[tuple[int, int], int] = {}
         work_at: dict[tuple[int, int], int] = {}  # where the backward work of (u, mb) starts
         pass_start: dict[int, int] = {}  # mb -> first action of its backward pass
@@ -337,64 +220,6 @@ def _add_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
             sch.add_dep(acts[work_at[(u, mb)]], rel)
         for lst in before.values():
             lst.sort(key=lambda a: -a.units[0])  # the unit needed first is reloaded first
-        sch.stages[s] = splice(acts, before, after)
-
-
-def _view_uses(acts: list[Action]) -> list[tuple[int, int]]:
-    """(index, unit) of every action of a stage's list that reads its unit's view: F,
-    RECOMPUTE, and B of any unit but the embedding (`reads_view`, inlined: this scan runs
-    over every action of the step)."""
-    f, rc, b = Op.F, Op.RECOMPUTE, Op.B  # locals: no enum class lookups per action
-    return [
-        (i, a.units[0])
-        for i, a in enumerate(acts)
-        if (op := a.op) is f or op is rc or (op is b and a.units[0] != 0)
-    ]
-
-
-def _add_transient_views(sch: Schedule, lookahead: int) -> None:
-    """Fetch each view `lookahead` uses ahead of its use, drop it after the use unless the
-    next use is close enough that the fetch would follow the drop at once."""
-    deps = sch.deps
-    for s, acts in enumerate(sch.stages):
-        uses = _view_uses(acts)
-        next_use: list[int | None] = [None] * len(uses)
-        seen: dict[int, int] = {}
-        for k in range(len(uses) - 1, -1, -1):
-            next_use[k] = seen.get(uses[k][1])
-            seen[uses[k][1]] = k
-        before: dict[int, list[Action]] = {}
-        after: dict[int, list[Action]] = {}
-        visit: dict[int, int] = {}
-        fetched: dict[int, Action] = {}  # unit -> its fetch, until the first use depends on it
-        live: set[int] = set()
-        vf_op, vd_op, get = Op.VIEW_FETCH, Op.VIEW_DROP, deps.get
-        for k, (i, u) in enumerate(uses):
-            if u not in live:
-                vf = Action(vf_op, s, (u,), None, visit.get(u, 0))
-                at = uses[k - lookahead][0] if k - lookahead > 0 else 0
-                lst = before.get(at)
-                if lst is None:
-                    before[at] = [vf]
-                else:
-                    lst.append(vf)
-                live.add(u)
-                fetched[u] = vf
-            use = acts[i]
-            if u in fetched:
-                deps[use] = get(use, ()) + (fetched.pop(u),)
-            nk = next_use[k]
-            if nk is None or nk - lookahead > k + 1:
-                v = visit.get(u, 0)
-                vd = Action(vd_op, s, (u,), None, v)
-                deps[vd] = (use,)
-                lst = after.get(i)
-                if lst is None:
-                    after[i] = [vd]
-                else:
-                    lst.append(vd)
-                live.discard(u)
-                visit[u] = v + 1
         sch.stages[s] = splice(acts, before, after)
 
 

@@ -115,36 +115,98 @@ def run_plain(
 ) -> tuple[list[float], list[float], list[float]] | None:
     """Replay `g` with each action's duration and resource; its (issue, start, end) times,
     or None where the schedule deadlocks (the caller explains why with `_Engine`)."""
-    n, pp, first, stage = len(g.acts), len(g.first) - 1, g.first, g.stage
+    n, pp, stage = len(g.acts), len(g.first) - 1, g.stage
     rdeps = g.rdeps
     pending = list(map(len, g.deps))
     # Compute or not by the IR's resource (as `_Engine`), whatever queue `resources` names.
     compute = [a.op in _COMPUTE_OPS for a in g.acts]
-    # One FIFO per (stage, resource), addressed by an integer.
+    qid, n_queues = _queue_ids(stage, resources, pp)
+    queues = [deque() for _ in range(n_queues)]
+    busy = [False] * n_queues
+    issue, start, end = [-1.0] * n, [-1.0] * n, [-1.0] * n
+    walk = g.first[:pp]  # next global id each stage's walk reaches
+    walk_busy = [False] * pp
+    heap: list[tuple[float, int, int]] = []
+    seq = itertools.count().__next__  # one counter: ties end in the order they started
+    try_queue = _queue_starter(g.acts, qid, queues, busy, pending, durations, start, heap, seq)
+    advance = _stage_walker(
+        g.first,
+        compute,
+        qid,
+        queues,
+        busy,
+        pending,
+        durations,
+        (issue, start),
+        heap,
+        seq,
+        walk,
+        walk_busy,
+        try_queue,
+    )
+    for s in range(pp):
+        advance(s, 0.0)
+    pop = heapq.heappop
+    while heap:
+        now, _, i = pop(heap)
+        end[i] = now
+        ci = compute[i]
+        if ci:
+            walk_busy[stage[i]] = False
+        else:
+            q = qid[i]
+            busy[q] = False
+            if queues[q]:
+                try_queue(q, now)
+        for j in rdeps[i]:
+            p = pending[j] - 1
+            pending[j] = p
+            if p:
+                continue
+            if compute[j]:
+                sj = stage[j]
+                if walk[sj] == j:
+                    advance(sj, now)
+            elif issue[j] >= 0 and not busy[qid[j]]:
+                try_queue(qid[j], now)
+        if ci:
+            advance(stage[i], now)
+    if min(end, default=0.0) < 0:
+        return None
+    return issue, start, end
+
+
+def _queue_ids(stage: list[int], resources: list[Resource], pp: int) -> tuple[list[int], int]:
+    """Per action, its FIFO's integer id, one FIFO per (stage, resource); and their count."""
     rid = {r.value: k for k, r in enumerate(Resource)}  # by value: no enum hash per action
     nr = len(rid)
     qid = [s * nr + rid[r._value_] for s, r in zip(stage, resources, strict=True)]
-    queues = [deque() for _ in range(pp * nr)]
-    busy = [False] * (pp * nr)
-    # Global reductions: instances with the same (op, units, mb), one per stage.
-    group = [-1] * n
+    return qid, pp * nr
+
+
+def _global_groups(acts: list) -> tuple[list[int], list[list[int]]]:
+    """Global reductions: per action, its group (-1: none), and each group's members, the
+    instances with the same (op, units, mb), one per stage."""
+    group = [-1] * len(acts)
     members: list[list[int]] = []
     keys: dict[tuple, int] = {}
-    for i, a in enumerate(g.acts):
+    for i, a in enumerate(acts):
         if a.op in _GLOBAL:
             k = keys.setdefault((a.op, a.units, a.mb), len(keys))
             if k == len(members):
                 members.append([])
             members[k].append(i)
             group[i] = k
+    return group, members
+
+
+def _queue_starter(acts, qid, queues, busy, pending, dur, start, heap, seq):
+    """`try_queue(q, now)`: start the head of FIFO q if it is free and its action ready; a
+    global reduction starts on every stage at once, when its last instance is ready. (A
+    closure over the replay's lists: the hot loop makes no attribute lookups.)"""
+    group, members = _global_groups(acts)
     ready: list[set[int]] = [set() for _ in members]
-    dur = durations
-    issue, start, end = [-1.0] * n, [-1.0] * n, [-1.0] * n
-    walk = first[:pp]  # next global id each stage's walk reaches
-    stop = first[1:]
-    walk_busy = [False] * pp
-    heap: list[tuple[float, int, int]] = []
-    push, pop, seq = heapq.heappush, heapq.heappop, itertools.count().__next__
+    push = heapq.heappush
 
     def try_queue(q: int, now: float) -> None:
         dq = queues[q]
@@ -174,6 +236,19 @@ def run_plain(
         start[i] = now
         push(heap, (now + dur[i], seq(), i))
 
+    return try_queue
+
+
+def _stage_walker(
+    first, compute, qid, queues, busy, pending, dur, times, heap, seq, walk, walk_busy, try_queue
+):
+    """`advance(s, now)`: walk stage s's list from where it stopped, queueing each
+    non-compute action and starting the next compute one once its deps are done (the walk
+    then waits for it to end). `times`: the (issue, start) lists it fills."""
+    issue, start = times
+    stop = first[1:]
+    push = heapq.heappush
+
     def advance(s: int, now: float) -> None:
         if walk_busy[s]:
             return
@@ -198,32 +273,4 @@ def run_plain(
                 try_queue(q, now)
         walk[s] = i
 
-    for s in range(pp):
-        advance(s, 0.0)
-    while heap:
-        now, _, i = pop(heap)
-        end[i] = now
-        ci = compute[i]
-        if ci:
-            walk_busy[stage[i]] = False
-        else:
-            q = qid[i]
-            busy[q] = False
-            if queues[q]:
-                try_queue(q, now)
-        for j in rdeps[i]:
-            p = pending[j] - 1
-            pending[j] = p
-            if p:
-                continue
-            if compute[j]:
-                sj = stage[j]
-                if walk[sj] == j:
-                    advance(sj, now)
-            elif issue[j] >= 0 and not busy[qid[j]]:
-                try_queue(qid[j], now)
-        if ci:
-            advance(stage[i], now)
-    if min(end, default=0.0) < 0:
-        return None
-    return issue, start, end
+    return advance

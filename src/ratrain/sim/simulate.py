@@ -20,7 +20,7 @@ from ratrain.sim.flat import graph, run_plain
 from ratrain.sim.result import SimEvent, SimResult, stage_metrics_flat
 from ratrain.sim.sharing import node_sharing, run_shared
 
-__all__ = ["simulate", "simulate_schedule", "platform_ledger"]
+__all__ = ["simulate", "simulate_schedule", "platform_ledger", "memory_microbatches"]
 
 _COST_KEY = operator.attrgetter("op", "stage", "units")  # CostModel.action's cache key
 _TIME_S = operator.attrgetter("time_s")
@@ -223,3 +223,17 @@ def platform_ledger(
         eager_kernels=platform.eager_kernels,
         sends_held=platform.sends_held_until_waited,
     )
+
+
+def memory_microbatches(plan: Plan) -> int:
+    """Microbatches of the shortened step whose per-stage peak equals the full step's: one
+    steady pair past the longest warmup (pp - 1 forwards), and, with views that live within
+    the step (transient, fsdp-pp), room for a fetch placed `view_lookahead` uses back to
+    reach into the previous pass. A 1F1B stage's memory repeats from one steady pair to the
+    next (`tests/test_planner.py` checks the equality over schedules, policies and
+    lookaheads): the planner's memory pass replays no more, the steady-state extrapolation
+    (`ratrain.sim.steady`) simulates no fewer."""
+    # fsdp-pp's views live within the step under either policy (dropped after the last use)
+    within_step = plan.view_policy == "transient" or plan.schedule == "fsdp-pp"
+    extra = 2 + plan.view_lookahead if within_step else 1
+    return min(plan.microbatches, plan.pp + extra)

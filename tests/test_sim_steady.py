@@ -1,4 +1,4 @@
-"""A long step timed from two short ones (`ratrain.planner.steady`) equals its full
+"""A long step timed from two short ones (`ratrain.sim.steady`) equals its full
 simulation: step time, bubble and utilization, over schedules, recompute, views, offload,
 on mt3000 and a GPU platform."""
 
@@ -9,10 +9,9 @@ import pytest
 from _steady import assert_same_result
 from ratrain.config import Plan
 from ratrain.models.presets import get_preset
-from ratrain.planner import steady
-from ratrain.planner.steady import MIN_MICROBATCHES, extrapolate, points
 from ratrain.platforms.load import load
-from ratrain.sim import simulate
+from ratrain.sim import simulate, steady
+from ratrain.sim.steady import MIN_MICROBATCHES, extrapolate, points
 
 TINY = get_preset("tiny")
 

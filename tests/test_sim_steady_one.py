@@ -1,5 +1,5 @@
 """A long step timed from ONE short step whose period is measured inside it
-(`ratrain.planner.steady_one`) equals its full simulation, and so does the two-run path
+(`ratrain.sim.steady_one`) equals its full simulation, and so does the two-run path
 it replaces (kept as the check): schedules, recompute, views, offload, on mt3000 and a GPU
 platform, and deep pipelines (pp 16 and 32) of a small model."""
 
@@ -11,11 +11,10 @@ import pytest
 from _steady import assert_same_result
 from ratrain.config import Plan
 from ratrain.models.presets import get_preset
-from ratrain.planner import steady
-from ratrain.planner.steady import MIN_MICROBATCHES, MIN_SAVING, extrapolate, points
-from ratrain.planner.steady_one import from_one_run, one_point
 from ratrain.platforms.load import load
-from ratrain.sim import simulate
+from ratrain.sim import simulate, steady
+from ratrain.sim.steady import MIN_MICROBATCHES, MIN_SAVING, extrapolate, points
+from ratrain.sim.steady_one import from_one_run, one_point
 
 TINY = get_preset("tiny")
 DEEP = dataclasses.replace(TINY, name="tiny-deep", n_layers=32)
@@ -123,9 +122,9 @@ def test_deep_pipelines_from_one_run(pp, sched, rec, view, off):
 def test_a_one_off_action_amid_the_periods_is_no_repeat():
     """A one-off action in the middle of the run (not in every period) fails the check,
     and so does a shift that differs from the period."""
-    from ratrain.planner.steady_one import _repeats
     from ratrain.schedule.ir import Action, Op
     from ratrain.sim.result import SimEvent
+    from ratrain.sim.steady_one import _repeats
 
     def ev(op, unit, mb, t, dur=1.0, res="compute"):
         return SimEvent(0, Action(op, 0, (unit,), mb), res, t, t + dur, t)

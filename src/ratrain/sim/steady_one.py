@@ -1,6 +1,6 @@
 """A long step's simulation from ONE short one: the period is measured inside the run.
 
-`ratrain.planner.steady` times a step of m microbatches from two short steps, m1 and
+`ratrain.sim.steady` times a step of m microbatches from two short steps, m1 and
 m2 = m1 + d (d = pp), and takes the period from T(m2) - T(m1). Here only m2 is simulated
 (m2 = m mod d, at least the two-run path's m1 + d, so that its middle three periods are
 clear of warm-up and cool-down), and the period P is read from the run itself:
@@ -21,7 +21,7 @@ is the same step with k more periods, its cool-down and tail shifted by k P. So
 T(m) = T(m2) + k P, each resource's busy time grows by its busy time in one period (the
 length of the union of its actions within a period's window), and the tail after the
 last backward (`exposed`) is the same. The two-run path stays as the check
-(`tests/test_planner_steady_one.py` compares both against full simulations). It costs m2
+(`tests/test_sim_steady_one.py` compares both against full simulations). It costs m2
 microbatches instead of 2 m1 + d. Pure Python.
 """
 
@@ -29,12 +29,11 @@ from __future__ import annotations
 
 from ratrain import deadline
 from ratrain.config import Plan
-from ratrain.planner.evaluate import memory_microbatches
-from ratrain.planner.steady import extended_result
 from ratrain.schedule.ir import Op
 from ratrain.sim.result import busy_s
+from ratrain.sim.simulate import memory_microbatches
 
-__all__ = ["one_point", "from_one_run"]
+__all__ = ["one_point", "from_one_run", "extended_result"]
 
 
 def one_point(plan: Plan, attempt: int, spent: int, min_saving: float, min_m: int):
@@ -139,3 +138,30 @@ def _repeats(events, start: float, period_s: float, tol: float) -> dict[str, flo
     if any(w > period_s + tol for w in work.values()):
         return None  # more work per period than the period: a backlog that grows
     return {r: busy_s(iv, lo_s, hi_s) for r, iv in spans.items()}
+
+
+def extended_result(plan: Plan, short, step_s: float, util: list[dict], memory):
+    """`plan`'s result from a short step's (`short`): the extended step time and
+    utilization, the short step's exposed tails, no events; the peaks and breakdowns are
+    `memory` ((peaks, breakdowns) of the plan) or else the short step's."""
+    bubble = [1.0 - u["compute"] for u in util]
+    peaks, parts = (
+        memory if memory is not None else (short.peak_memory_bytes, short.memory_breakdown)
+    )
+    return short.__class__(
+        step_time_s=step_s,
+        tokens_per_s=plan.tokens_per_step / step_s,
+        bubble_fraction=sum(bubble) / len(bubble),
+        stage_bubble=bubble,
+        utilization=util,
+        exposed=[dict(e) for e in short.exposed],
+        events=[],
+        peak_memory_bytes=list(peaks),
+        memory_breakdown=[dict(b) for b in parts],
+        memory_cap_bytes=short.memory_cap_bytes,
+        workspace_bytes=short.workspace_bytes,
+        schedule=short.schedule,
+        platform=short.platform,
+        model=short.model,
+        plan=plan.to_dict(),
+    )

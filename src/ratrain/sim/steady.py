@@ -1,7 +1,7 @@
 """A long step's simulation from short ones: the 1F1B steady state repeats.
 
 The evaluator uses ONE short step whose period is measured inside it
-(`ratrain.planner.steady_one`, `extrapolate(runs=1)`); the two-run path described here
+(`ratrain.sim.steady_one`, `extrapolate(runs=1)`); the two-run path described here
 (`runs=2`) is the check it replaced, kept for the tests.
 
 A step of m microbatches costs the simulator O(m x units) events: at a global batch of
@@ -19,12 +19,12 @@ engine is deterministic and an action's dependencies reach back less than two pe
 the state of the step repeats, shifted: k more periods add k increments to the step time
 and to each resource's busy time. A step found not to repeat yet is tried again with twice
 the warm-up (while the short steps stay shorter than the step), and then simulated in
-full. `tests/test_planner_steady.py` compares the result against full simulations over
+full. `tests/test_sim_steady.py` compares the result against full simulations over
 schedules, recompute, views and offload.
 
 Memory needs no extrapolation: every point has at least `memory_microbatches(plan)`
-microbatches, whose per-stage peak equals the full step's (`ratrain.planner.evaluate`);
-the evaluator passes the shortened replay's peaks. Pure Python.
+microbatches, whose per-stage peak equals the full step's (`ratrain.sim.simulate`); the
+planner's evaluator passes the shortened replay's peaks. Pure Python.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ratrain.config import Plan
-from ratrain.planner.evaluate import memory_microbatches
+from ratrain.sim.simulate import memory_microbatches
+from ratrain.sim.steady_one import extended_result, from_one_run, one_point
 
-__all__ = ["MIN_MICROBATCHES", "MIN_SAVING", "REL_TOL", "points", "extrapolate", "extended_result"]
+__all__ = ["MIN_MICROBATCHES", "MIN_SAVING", "REL_TOL", "points", "extrapolate"]
 
 MIN_MICROBATCHES = 48
 """assumed: below this many microbatches a full simulation costs well under a second; the
@@ -115,7 +116,7 @@ def _shifts_by(long_events, short_events, period_s: float, scale_s: float) -> bo
 def extrapolate(plan: Plan, simulate: Callable[[Plan], object], memory=None, runs: int = 1):
     """`plan`'s simulation result from short steps (`simulate` runs one), or None when the
     step is short or no short step is found to repeat: with `runs` = 1 one short step whose
-    period is measured inside it (`ratrain.planner.steady_one`), with 2 two short steps
+    period is measured inside it (`ratrain.sim.steady_one`), with 2 two short steps
     whose difference is the period. A step whose short steps do not repeat yet (a backlog
     still building) is tried again with twice the warm-up, while that stays shorter than
     the step. The result carries no events and no memory timeline; its peaks and
@@ -123,8 +124,6 @@ def extrapolate(plan: Plan, simulate: Callable[[Plan], object], memory=None, run
     or else the (longer) short step's."""
     attempt = spent = 0
     if runs == 1:
-        from ratrain.planner.steady_one import from_one_run, one_point
-
         while (m2 := one_point(plan, attempt, spent, MIN_SAVING, MIN_MICROBATCHES)) is not None:
             res = from_one_run(plan, m2, simulate, memory, REL_TOL)
             if res is not None:
@@ -163,30 +162,3 @@ def _from_points(plan: Plan, pts: tuple[int, int], simulate, memory):
         {r: (v + k * (v - b2[s][r])) / step_s for r, v in b3[s].items()} for s in range(len(b3))
     ]
     return extended_result(plan, r3, step_s, util, memory)
-
-
-def extended_result(plan: Plan, short, step_s: float, util: list[dict], memory):
-    """`plan`'s result from a short step's (`short`): the extended step time and
-    utilization, the short step's exposed tails, no events; the peaks and breakdowns are
-    `memory` ((peaks, breakdowns) of the plan) or else the short step's."""
-    bubble = [1.0 - u["compute"] for u in util]
-    peaks, parts = (
-        memory if memory is not None else (short.peak_memory_bytes, short.memory_breakdown)
-    )
-    return short.__class__(
-        step_time_s=step_s,
-        tokens_per_s=plan.tokens_per_step / step_s,
-        bubble_fraction=sum(bubble) / len(bubble),
-        stage_bubble=bubble,
-        utilization=util,
-        exposed=[dict(e) for e in short.exposed],
-        events=[],
-        peak_memory_bytes=list(peaks),
-        memory_breakdown=[dict(b) for b in parts],
-        memory_cap_bytes=short.memory_cap_bytes,
-        workspace_bytes=short.workspace_bytes,
-        schedule=short.schedule,
-        platform=short.platform,
-        model=short.model,
-        plan=plan.to_dict(),
-    )

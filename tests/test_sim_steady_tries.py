@@ -6,11 +6,10 @@ import pytest
 
 from ratrain.config import Plan
 from ratrain.models.presets import get_preset
-from ratrain.planner import steady
-from ratrain.planner.steady import MIN_SAVING, extrapolate, points
-from ratrain.planner.steady_one import one_point
 from ratrain.platforms.load import load
-from ratrain.sim import simulate
+from ratrain.sim import simulate, steady
+from ratrain.sim.steady import MIN_SAVING, extrapolate, points
+from ratrain.sim.steady_one import one_point
 
 TINY = get_preset("tiny")
 

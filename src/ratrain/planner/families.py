@@ -1,0 +1,92 @@
+"""The families the planner searches: each a system (RATrain, the GPU-style baselines) as
+the knobs it may turn. Apart from the search space (`ratrain.planner.space`), so that the
+ablations (`ratrain.planner.ablation`) derive theirs from the catalogue below it. Pure
+Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ALL_FAMILIES", "BASELINE_FAMILIES", "FAMILIES", "Family"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A system whose knobs the planner searches."""
+
+    name: str
+    schedule: str
+    description: str
+    per_stage_recompute: bool
+    """True: each stage picks its own policy; False: one policy for every stage."""
+    shard: tuple[bool, ...]
+    views: tuple[tuple[str, int], ...]
+    """(view_policy, view_lookahead) pairs."""
+    offload: tuple[bool, ...]
+    split_modes: tuple[str, ...]
+
+
+_ALL_VIEWS = (("persistent", 1), ("transient", 1), ("transient", 2))
+_SPLITS = ("even", "compute", "params")
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in [
+        Family(
+            "ratrain",
+            "ratrain",
+            "RATrain lifecycle schedule: per-layer sync, update and view prefetch",
+            per_stage_recompute=True,
+            shard=(False, True),
+            views=_ALL_VIEWS,
+            offload=(False, True),
+            split_modes=(*_SPLITS, "memory"),
+        ),
+        Family(
+            "gpu-style",
+            "gpu-style",
+            "Megatron-like 1F1B: uniform recompute, bucketed overlapped sync, end-of-step optimizer",
+            per_stage_recompute=False,
+            shard=(False, True),  # Megatron's distributed optimizer is one of its knobs
+            views=(("persistent", 1),),
+            offload=(False,),
+            split_modes=_SPLITS,
+        ),
+        Family(
+            "zero1-pp",
+            "baseline",
+            "DeepSpeed-like ZeRO-1 + PP: Baseline-1F1B with optimizer states sharded over DP",
+            per_stage_recompute=False,
+            shard=(True,),
+            views=(("persistent", 1),),
+            offload=(False,),
+            split_modes=_SPLITS,
+        ),
+        Family(
+            "fsdp-pp",
+            "fsdp-pp",
+            "torchtitan-like FSDP2 + 1F1B: per-layer sharded parameters all-gathered on use, "
+            "reduce-scattered gradients, end-of-step optimizer",
+            per_stage_recompute=False,
+            shard=(True,),  # sharded parameters are the family
+            # persistent: reshard_after_forward=False (gathered once per step);
+            # transient: reshard_after_forward=True (gathered per use); see schedule/fsdp.py
+            views=(("persistent", 1), ("transient", 1)),
+            offload=(False,),
+            split_modes=_SPLITS,
+        ),
+        Family(
+            "baseline",
+            "baseline",
+            "Baseline-1F1B: sync after the flush, one optimizer step per stage",
+            per_stage_recompute=False,
+            shard=(False,),
+            views=(("persistent", 1),),
+            offload=(False,),
+            split_modes=_SPLITS,
+        ),
+    ]
+}
+BASELINE_FAMILIES = ("gpu-style", "zero1-pp", "fsdp-pp")
+ALL_FAMILIES = tuple(FAMILIES)
