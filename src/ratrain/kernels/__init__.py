@@ -7,6 +7,7 @@ its own backward wraps it in a `torch.autograd.Function`).
 
 from __future__ import annotations
 
-from ratrain.kernels.base import Backend, available_backends, get_backend, register_backend
+from ratrain.kernels.base import Backend, register_backend
+from ratrain.kernels.registry import available_backends, get_backend
 
 __all__ = ["Backend", "get_backend", "register_backend", "available_backends"]

@@ -7,9 +7,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ratrain.errors import RatrainError
-
-__all__ = ["Backend", "register_backend", "get_backend", "available_backends"]
+__all__ = ["Backend", "REGISTRY", "register_backend"]
 
 
 @runtime_checkable
@@ -41,34 +39,8 @@ class Backend(Protocol):
         ...
 
 
-_REGISTRY: dict[str, Callable[[], Backend]] = {}
+REGISTRY: dict[str, Callable[[], Backend]] = {}
 
 
 def register_backend(name: str, factory: Callable[[], Backend]) -> None:
-    _REGISTRY[name] = factory
-
-
-def _load_builtin() -> None:
-    # Imported lazily so that `ratrain.kernels` costs nothing until a backend is asked for.
-    import ratrain.kernels.torch_backend  # noqa: F401
-
-    try:
-        import ratrain.kernels.tiled  # noqa: F401
-    except ImportError:
-        pass
-
-
-def available_backends() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def get_backend(name: str | Backend = "torch") -> Backend:
-    if not isinstance(name, str):
-        return name
-    _load_builtin()
-    if name not in _REGISTRY:
-        raise RatrainError(
-            f"unknown backend {name!r}; choose one of {', '.join(sorted(_REGISTRY))}"
-        )
-    return _REGISTRY[name]()
+    REGISTRY[name] = factory

@@ -13,7 +13,7 @@ values as inside `LlamaModel`) and keeps, as the ledger describes (`ratrain.memo
 - the gradient: one flat buffer per unit in `grad_dtype`, allocated at the unit's first
   backward of the step and freed after its update (sharded: the reduce-scattered shard is
   kept and the full buffer freed once the sync has landed). The units of a sync bucket
-  (`ratrain.schedule.lowering.sync_buckets`) have their flat buffers side by side in one
+  (`ratrain.schedule.passes.sync_buckets`) have their flat buffers side by side in one
   bucket buffer, allocated at the bucket's first backward and freed with its last unit's
   gradient, so a bucket's sync is one collective on it, with no copy.
 
@@ -36,7 +36,7 @@ from ratrain.nn.llama import build_unit
 from ratrain.observe.memory import resize_storage
 from ratrain.runtime.optim import adamw_step_, decays, unit_sq_norm
 from ratrain.runtime.precision import torch_dtype
-from ratrain.schedule.lowering import sync_buckets as plan_sync_buckets
+from ratrain.schedule.passes import sync_buckets as plan_sync_buckets
 
 __all__ = ["Segment", "UnitState", "StageModel", "check_tied"]
 
