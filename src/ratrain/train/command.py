@@ -65,36 +65,22 @@ def _job(
     source: Callable[[], TokenSource],
     resume_from,
 ) -> Job:
-    """The Job that `request` asks for, resuming from `resume_from` (None: a fresh start)."""
-    r = request
-    return Job(
-        spec,
-        plan,
-        cfg,
-        source,
-        device=r.device,
-        backend=r.backend,
-        compile_units=r.compile_units,
-        pin_cores=r.pin_cores,
-        cpu_caching_allocator=r.cpu_caching_allocator,
-        malloc_mmap_threshold_bytes=r.malloc_mmap_threshold_bytes,
-        timeout_s=r.timeout_s or DEFAULT_TIMEOUT_S,
-        metrics_path=r.metrics_path,
-        tensorboard_dir=r.tensorboard_dir,
-        trace_path=r.trace_path,
-        trace_steps=(cfg.steps - 1,) if r.trace_path else (),
-        measure_memory=r.measure_memory,
-        progress=r.progress,
-        memory_cap_bytes=r.memory_cap_bytes,
+    """The Job that `request` asks for, resuming from `resume_from` (None: a fresh start).
+    The request's fields fill the Job's fields of the same name, but for those set here."""
+    own = dict(
+        timeout_s=request.timeout_s or DEFAULT_TIMEOUT_S,
+        trace_steps=(cfg.steps - 1,) if request.trace_path else (),
         memory_cap_label="--memory-cap",
-        save_dir=r.save_dir,
-        save_every=r.save_every,
-        keep=r.keep,
         resume_from=str(resume_from) if resume_from else None,
-        init_from=r.init_from,
-        run_steps=r.run_steps,
         fault=os.environ.get("RATRAIN_FAULT"),
     )
+    job_fields = {f.name for f in dataclasses.fields(Job)}
+    same = {
+        f.name: getattr(request, f.name)
+        for f in dataclasses.fields(TrainRequest)
+        if f.name in job_fields and f.name not in own
+    }
+    return Job(spec, plan, cfg, source, **same, **own)
 
 
 def _print_header(job: Job, src: TokenSource, resume_from) -> None:
