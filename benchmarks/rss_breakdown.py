@@ -8,8 +8,10 @@ every action of the last step, on every rank:
 - live tensor bytes (`LiveBytes`, the runtime's own counter);
 - glibc malloc's view (mallinfo2): bytes in use and free in its heaps (arena), and bytes
   in mmapped chunks;
-- the runtime's caching allocator's (`ratrain.launch.cpu_allocator`, on by default):
-  bytes it has mapped and, of those, cached free blocks.
+- the host allocator's own free bytes it keeps resident (`--host-allocator`, preloaded into
+  the ranks as `ratrain train` does it): glibc's free heap bytes, jemalloc's resident minus
+  allocated (`mallctl` stats.resident, stats.allocated), tcmalloc's heap size minus
+  allocated and unmapped (`MallocExtension_GetNumericProperty`).
 
 It also takes the baseline: RSS after the fork (torch imported), after the process group
 is up and after the stage's states are built. It prints, per rank: baseline, peak RSS,
@@ -18,7 +20,8 @@ kept by the process, the rest). The ledger's peak (`distributed_train.runtime_le
 sends held) is printed next to it.
 
     python benchmarks/rss_breakdown.py [--pp 2] [--dp 1] [--split 5,3] [--steps 2]
-        [--no-cpu-caching-allocator] [--malloc-mmap-threshold 0 | 131072] [--all-steps]
+        [--host-allocator auto|jemalloc|tcmalloc|malloc]
+        [--malloc-mmap-threshold 0 | 131072] [--all-steps]
         [--json out.json]
 """
 
@@ -35,7 +38,7 @@ from runtime_vs_peers import BENCH_SPEC
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
-from ratrain.launch import cpu_allocator
+from ratrain.launch.host_memory import loaded_host_allocator, resolve_host_allocator
 from ratrain.launch.spawn import spawn
 from ratrain.observe import memory as rt_memory
 from ratrain.observe import trace
@@ -70,6 +73,36 @@ def _mallinfo() -> dict[str, int]:
     return {"heap": m.arena, "heap_free": m.fordblks, "mmapped": m.hblkhd}
 
 
+def _size_out(fn, name: bytes) -> int:
+    v, n = ctypes.c_size_t(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+    fn(name, ctypes.byref(v), ctypes.byref(n), None, ctypes.c_size_t(0))
+    return v.value
+
+
+def _allocator_free() -> int:
+    """Free bytes the process's allocator keeps resident (see the module's docstring)."""
+    name, lib = loaded_host_allocator(), ctypes.CDLL(None)
+    if name == "jemalloc":
+        epoch = ctypes.c_uint64(1)  # refreshes the statistics
+        lib.mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.c_size_t(8))
+        return _size_out(lib.mallctl, b"stats.resident") - _size_out(
+            lib.mallctl, b"stats.allocated"
+        )
+    if name == "tcmalloc":
+
+        def prop(key: bytes) -> int:
+            v = ctypes.c_size_t()
+            lib.MallocExtension_GetNumericProperty(key, ctypes.byref(v))
+            return v.value
+
+        return (
+            prop(b"generic.heap_size")
+            - prop(b"generic.current_allocated_bytes")
+            - prop(b"tcmalloc.pageheap_unmapped_bytes")
+        )
+    return _mallinfo()["heap_free"]
+
+
 def _rss_now() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * _PAGE
@@ -95,7 +128,7 @@ def _sample(label: str) -> dict:
         "minflt": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
         **_mallinfo(),
         **_status_kib(),
-        **dict(zip(("pool", "pool_free"), cpu_allocator.stats(), strict=True)),
+        "alloc_free": _allocator_free(),
     }
 
 
@@ -153,10 +186,9 @@ def main() -> None:
     ap.add_argument("--loss-chunk-tokens", type=int, default=256)
     ap.add_argument("--json", help="every sample, per rank")
     ap.add_argument(
-        "--cpu-caching-allocator",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the runtime's caching allocator for CPU tensors (its default)",
+        "--host-allocator",
+        default="auto",
+        help="the ranks' malloc: auto (the runtime's default) | jemalloc | tcmalloc | malloc",
     )
     ap.add_argument(
         "--all-steps", action="store_true", help="sample every step (default: the last only)"
@@ -195,29 +227,36 @@ def main() -> None:
         progress=False,
         measure_memory=True,
         malloc_mmap_threshold_bytes=a.malloc_mmap_threshold,
-        cpu_caching_allocator=a.cpu_caching_allocator,
+        host_allocator=a.host_allocator,
     )
     ledger = runtime_ledger(spec, plan)
+    allocator = resolve_host_allocator(a.host_allocator, a.malloc_mmap_threshold)
+    print(f"host allocator: {allocator.describe()}")
     ranks = spawn(
-        _probe_rank, a.pp * a.dp, job, 0 if a.all_steps else a.steps - 1, deadline_s=1800.0
+        _probe_rank,
+        a.pp * a.dp,
+        job,
+        0 if a.all_steps else a.steps - 1,
+        deadline_s=1800.0,
+        allocator_library=allocator.library,
     )
     mib = 2**20
     print(
         f"{'rank':>4} {'forked':>7} {'pg':>7} {'states':>7} {'ledger':>7} {'live pk':>8} "
         f"{'RSS pk':>7} | at the RSS peak: {'RSS':>6} {'live':>6} {'heap free':>9} "
-        f"{'mmapped':>8} {'pool free':>9} {'rest':>6}  (MiB)"
+        f"{'mmapped':>8} {'alloc free':>10} {'rest':>6}  (MiB)"
     )
     for r in sorted(ranks, key=lambda r: r["rank"]):
         b = {s["at"]: s for s in r["baseline"]}
         top = max(r["step"], key=lambda s: s["rss"])
-        rest = top["rss"] - top["live"] - top["heap_free"] - top["pool_free"]
+        rest = top["rss"] - top["live"] - top["alloc_free"]
         print(
             f"{r['rank']:>4} {b['forked']['rss'] / mib:>7.0f} {b['process group']['rss'] / mib:>7.0f} "
             f"{b['stage states']['rss'] / mib:>7.0f} "
             f"{ledger.stages[r['stage']].peak_bytes / mib:>7.0f} {r['peak_live'] / mib:>8.0f} "
             f"{r['end']['max_rss'] / mib:>7.0f} | {top['at'][:16]:>16} {top['rss'] / mib:>6.0f} "
             f"{top['live'] / mib:>6.0f} {top['heap_free'] / mib:>9.0f} "
-            f"{top['mmapped'] / mib:>8.0f} {top['pool_free'] / mib:>9.0f} {rest / mib:>6.0f}"
+            f"{top['mmapped'] / mib:>8.0f} {top['alloc_free'] / mib:>10.0f} {rest / mib:>6.0f}"
         )
     for r in sorted(ranks, key=lambda r: r["rank"]):
         faults = r["step"][-1]["minflt"] - r["step"][0]["minflt"]

@@ -14,13 +14,15 @@ gradient clipping (the peers' schedules have no global-norm step). Layouts are p
 Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as given),
 `ratrain-eager` (no compile, plain loss: the runtime before these two),
 `ratrain-compiled` (`ratrain` with compile forced on, to measure compile),
-`ratrain-caching` (`ratrain` on the runtime's caching allocator, `--cpu-caching-allocator`,
-instead of torch's own CPU allocator, glibc's malloc), `ratrain-lowrss` (`ratrain` with
-glibc's mmap threshold fixed at `--malloc-mmap-threshold`: less RSS, more page faults),
-`torch-1f1b`, `deepspeed` (skipped when not importable); see `peers.py`. Every system
-runs on torch's own CPU allocator but `ratrain-caching`. (Figures in docs/runtime.md taken
-before the caching allocator went off by default call `ratrain` what is now
-`ratrain-caching`, and `ratrain-malloc` what is now `ratrain`.)
+`ratrain-tcmalloc`, `ratrain-jemalloc`, `ratrain-malloc` (`ratrain` with its ranks on that
+host allocator, `--host-allocator`; skipped when it is not installed: `ratrain` itself
+runs on `auto`, the first of tcmalloc, jemalloc found, else glibc's malloc),
+`ratrain-lowrss` (`ratrain` on glibc's malloc with its mmap threshold fixed at
+`--malloc-mmap-threshold`: less RSS, more page faults), `torch-1f1b`, `deepspeed`
+(skipped when not importable); see `peers.py`. The peers' ranks run on glibc's malloc,
+their default. (Figures in docs/runtime.md taken before the host allocator call
+`ratrain-caching` the runtime on its former home-made caching allocator and
+`ratrain-malloc` the runtime on glibc's malloc.)
 
 Splits: ratrain (all its variants) runs the split `ratrain plan` picks for the job on
 `--split-platform` (cpu-local); the peers run `--layer-split` (their own default, even) and,
@@ -65,7 +67,11 @@ from peers import deepspeed_available, deepspeed_rank, matmul_probe_rank, torch_
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
-from ratrain.launch.host_memory import LOW_RSS_MMAP_THRESHOLD_BYTES
+from ratrain.launch.host_memory import (
+    DEBIAN_PACKAGES,
+    LOW_RSS_MMAP_THRESHOLD_BYTES,
+    find_allocator_library,
+)
 from ratrain.launch.spawn import spawn
 from ratrain.models.counts import model_flops_per_token, unit_fwd_flops
 from ratrain.models.presets import get_preset
@@ -77,6 +83,9 @@ BENCH_SPEC = ModelSpec("bench-512", 8, 512, 8, 8, 1376, 8192, max_seq=256)
 """The issue's job model (LLaMA-style, MHA)."""
 
 _DEADLINE_S = 3600.0
+
+HOST_SYSTEMS = {f"ratrain-{a}": a for a in ("tcmalloc", "jemalloc", "malloc")}
+"""`ratrain` on each host allocator (`--host-allocator`)."""
 
 
 def _spec(name: str) -> ModelSpec:
@@ -227,6 +236,10 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
     if "deepspeed" in systems and not deepspeed_available():
         print("  deepspeed is not importable: skipped (pip install deepspeed torch==<yours>)")
         systems.remove("deepspeed")
+    for name, package in DEBIAN_PACKAGES.items():
+        if f"ratrain-{name}" in systems and find_allocator_library(name) is None:
+            print(f"  {name} is not installed: ratrain-{name} skipped (apt-get install {package})")
+            systems.remove(f"ratrain-{name}")
     # ratrain (all its variants) on its split; the peers on theirs and, when it differs,
     # on ratrain's too ("<peer>@<split>"), so neither side gets a split the other lacks.
     peer_split = plan.blocks_per_stage(spec)
@@ -257,11 +270,12 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
                 r = run_ratrain(spec, own, cfg, source, False, prof, 0)
             elif s == "ratrain-lowrss":  # ratrain with glibc's mmap threshold fixed
                 mmap = a.malloc_mmap_threshold
-                r = run_ratrain(spec, fast, cfg, source, a.compile, prof, mmap)
-            elif s == "ratrain-caching":  # ratrain on the runtime's caching allocator
                 r = run_ratrain(
-                    spec, fast, cfg, source, a.compile, prof, 0, cpu_caching_allocator=True
+                    spec, fast, cfg, source, a.compile, prof, mmap, host_allocator="malloc"
                 )
+            elif s in HOST_SYSTEMS:  # ratrain with its ranks on this host allocator
+                alloc = HOST_SYSTEMS[s]
+                r = run_ratrain(spec, fast, cfg, source, a.compile, prof, 0, host_allocator=alloc)
             else:
                 fn = torch_1f1b_rank if s.startswith("torch-1f1b") else deepspeed_rank
                 r = run_peer(fn, spec, plans[s], cfg, source, profile=rep == 0 and a.profile)
@@ -281,6 +295,7 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             "tokens_per_s_runs": tps,
             "mfu": med * flops_tok / peak,
             "peak_rss_bytes_per_rank": [rs[-1]["rss"][k] for k in sorted(rs[-1]["rss"])],
+            "peak_rss_bytes_per_rank_runs": [[r["rss"][k] for k in sorted(r["rss"])] for r in rs],
             "peak_rss_bytes_max": max(rss),
         }
         rows[s]["compile_s"] = max(rs[0]["compile_s"].values() or [0.0])
@@ -333,10 +348,14 @@ def print_layout(name: str, res: dict, warmup: int) -> None:
         f"\n{name}: peak {res['peak_flops'] / 1e9:,.0f} GFLOP/s ({res['peak_source']}); "
         f"{res['model_flops_per_token'] / 1e6:.0f} MFLOP/token; median of steps {warmup}.."
     )
-    print(f"{'system':<16} {'tokens/s':>9} {'range':>15} {'MFU':>6}  peak RSS MiB per rank")
+    print(
+        f"{'system':<16} {'tokens/s':>9} {'range':>15} {'MFU':>6}  "
+        "peak RSS MiB per rank (median of repeats)"
+    )
     for s, r in res["rows"].items():
         lo, hi = min(r["tokens_per_s_runs"]), max(r["tokens_per_s_runs"])
-        rss = " ".join(f"{b / 2**20:,.0f}" for b in r["peak_rss_bytes_per_rank"])
+        per_rank = zip(*r["peak_rss_bytes_per_rank_runs"], strict=True)
+        rss = " ".join(f"{statistics.median(b) / 2**20:,.0f}" for b in per_rank)
         extra = f"  (compile {r['compile_s']:.1f} s)" if r.get("compile_s") else ""
         print(
             f"{s:<16} {r['tokens_per_s']:>9,.0f} {lo:>7,.0f}-{hi:<7,.0f} "

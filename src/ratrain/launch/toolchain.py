@@ -1,4 +1,4 @@
-"""The C++ toolchain that CPU inductor and the caching allocator's build use."""
+"""The C++ toolchain that CPU inductor (`--compile`) uses."""
 
 from __future__ import annotations
 
