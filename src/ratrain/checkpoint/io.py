@@ -5,11 +5,15 @@ Every rank writes its own stage's tensors (keyed by global parameter names, see
 (rank 0) writes `ratrain.json` (step, optimizer step count, loss scaler, LR schedule, data
 position, plan, model spec), renames the directory to `step-NNNNNNNN` and then replaces
 `latest`. A rank killed at any point before the rename leaves only a `.tmp-*` directory,
-which is never loaded and is removed by the next save.
+which is never loaded and is removed by the next save. A save that fails (a full disk, an
+I/O error) fails on every rank at once, removes its `.tmp-*` directory and names the
+path and, for a full disk, the bytes the checkpoint needs.
 """
 
 from __future__ import annotations
 
+import errno
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -23,10 +27,18 @@ from ratrain.checkpoint import layout
 from ratrain.checkpoint.state import StageIO
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
-from ratrain.launch.faults import JobFailed, fault_hook
+from ratrain.launch.faults import JobFailed, disk_fault, fault_hook
+from ratrain.models.counts import total_params
 from ratrain.models.spec import ModelSpec
 
-__all__ = ["save_checkpoint", "load_checkpoint", "check_compatible", "dcp_error_line", "FORMAT"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "check_compatible",
+    "dcp_error_line",
+    "checkpoint_bytes",
+    "FORMAT",
+]
 
 FORMAT = "ratrain-dcp-1"
 
@@ -41,6 +53,105 @@ def dcp_error_line(e: BaseException) -> str:
 def _barrier(world: int) -> None:
     if world > 1:
         dist.barrier()
+
+
+def checkpoint_bytes(spec: ModelSpec) -> int:
+    """About what a checkpoint of `spec` takes on disk: every parameter's fp32 master and
+    two AdamW moments (the state the stages hand DCP, each key once), without DCP's
+    metadata and per-tensor headers (a few % for a tiny model, nothing for a large one)."""
+    return 3 * 4 * total_params(spec)
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXT = (
+    "No space left on device",
+    "Disk quota exceeded",
+)
+_NEARLY_FULL_BYTES = 2**20
+"""A save that fails with less than this free on its file system failed for lack of space,
+whatever the error says: torch's stream writer reports a short write as `unexpected pos`,
+without the errno."""
+
+
+def _free_bytes(d: Path) -> int | None:
+    try:
+        return shutil.disk_usage(d).free
+    except OSError:
+        return None
+
+
+def _is_disk_full(e: BaseException, free: int | None = None) -> bool:
+    """A full disk (or quota): `free` (bytes free when the save failed) nearly nothing, or
+    ENOSPC/EDQUOT anywhere in `e`: its causes, or each rank's failure that DCP gathered into
+    a CheckpointException."""
+    if free is not None and free < _NEARLY_FULL_BYTES:
+        return True
+    seen: list[BaseException] = [e]
+    while seen:
+        x = seen.pop()
+        if isinstance(x, OSError) and x.errno in _DISK_FULL:
+            return True
+        if isinstance(x, CheckpointException):
+            seen += [exc for exc, _ in x.failures.values()]
+        seen += [c for c in (x.__cause__, x.__context__) if c is not None]
+    return any(t in str(e) for t in _DISK_FULL_TEXT)
+
+
+def _failure_line(e: BaseException, final: Path, need: int, free: int | None) -> str:
+    """One line for a failed save, after its partial directory was removed; `free`: the
+    bytes free on its file system when it failed."""
+    root = final.parent
+    done = layout.complete_checkpoints(root)
+    last = (
+        f"last complete checkpoint {done[-1]} (continue from it with --resume auto)"
+        if done
+        else "no complete checkpoint yet"
+    )
+    if not _is_disk_full(e, free):
+        return f"saving checkpoint {final} failed ({dcp_error_line(e)}); {last}"
+    now = _free_bytes(root)
+    there = f", {_human(now)} free there without it" if now is not None else ""
+    return (
+        f"no space left on the device saving checkpoint {final}: it needs about "
+        f"{_human(need)} ({need:,} bytes){there}; the partial save was removed; {last}"
+    )
+
+
+def _human(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def _writer(tmp: Path, fault: str | None, rank: int, step: int):
+    """DCP's file writer; with the `save-enospc` test hook, one whose write fails as a full
+    disk does once this rank's files are written (None: DCP's default, the same writer)."""
+    if not fault or "save-enospc" not in fault:
+        return None
+
+    class _FaultyWriter(dcp.FileSystemWriter):
+        def write_data(self, plan, planner):
+            written = super().write_data(plan, planner)
+            disk_fault(fault, rank, step, str(self.path))
+            return written
+
+    return _FaultyWriter(str(tmp))
+
+
+def _rank0(grid, fn, final: Path, tmp: Path, need: int) -> None:
+    """Run `fn` (file-system work) on rank 0 and tell every rank how it went; a failure
+    removes the partial save and raises the same `JobFailed` on every rank. Takes the place
+    of a barrier: one small broadcast."""
+    said: list[str | None] = [None]
+    if grid.rank == 0:
+        try:
+            fn()
+        except OSError as e:
+            free = _free_bytes(final.parent)
+            layout.remove_partial(tmp)
+            said[0] = _failure_line(e, final, need, free)
+    if grid.world_size > 1:
+        dist.broadcast_object_list(said, src=0)
+    if said[0] is not None:
+        raise JobFailed(said[0])
 
 
 def save_checkpoint(
@@ -61,23 +172,31 @@ def save_checkpoint(
     t0 = time.perf_counter()
     root = Path(save_dir)
     tmp, final = root / layout.tmp_dir_name(next_step), root / layout.step_dir_name(next_step)
-    if grid.rank == 0:
+    need = checkpoint_bytes(spec)
+
+    def prepare() -> None:
         root.mkdir(parents=True, exist_ok=True)
         layout.clear_stale_tmp(root)
         tmp.mkdir()
-    _barrier(grid.world_size)
+
+    _rank0(grid, prepare, final, tmp, need)
     state = StageIO(model, grid.dp_group).tensors()
     state[f"rng/rank{grid.rank}"] = torch.get_rng_state()
     try:
-        dcp.save(state, checkpoint_id=str(tmp))
+        writer = _writer(tmp, fault, grid.rank, next_step)
+        dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer)
     except (Exception, CheckpointException) as e:  # the latter is a BaseException
-        raise JobFailed(
-            f"saving checkpoint {final} failed ({dcp_error_line(e)}); earlier checkpoints "
-            "are intact"
-        ) from None
+        # DCP raises on every rank once all have written or failed: no rank writes now
+        free = _free_bytes(root)  # before the partial save is removed
+        _barrier_if_alive(grid.world_size)
+        if grid.rank == 0:
+            layout.remove_partial(tmp)
+        _barrier_if_alive(grid.world_size)
+        raise JobFailed(_failure_line(e, final, need, free)) from None
     fault_hook(fault, grid.rank, next_step, "save")
     _barrier(grid.world_size)  # every rank's files are on disk before the rename
-    if grid.rank == 0:
+
+    def finish() -> None:
         meta = {
             "format": FORMAT,
             "step": next_step,
@@ -91,10 +210,25 @@ def save_checkpoint(
             "saved_at_unix_s": time.time(),
             "save_time_s": time.perf_counter() - t0,
         }
+        tok = getattr(getattr(executor, "batches", None), "source", None)
+        tok = getattr(tok, "tokenizer_path", None)
+        if tok is not None and Path(tok).is_file():  # the tokenizer travels with the model
+            from ratrain.data.text import copy_tokenizer
+
+            copy_tokenizer(tok, tmp)
         layout.publish(tmp, final, meta)
         layout.prune(root, keep)
-    _barrier(grid.world_size)  # on return the checkpoint is published, on every rank
+
+    _rank0(grid, finish, final, tmp, need)  # on return it is published, on every rank
     return final
+
+
+def _barrier_if_alive(world: int) -> None:
+    """A barrier that a dead peer does not turn into a second error."""
+    try:
+        _barrier(world)
+    except Exception:
+        pass
 
 
 def check_compatible(meta: dict, ckpt: Path, spec: ModelSpec, plan: Plan) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "resolve_resume",
     "prune",
     "clear_stale_tmp",
+    "remove_partial",
     "write_json_durably",
 ]
 
@@ -169,6 +170,18 @@ def prune(save_dir: Path, keep: int | None) -> None:
         gone = d.with_name(f".del-{d.name}")
         os.rename(d, gone)
         shutil.rmtree(gone, ignore_errors=True)
+
+
+def remove_partial(tmp: Path) -> None:
+    """After a failed save (e.g. a full disk): its temporary directory and a `latest`
+    pointer half written beside it, so that the space is free again and nothing of it
+    remains; `latest` and the complete checkpoints are left as they were."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    for leftover in (tmp.parent / ".latest.tmp",):
+        try:
+            leftover.unlink()
+        except OSError:
+            pass
 
 
 def clear_stale_tmp(save_dir: Path) -> None:

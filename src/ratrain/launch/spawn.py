@@ -8,20 +8,39 @@ Ranks are forked from a fork server that has imported torch once (the parent's o
 state is never inherited): a 4-rank job starts in well under a second after the first,
 instead of ~3 s of `import torch` per rank per job with the plain "spawn" method.
 
-No hangs: if any rank fails, the others are terminated; if the deadline passes, all are;
+The ranks' malloc: `spawn(..., allocator_library=PATH)` preloads that shared library
+(jemalloc or tcmalloc, `ratrain.launch.host_memory`) into them; None runs them on glibc's
+malloc. LD_PRELOAD takes effect when a process starts, so it must be in the fork server's
+environment when the fork server starts: a fork server already running with another
+LD_PRELOAD (an earlier job of this process asked for another allocator, or something else
+started it) is stopped, within a bounded wait, and a fresh one started.
+
+No hangs: if any rank fails, the others are SIGKILLed; if the deadline passes, all are;
 if the launcher itself dies, every rank notices within a second and exits. A
-`RatrainError` raised in a rank comes back as the same one-line `RatrainError` in the
-parent; any other failure as a `RuntimeError` carrying the failing rank's traceback tail.
+`RatrainError` raised in a rank comes back as the same one-line `RatrainError` (same exit
+code) in the parent; any other failure as a `RuntimeError` carrying the failing rank's
+traceback tail.
+
+Stop signals (`spawn(..., stop_signals=True)`): SIGTERM and SIGINT to the launcher while its
+ranks start and run are forwarded to them once; each rank only records them
+(`ratrain.launch.faults.StopRequest`) and the function it runs decides when to stop. A
+second signal SIGKILLs the ranks (`RanksInterrupted`). `check_local_launch` refuses a rank
+count (or predicted memory) this machine cannot sensibly run.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import multiprocessing
+import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import pickle
+import signal
 import socket
+import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -30,12 +49,21 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
-from torch.multiprocessing.spawn import ProcessException
 
 from ratrain.errors import RatrainError
+from ratrain.launch.faults import StopRequest, watch_stop_signals
 from ratrain.launch.grid import Rendezvous
+from ratrain.launch.host_memory import preload_value
 
-__all__ = ["free_port", "spawn", "DEFAULT_DEADLINE_S", "RankFailure"]
+__all__ = [
+    "free_port",
+    "spawn",
+    "DEFAULT_DEADLINE_S",
+    "RankFailure",
+    "RanksInterrupted",
+    "check_local_launch",
+    "local_rank_limit",
+]
 
 
 class RankFailure(RuntimeError):
@@ -45,6 +73,15 @@ class RankFailure(RuntimeError):
     def __init__(self, rank: int | None, cause: str, detail: str):
         super().__init__(detail)
         self.rank, self.cause = rank, cause
+
+
+class RanksInterrupted(RuntimeError):
+    """The launcher got SIGTERM/SIGINT (`signum`) and the ranks did not all finish: a second
+    signal made it SIGKILL them (`aborted`), or a rank died while they were stopping."""
+
+    def __init__(self, signum: int, aborted: bool, detail: str):
+        super().__init__(detail)
+        self.signum, self.aborted = signum, aborted
 
 
 DEFAULT_DEADLINE_S = 3600.0
@@ -63,6 +100,69 @@ def _start_method() -> str:
         return "spawn"
     multiprocessing.set_forkserver_preload(_PRELOAD)
     return "forkserver"
+
+
+_FORK_SERVER_STOP_S = 10.0
+
+
+@contextlib.contextmanager
+def _rank_environment(allocator_library: str | None):
+    """LD_PRELOAD as the ranks need it (`allocator_library` first, any other jemalloc or
+    tcmalloc out) in this process's environment while they start, and a fork server started
+    with it; this process's own environment is restored after."""
+    saved = os.environ.get("LD_PRELOAD")
+    wanted = preload_value(saved, allocator_library)
+    if wanted:
+        os.environ["LD_PRELOAD"] = wanted
+    else:
+        os.environ.pop("LD_PRELOAD", None)
+    try:
+        if _start_method() == "forkserver":
+            _fork_server_with(wanted)
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = saved
+
+
+def _fork_server_with(ld_preload: str) -> None:
+    """Make the running fork server (if any) one started with `ld_preload`: another one is
+    stopped (the next fork starts a fresh one from this process's environment)."""
+    server = multiprocessing.forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None or _initial_preload(pid) == ld_preload:
+        return
+    # `_stop` closes the server's "alive" pipe and waits for it to exit, which it does once
+    # every process holding the pipe has (ranks of an earlier job); bounded here, then killed.
+    stopper = threading.Thread(target=server._stop, name="ratrain-forkserver-stop", daemon=True)
+    stopper.start()
+    stopper.join(_FORK_SERVER_STOP_S)
+    if stopper.is_alive():
+        print(
+            f"ratrain: the fork server of an earlier job (pid {pid}) did not stop within "
+            f"{_FORK_SERVER_STOP_S:g} s; killing it",
+            file=sys.stderr,
+            flush=True,
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        stopper.join(_FORK_SERVER_STOP_S)
+
+
+def _initial_preload(pid: int) -> str | None:
+    """The LD_PRELOAD process `pid` was started with ("" for none), None where it cannot be
+    read (then it is restarted: no setting is kept unverified)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return None
+    for entry in env:
+        if entry.startswith(b"LD_PRELOAD="):
+            return entry[len(b"LD_PRELOAD=") :].decode(errors="replace")
+    return ""
 
 
 def free_port() -> int:
@@ -103,7 +203,10 @@ def _child(
     threads: int,
     args: tuple,
     launcher_pid: int,
+    stop_signals: bool = False,
 ) -> None:
+    if stop_signals:  # first thing: SIGTERM/SIGINT only ask for a stop from here on
+        watch_stop_signals()
     _exit_with(launcher_pid)
     torch.set_num_threads(threads)
     rdzv = Rendezvous(local_rank, nprocs, local_rank, "127.0.0.1", port)
@@ -111,7 +214,7 @@ def _child(
     try:
         result = {"ok": fn(rdzv, *args)}
     except RatrainError as e:
-        result, code = {"user_error": str(e), "t": time.time()}, 2
+        result, code = {"user_error": str(e), "code": e.exit_code, "t": time.time()}, 2
     except Exception:
         result, code = {"error": traceback.format_exc(), "t": time.time()}, 1
     else:
@@ -141,60 +244,163 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
+LOCAL_RANKS_PER_CORE, LOCAL_RANKS_MIN = 4, 8
+
+
+def local_rank_limit() -> int:
+    """The most ranks a local launch starts: max(8, 4 x the CPUs this process may use).
+    Beyond that every rank waits for a core most of the time, and a plan for a cluster
+    would start hundreds of processes on a workstation."""
+    return max(LOCAL_RANKS_MIN, LOCAL_RANKS_PER_CORE * _cpus())
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_local_launch(
+    ranks: int, tensor_bytes: Callable[[], int] | None = None, what: str = "this job"
+) -> None:
+    """RatrainError (one line) unless this machine can sensibly run `ranks` local ranks: at
+    most `local_rank_limit()` of them, and their predicted tensor bytes (`tensor_bytes()`,
+    e.g. the memory ledger's peaks summed over the ranks; asked only when the count passes)
+    within the memory available now. `what` names the job in the line."""
+    cluster = (
+        f"launch it on a cluster: torchrun --nnodes N --nproc-per-node M -m ratrain train ... "
+        f"on each of N nodes (N x M = {ranks}), or srun -n {ranks} python -m ratrain train ... "
+        "(see README and docs/runtime.md)"
+    )
+    limit = local_rank_limit()
+    if ranks > limit:
+        raise RatrainError(
+            f"{what} has {ranks} ranks, more than this machine runs locally (at most {limit}: "
+            f"max({LOCAL_RANKS_MIN}, {LOCAL_RANKS_PER_CORE} x {_cpus()} CPUs)); {cluster}"
+        )
+    need, avail = (tensor_bytes() if tensor_bytes else 0), available_memory_bytes()
+    if avail is not None and need > avail:
+        raise RatrainError(
+            f"{what} has {ranks} ranks that need at least {need / 2**30:.3g} GiB for their "
+            f"tensors (memory ledger), more than the {avail / 2**30:.3g} GiB available on this "
+            f"machine; {cluster}"
+        )
+
+
 def spawn(
     fn: Callable[..., Any],
     nprocs: int,
     *args: Any,
     deadline_s: float = DEFAULT_DEADLINE_S,
+    allocator_library: str | None = None,
+    stop_signals: bool = False,
 ) -> list[Any]:
-    """Run `fn(rdzv, *args)` on `nprocs` local ranks; their return values, rank order."""
+    """Run `fn(rdzv, *args)` on `nprocs` local ranks; their return values, rank order.
+    `allocator_library` is preloaded into the ranks (None: glibc's malloc). With
+    `stop_signals`, SIGTERM/SIGINT only ask the ranks to stop (`_launcher_signals`)."""
     if nprocs < 1:
         raise RatrainError(f"--nproc must be >= 1, got {nprocs}")
-    with tempfile.TemporaryDirectory(prefix="ratrain-ranks-") as out_dir:
+    with (
+        _launcher_signals(stop_signals) as stop,
+        tempfile.TemporaryDirectory(prefix="ratrain-ranks-") as out_dir,
+    ):
         port = free_port()
         threads = _threads_per_rank(nprocs)
-        ctx = mp.start_processes(
-            _child,
-            args=(fn, nprocs, port, out_dir, threads, args, os.getpid()),
-            nprocs=nprocs,
-            join=False,
-            start_method=_start_method(),
-        )
-        failure, stopped = _join(ctx, deadline_s)
+        with _rank_environment(allocator_library):
+            ctx = mp.start_processes(
+                _child,
+                args=(fn, nprocs, port, out_dir, threads, args, os.getpid(), stop_signals),
+                nprocs=nprocs,
+                join=False,
+                start_method=_start_method(),
+            )
+        failure, stopped = _join(ctx, deadline_s, stop)
         results = _read_results(Path(out_dir), nprocs)
-    if failure is not None or any(r is None or "ok" not in r for r in results):
+    incomplete = failure is not None or any(r is None or "ok" not in r for r in results)
+    if stop is not None and stop.signum and incomplete:
+        raise RanksInterrupted(stop.signum, bool(stop.repeated), failure or "")
+    if incomplete:
         _raise_failure(results, failure, _signalled(ctx, stopped))
     return [r["ok"] for r in results]
 
 
-def _join(ctx: mp.ProcessContext, deadline_s: float) -> tuple[str | None, set[int]]:
-    """Wait for every rank: (a failure description or None, the ranks we stopped)."""
-    end = time.monotonic() + deadline_s
-    # torch logs each peer it stops ("Terminating process ... via SIGTERM"); the failure is
-    # reported once, in one line, by the caller.
-    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+@contextlib.contextmanager
+def _launcher_signals(on: bool):
+    """With `on`: SIGTERM and SIGINT to this process, while its ranks start and run, are a
+    `StopRequest` (`_join` forwards the first to the ranks, SIGKILLs them on a second: the
+    launcher is signalled once per event, so any second one counts)."""
+    if not on:
+        yield None
+        return
+    stop = StopRequest(same_request_s=0.0).install()
     try:
-        while not ctx.join(timeout=0.2):
+        yield stop
+    finally:
+        stop.restore()
+
+
+def _join(
+    ctx: mp.ProcessContext, deadline_s: float, stop: StopRequest | None = None
+) -> tuple[str | None, set[int]]:
+    """Wait for every rank: (a failure description or None, the ranks we stopped). A rank
+    that fails, a deadline passed or a second stop signal SIGKILLs the others at once (a
+    SIGTERM would only ask them to stop)."""
+    end = time.monotonic() + deadline_s
+    procs = ctx.processes
+    forwarded = False
+    try:
+        while True:
+            if stop is not None and stop.signum and not forwarded:
+                _signal_ranks(procs, stop.signum)
+                forwarded = True
+            if stop is not None and stop.repeated:
+                return f"stopped by a second signal ({stop.repeated})", _terminate(ctx)
+            failed = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if failed:
+                i, code = failed[0]
+                return _exit_description(i, code), _terminate(ctx)
+            live = [p for p in procs if p.exitcode is None]
+            if not live:
+                return None, set()
             if time.monotonic() > end:
                 stopped = _terminate(ctx)
                 return f"ranks did not finish within {deadline_s:g} s and were stopped", stopped
-    except ProcessException as e:  # one rank failed; join already stopped the others
-        # (torch's join SIGTERMs the others; those it stopped and those we stop are ours)
-        stopped = _terminate(ctx) | {
-            i for i, p in enumerate(ctx.processes) if i != e.error_index and p.exitcode == -15
-        }
-        return str(e).strip().splitlines()[0], stopped
-    return None, set()
+            multiprocessing.connection.wait([p.sentinel for p in live], timeout=0.2)
+    except BaseException:
+        _terminate(ctx)  # never leave ranks behind
+        raise
+
+
+def _exit_description(i: int, code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"<Unknown signal {-code}>"
+        return f"process {i} terminated with signal {name}"
+    return f"process {i} terminated with exit code {code}"
+
+
+def _signal_ranks(procs: list, signum: int) -> None:
+    for p in procs:
+        if p.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signum)
 
 
 def _terminate(ctx: mp.ProcessContext) -> set[int]:
+    """SIGKILL every live rank: the ranks we stopped."""
     stopped = {i for i, p in enumerate(ctx.processes) if p.is_alive()}
     for i in stopped:
-        ctx.processes[i].terminate()
+        ctx.processes[i].kill()
     for p in ctx.processes:
         p.join(timeout=10)
-        if p.is_alive():
-            p.kill()
     return stopped
 
 
@@ -231,9 +437,12 @@ def _raise_failure(
     if signalled:
         rank = min(signalled)
         raise RankFailure(rank, f"was killed ({signalled[rank]})", failure or "")
-    user = [(r["t"], r["user_error"]) for r in results if r and "user_error" in r]
+    user = [(r["t"], r["user_error"], r.get("code", 2)) for r in results if r and "user_error" in r]
     if user:
-        raise RatrainError(min(user)[1])
+        _, line, code = min(user)
+        err = RatrainError(line)
+        err.exit_code = code  # e.g. 1 for a JobFailed (a failed save), not a user mistake
+        raise err
     crashes = sorted((r["t"], i, r["error"]) for i, r in enumerate(results) if r and "error" in r)
     if crashes:
         _, rank, tb = crashes[0]
