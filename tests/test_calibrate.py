@@ -23,7 +23,7 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys, m
     rc = main(
         [
             "calibrate", "--quick", "--budget-s", "0.01", "--dtypes", "fp32", "--nproc", "2",
-            "--no-progress", "-o", str(out),
+            "--no-progress", "--allow-noisy", "-o", str(out),
         ]
     )  # fmt: skip
     assert rc == 0 and "values measured" in capsys.readouterr().out
@@ -105,13 +105,114 @@ def test_calibrate_bad_input_is_one_line(tmp_path, capsys):
     assert len(err) == 4 and all(line.startswith("ratrain calibrate: error") for line in err)
 
 
+def _data(**compute):
+    """The shipped cpu-local platform's data, with some compute values replaced."""
+    import yaml
+
+    from ratrain.platforms.load import _DIR
+
+    data = yaml.safe_load((_DIR / "cpu-local.yaml").read_text())
+    data.pop("calibration_warnings", None)
+    for k, v in compute.items():
+        data["compute"][k]["value"] = v
+    return data
+
+
 def test_busy_machine_signs():
-    from dataclasses import replace
+    from ratrain.calibrate import busy_signs
 
-    from ratrain.cli.calibrate import _busy_signs
+    d = {"cores_per_node": 2, "thread_efficiency": 0.7}
+    assert busy_signs(_data(**d)) == []
+    assert busy_signs(_data(**d, rank_speed=[[1, 1.5], [2, 0.8], [4, 0.4]])) == []
+    (sign,) = busy_signs(_data(**d, rank_speed=[[1, 0.048], [2, 0.5]]))
+    assert "slower (0.048)" in sign
+    (sign,) = busy_signs(_data(cores_per_node=2, thread_efficiency=0.05))
+    assert "second thread" in sign
 
-    p = replace(load("cpu-local"), cores_per_node=2, thread_efficiency=0.7, rank_speed=())
-    assert _busy_signs(p) == ""
-    assert _busy_signs(replace(p, rank_speed=((1, 1.5), (2, 0.8), (4, 0.4)))) == ""
-    assert "slower" in _busy_signs(replace(p, rank_speed=((1, 0.1), (2, 0.5))))
-    assert "second thread" in _busy_signs(replace(p, thread_efficiency=0.05))
+
+@pytest.fixture
+def fake_measurements(monkeypatch):
+    """`calibrate()` itself, its measurements faked (no torch work): the file's data is the
+    shipped cpu-local one; other processes' share of the CPU time is what the test sets."""
+    import ratrain.calibrate as cal
+    import ratrain.calibrate.load as cal_load
+    import ratrain.calibrate.platform_file as pf
+
+    state = {"share_now": 0.0, "share": 0.0, "data": _data()}
+    monkeypatch.setattr(cal_load, "others_share_now", lambda s=1.0: state["share_now"])
+    monkeypatch.setattr(cal_load.OthersLoad, "share", lambda self: state["share"])
+    monkeypatch.setattr(cal, "_measure_windows", lambda *a: ({}, [1.0, 1.0]))
+    monkeypatch.setattr(cal, "_measure_ranks", lambda *a: ({}, {}, {}))
+    monkeypatch.setattr(cal, "_assemble", lambda got, cores: ({}, {}))
+    monkeypatch.setattr(pf, "build_platform", lambda name, raw, ctx: dict(state["data"]))
+    return state
+
+
+def _one_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_busy_machine_is_refused_by_default_and_written_with_allow_noisy(
+    tmp_path, capsys, fake_measurements
+):
+    """Other processes took 40% of the CPU time while measured: the default writes nothing
+    (an existing file stays as it was); --allow-noisy writes it, saying so loudly."""
+    import yaml
+
+    fake_measurements["share"] = 0.4
+    out = tmp_path / "busy.yaml"
+    out.write_text("an older calibration\n")
+    argv = ["calibrate", "--no-progress", "--dtypes", "fp32", "-o", str(out)]
+    assert main(argv) == 2
+    err = _one_error(capsys)
+    assert "not writing" in err and "the machine was busy while measured" in err
+    assert "other processes used 40%" in err and "--allow-noisy" in err
+    assert out.read_text() == "an older calibration\n"
+    assert main([*argv, "--allow-noisy"]) == 0
+    cap = capsys.readouterr()
+    assert "warning: writing" in cap.err and "--allow-noisy" in cap.err
+    data = yaml.safe_load(out.read_text())
+    assert any("other processes used 40%" in w for w in data["calibration_warnings"])
+    assert "WRITTEN WITH --allow-noisy" in data["description"]
+    assert "WRITTEN WITH --allow-noisy" in load(str(out)).description
+
+
+def test_one_rank_slower_than_shared_ranks_is_refused(tmp_path, capsys, fake_measurements):
+    """The busy machine of the issue: one rank measured at 0.048 of the reference, slower
+    than ranks sharing the node; validate then predicted +3,612% on one plan."""
+    fake_measurements["data"] = _data(rank_speed=[[1, 0.048], [2, 0.5]])
+    out = tmp_path / "slow.yaml"
+    assert main(["calibrate", "--no-progress", "--dtypes", "fp32", "-o", str(out)]) == 2
+    err = _one_error(capsys)
+    assert "one rank with all the threads measured slower (0.048)" in err
+    assert not out.exists()
+
+
+def test_busy_before_measuring_is_refused_at_once(tmp_path, capsys, monkeypatch, fake_measurements):
+    import ratrain.calibrate as cal
+
+    def measured(*a):
+        raise AssertionError("measured a machine known to be busy")
+
+    fake_measurements["share_now"] = 0.5
+    monkeypatch.setattr(cal, "_measure_windows", measured)
+    out = tmp_path / "never.yaml"
+    assert main(["calibrate", "--no-progress", "--dtypes", "fp32", "-o", str(out)]) == 2
+    err = _one_error(capsys)
+    assert "other processes are using 50%" in err and "--allow-noisy" in err
+    assert not out.exists()
+
+
+def test_quiet_machine_writes_without_a_note(tmp_path, capsys, fake_measurements):
+    out = tmp_path / "ok.yaml"
+    assert main(["calibrate", "--no-progress", "--dtypes", "fp32", "-o", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert "allow-noisy" not in out.read_text()
+
+
+def test_strict_and_allow_noisy_exclude_each_other(tmp_path, capsys):
+    out = str(tmp_path / "x.yaml")
+    assert main(["calibrate", "--strict", "--allow-noisy", "-o", out]) == 2
+    assert "not allowed with" in _one_error(capsys)

@@ -103,7 +103,7 @@ def test_warnings_are_written_and_strict_refuses(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--strict" in err[0] and "and 2 more" in err[0]
     assert not out.exists()
-    assert main(["calibrate", "--no-progress", "-o", str(out)]) == 0
+    assert main(["calibrate", "--no-progress", "--allow-noisy", "-o", str(out)]) == 0
     err = capsys.readouterr().err
     assert "6 measurement(s) did not repeat" in err
     assert yaml.safe_load(out.read_text())["calibration_warnings"] == warns

@@ -163,3 +163,20 @@ def test_validate_passes_split_the_timed_steps(tmp_path):
     assert summary["plans"] == 1
     with pytest.raises(RatrainError, match="passes"):
         validate(grid, load("cpu-local"), plan_picks=False, passes=0)
+
+
+@pytest.mark.timeout(120)
+def test_a_plan_that_fails_to_run_is_one_line(tmp_path, capfd, monkeypatch):
+    """A rank raising (the RATRAIN_FAULT hook) ends validate with one line naming the plan,
+    the rank, what and the step, after the progress line is closed; exit code 1."""
+    grid = tmp_path / "g.yaml"
+    grid.write_text(GRID.split("  - {name: b")[0])  # plan a only (one rank)
+    monkeypatch.setenv("RATRAIN_FAULT", "0:0:step-raise")
+    argv = ["validate", "--platform", "cpu-local", "--grid", str(grid), "--steps", "1"]
+    assert main([*argv, "--passes", "1", "--no-plan-pick"]) == 1
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith("ratrain validate: error: plan a: rank 0 failed (RuntimeError: ")
+    assert lines[-1].endswith("at step 0") and "injected fault" in lines[-1]
+    assert all(line.startswith("validate [") for line in lines[:-1]), lines

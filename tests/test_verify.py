@@ -109,3 +109,17 @@ def test_train_routes_pipelines_to_the_distributed_runtime(tmp_path, capsys):
         "max_rss_bytes_per_rank",
     }
     assert keys <= set(rows[0]) and len(rows[0]["max_rss_bytes_per_rank"]) == 2
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_a_failing_rank_is_one_line(capfd, monkeypatch):
+    """A rank raising (the RATRAIN_FAULT hook) ends verify with one line, as train does:
+    which rank, what, at which step; exit code 1 (not a user mistake)."""
+    monkeypatch.setenv("RATRAIN_FAULT", "0:1:step-raise")
+    argv = ["verify", "--dp", "1", "--steps", "2", "--seq", "16", "--global-batch", "2"]
+    assert main([*argv, "--dtype", "bf16", "--quiet", "--no-reference"]) == 1
+    err = capfd.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("ratrain verify: error: rank 0 failed (RuntimeError: injected fault")
+    assert err.endswith("at step 1"), err

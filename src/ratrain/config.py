@@ -8,6 +8,7 @@ Field docstrings double as CLI help.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -23,12 +24,27 @@ __all__ = [
     "even_split",
     "load_plan",
     "save_plan",
+    "MAX_STAGES",
+    "MAX_RANKS",
+    "MAX_MICROBATCHES",
 ]
 
 SCHEDULES = ("baseline", "gpu-style", "ratrain", "fsdp-pp")
 RECOMPUTE_POLICIES = ("none", "selective", "full")  # plus "first:K" (full on the first K blocks)
 DTYPES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+MAX_STAGES = 2**16
+"""assumed: more pipeline stages than any model has blocks (the largest have about 128); a
+plan's per-stage tuples are built for pp, so a pp of 10**9 is refused here, not by a
+MemoryError."""
+MAX_RANKS = 2**20
+"""assumed: pp x dp of a plan the simulator and the CLI take (1,048,576 compute units; a
+simulation of dp=10**6 takes about 6 s, of 10**8 minutes and 14 GB)."""
+MAX_MICROBATCHES = 2**16
+"""assumed: microbatches per pipeline per step of a plan that is run or simulated: the
+schedule holds every microbatch's actions (65,536 take about 30 s and 2 GB to simulate on a
+4-stage pipeline; 10**12 would never finish)."""
 
 
 def _parse_recompute(policy: str) -> tuple[str, int | None]:
@@ -44,6 +60,13 @@ def _parse_recompute(policy: str) -> tuple[str, int | None]:
     raise RatrainError(
         f"recompute policy {policy!r} is not one of none, selective, full, first:K (K >= 0)"
     )
+
+
+_INF = float("inf")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def even_split(n_layers: int, pp: int) -> tuple[int, ...]:
@@ -111,38 +134,55 @@ class Plan:
     optimizer only (sharded, each unit is reduce-scattered alone)."""
 
     def __post_init__(self) -> None:
+        self._check_numbers()
+        self._check_choices()
+        object.__setattr__(self, "recompute", self._checked_recompute())
+        if self.layer_split is not None:
+            object.__setattr__(self, "layer_split", self._checked_split())
+
+    def _check_numbers(self) -> None:
         for f in ("pp", "dp", "micro_batch", "global_batch", "seq", "bucket_bytes"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            if not _is_int(v) or v <= 0:
                 raise RatrainError(f"plan: {f} must be a positive integer, got {v!r}")
-        if self.loss_chunk_tokens is not None and (
-            not isinstance(self.loss_chunk_tokens, int)
-            or isinstance(self.loss_chunk_tokens, bool)
-            or self.loss_chunk_tokens <= 0
-        ):
+        if self.pp > MAX_STAGES:
             raise RatrainError(
-                f"plan: loss_chunk_tokens must be a positive integer or None, "
-                f"got {self.loss_chunk_tokens!r}"
+                f"plan: pp={self.pp} is more stages than any model has blocks (at most "
+                f"{MAX_STAGES}); use pp <= the model's layers"
             )
-        if (
-            not isinstance(self.sync_bucket_bytes, int)
-            or isinstance(self.sync_bucket_bytes, bool)
-            or self.sync_bucket_bytes < 0
-        ):
+        lct = self.loss_chunk_tokens
+        if lct is not None and (not _is_int(lct) or lct <= 0):
+            raise RatrainError(
+                f"plan: loss_chunk_tokens must be a positive integer or None, got {lct!r}"
+            )
+        if not _is_int(self.sync_bucket_bytes) or self.sync_bucket_bytes < 0:
             raise RatrainError(
                 f"plan: sync_bucket_bytes must be an integer >= 0, got {self.sync_bucket_bytes!r}"
             )
-        if not isinstance(self.view_lookahead, int) or self.view_lookahead < 0:
+        if not _is_int(self.view_lookahead) or self.view_lookahead < 0:
             raise RatrainError(f"plan: view_lookahead must be >= 0, got {self.view_lookahead!r}")
         if self.global_batch % (self.micro_batch * self.dp):
             raise RatrainError(
                 f"plan: global batch {self.global_batch} is not a multiple of micro_batch x dp "
                 f"= {self.micro_batch * self.dp}; pick a global batch divisible by it"
             )
+        clip = self.clip_grad
+        if clip is not None and (
+            not isinstance(clip, (int, float)) or isinstance(clip, bool) or not 0 < clip < _INF
+        ):
+            raise RatrainError(
+                f"plan: clip_grad must be a positive finite number or None (no clipping), "
+                f"got {clip!r}"
+            )
+
+    def _check_choices(self) -> None:
         if self.schedule not in SCHEDULES:
             raise RatrainError(
                 f"plan: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
             )
+        for f in ("shard_optimizer", "offload_activations"):
+            if not isinstance(getattr(self, f), bool):
+                raise RatrainError(f"plan: {f} must be true or false, got {getattr(self, f)!r}")
         if self.schedule == "fsdp-pp" and not self.shard_optimizer:
             raise RatrainError(
                 "plan: schedule fsdp-pp shards the parameters over dp; set shard_optimizer"
@@ -156,34 +196,44 @@ class Plan:
             raise RatrainError(
                 f"plan: view_policy must be persistent or transient, got {self.view_policy!r}"
             )
-        if self.clip_grad is not None and not self.clip_grad > 0:
-            raise RatrainError(f"plan: clip_grad must be positive or None, got {self.clip_grad!r}")
-        rec = (
-            (self.recompute,) * self.pp
-            if isinstance(self.recompute, str)
-            else tuple(self.recompute)
-        )
+        if self.model is not None and not isinstance(self.model, str):
+            raise RatrainError(f"plan: model must be a model's name, got {self.model!r}")
+
+    def _checked_recompute(self) -> tuple[str, ...]:
+        """The recompute policy per stage (one given for all is repeated)."""
+        rec = self.recompute
+        if isinstance(rec, str):
+            rec = (rec,) * self.pp
+        if not isinstance(rec, (tuple, list)) or not all(isinstance(r, str) for r in rec):
+            raise RatrainError(
+                f"plan: recompute must be a policy or a list of one per stage, got {rec!r}"
+            )
         if len(rec) != self.pp:
             raise RatrainError(
                 f"plan: recompute has {len(rec)} entries for pp={self.pp}; give one per stage"
             )
         for r in rec:
             _parse_recompute(r)
-        object.__setattr__(self, "recompute", rec)
-        if self.layer_split is not None:
-            split = tuple(self.layer_split)
-            if len(split) != self.pp:
+        return tuple(rec)
+
+    def _checked_split(self) -> tuple[int, ...]:
+        split = self.layer_split
+        if not isinstance(split, (tuple, list)):
+            raise RatrainError(
+                f"plan: layer_split must be a list of blocks per stage, got {split!r}"
+            )
+        if len(split) != self.pp:
+            raise RatrainError(
+                f"plan: layer_split has {len(split)} stages for pp={self.pp}; give one count per stage"
+            )
+        for s, n in enumerate(split):
+            middle = 0 < s < self.pp - 1 or self.pp == 1
+            if not _is_int(n) or n < (1 if middle else 0):
                 raise RatrainError(
-                    f"plan: layer_split has {len(split)} stages for pp={self.pp}; give one count per stage"
+                    f"plan: layer_split[{s}]={n!r}; each stage needs >= 1 block "
+                    "(the first and last may hold 0 besides the embedding/head)"
                 )
-            for s, n in enumerate(split):
-                middle = 0 < s < self.pp - 1 or self.pp == 1
-                if not isinstance(n, int) or n < (1 if middle else 0):
-                    raise RatrainError(
-                        f"plan: layer_split[{s}]={n!r}; each stage needs >= 1 block "
-                        "(the first and last may hold 0 besides the embedding/head)"
-                    )
-            object.__setattr__(self, "layer_split", split)
+        return tuple(split)
 
     # -- derived quantities ---------------------------------------------------------------
     @property
@@ -237,6 +287,24 @@ class Plan:
         if self.model is not None and self.model != spec.name:
             raise RatrainError(
                 f"plan is for model {self.model!r}, not {spec.name!r}; re-plan for this model"
+            )
+
+    def check_size(self) -> None:
+        """Refuse a plan too large to simulate or run in any reasonable time: more than
+        `MAX_RANKS` ranks or `MAX_MICROBATCHES` microbatches per step (one line saying
+        which and what to change). Not part of `check_for`: the planner may consider such
+        candidates on its way to a smaller one."""
+        if self.pp * self.dp > MAX_RANKS:
+            raise RatrainError(
+                f"plan: pp x dp = {self.pp * self.dp:,} ranks, more than the {MAX_RANKS:,} "
+                "ratrain simulates or runs; lower --dp or --pp"
+            )
+        if self.microbatches > MAX_MICROBATCHES:
+            raise RatrainError(
+                f"plan: {self.microbatches:,} microbatches per step (global batch "
+                f"{self.global_batch:,} / (micro-batch {self.micro_batch:,} x dp {self.dp:,})), "
+                f"more than the {MAX_MICROBATCHES:,} a schedule holds; raise --micro-batch or "
+                "--dp, or lower --global-batch"
             )
 
     def replace(self, **kw) -> Plan:
@@ -298,9 +366,22 @@ def save_plan(plan: Plan, path: str | Path, **extra) -> None:
 
     data = {"plan": plan.to_dict(), **extra}
     p = Path(path)
-    p.write_text(
+    text = (
         json.dumps(data, indent=2) if p.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
     )
+    # Whole or not at all: a failed write leaves an existing file as it was (a file that is
+    # not a regular one, such as /dev/null, or a link, is written in place).
+    regular = p.is_file() and not p.is_symlink()
+    tmp = p.with_name(f".{p.name}.tmp") if regular or not p.exists() else p
+    try:
+        tmp.write_text(text)
+        if tmp != p:
+            tmp.replace(p)
+    except OSError as e:
+        if tmp != p:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        raise RatrainError(f"cannot write plan file {str(p)!r}: {e.strerror or e}") from None
 
 
 def load_plan(path: str | Path) -> tuple[Plan, dict]:
@@ -310,6 +391,10 @@ def load_plan(path: str | Path) -> tuple[Plan, dict]:
     from ratrain.yaml_io import load_yaml
 
     p = Path(path)
+    if p.is_dir():
+        raise RatrainError(
+            f"plan file {str(p)!r} is a folder; give the file `ratrain plan -o` wrote"
+        )
     if not p.is_file():
         raise RatrainError(f"plan file {str(p)!r} not found")
     try:

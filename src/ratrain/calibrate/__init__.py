@@ -29,7 +29,7 @@ import yaml
 from ratrain.calibrate.windows import CALIBRATE_STATISTIC, DEFAULT_MAX_SPREAD, run_windows
 from ratrain.errors import RatrainError
 
-__all__ = ["calibrate", "write_platform", "machine_description"]
+__all__ = ["calibrate", "write_platform", "machine_description", "busy_signs", "IDLE_CHECK_S"]
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -80,19 +80,25 @@ def calibrate(
     progress: bool = True,
     windows: int | None = None,
     max_spread: float = DEFAULT_MAX_SPREAD,
+    allow_noisy: bool = False,
 ) -> dict:
     """Measure this machine; the platform file's data (`ratrain.platforms` schema).
 
     Every kernel and unit figure is the median of `windows` windows (default 3), the
     windows interleaved across quantities (`ratrain.calibrate.windows`); quantities whose
     windows disagree by more than `max_spread` are measured once more, and those still
-    over are listed in the file's `calibration_warnings`."""
+    over are listed in the file's `calibration_warnings`, as is other processes' share of
+    the CPU time when above `OthersLoad.WARN_SHARE`. Unless `allow_noisy`, a machine that
+    other processes keep busy before the measurement starts is refused at once (one line),
+    not after minutes of measuring it."""
     from ratrain.calibrate.load import OthersLoad
     from ratrain.calibrate.platform_file import build_platform
     from ratrain.calibrate.timing import Progress
 
     windows = windows if windows is not None else 3
     _check_args(device, nproc, dtypes, windows, max_spread)
+    if not allow_noisy:
+        _check_idle()
     # Seconds per window of one quantity: a window is the mean of its repetitions.
     window_s = budget_s if budget_s is not None else (0.08 if quick else 0.25)
     cores = _cores() if device == "cpu" else 1
@@ -134,6 +140,48 @@ def _check_args(
         raise RatrainError(f"--windows must be >= 1, got {windows}")
     if not max_spread > 0:
         raise RatrainError(f"--max-spread must be positive, got {max_spread}")
+
+
+IDLE_CHECK_S = 1.0
+"""assumed: a second of the kernel's CPU accounting tells a machine that other processes
+keep busy (a build, another job) from an idle one, for a check that costs little against
+a calibration's minutes."""
+
+
+def _check_idle() -> None:
+    from ratrain.calibrate.load import OthersLoad, others_share_now
+
+    share = others_share_now(IDLE_CHECK_S)
+    if share is not None and share > OthersLoad.WARN_SHARE:
+        raise RatrainError(
+            f"other processes are using {share:.0%} of this machine's CPU time (over "
+            f"{IDLE_CHECK_S:g} s, more than {OthersLoad.WARN_SHARE:.0%}): what calibrate would "
+            "measure is their leftovers; run it when the machine is idle, or pass "
+            "--allow-noisy to measure and write it anyway"
+        )
+
+
+def busy_signs(data: dict) -> list[str]:
+    """Why a platform file's measured data look taken on a loaded machine ([] when they do
+    not): one rank with all the cores slower per rank than several ranks sharing them, or
+    a second thread worth almost nothing."""
+    compute = data.get("compute") or {}
+
+    def value(key: str, default):
+        entry = compute.get(key)
+        return entry.get("value", default) if isinstance(entry, dict) else default
+
+    out = []
+    speeds = [float(v) for _, v in value("rank_speed", None) or ()]
+    if len(speeds) > 1 and speeds[0] < max(speeds[1:]):
+        out.append(
+            f"one rank with all the threads measured slower ({speeds[0]:.3g}) than a rank "
+            f"sharing the node ({max(speeds[1:]):.3g})"
+        )
+    cores, eff = value("cores_per_node", None), value("thread_efficiency", None)
+    if cores and cores > 1 and eff is not None and eff < 0.2:
+        out.append(f"a second thread measured worth {eff:.0%} of the first")
+    return out
 
 
 def _windowed_items(dtypes: tuple[str, ...], quick: bool) -> list[tuple[str, tuple]]:
@@ -287,13 +335,20 @@ def _total_memory_bytes(device: str, nproc: int) -> int:
 
 
 def write_platform(data: dict, path: str | Path) -> Path:
+    """Write the platform file whole or not at all: through a file beside it, renamed over
+    it once written (a failed write leaves an existing file as it was)."""
     p = Path(path)
+    text = "# Written by `ratrain calibrate`; every value says how it was obtained.\n"
+    text += yaml.safe_dump(data, sort_keys=False, width=100)
+    tmp = p.with_name(f".{p.name}.tmp")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(
-            "# Written by `ratrain calibrate`; every value says how it was obtained.\n"
-            + yaml.safe_dump(data, sort_keys=False, width=100)
-        )
+        tmp.write_text(text)
+        tmp.replace(p)
     except OSError as e:
-        raise RatrainError(f"cannot write {p}: {e.strerror}") from None
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise RatrainError(f"cannot write {p}: {e.strerror or e}") from None
     return p

@@ -17,7 +17,7 @@ import os
 import resource
 import time
 
-__all__ = ["OthersLoad"]
+__all__ = ["OthersLoad", "others_share_now"]
 
 
 def _stat_s() -> tuple[float, float] | None:
@@ -92,3 +92,11 @@ class OthersLoad:
             return None
         others = (end[0] - self.start[0]) - (_own_s() - self.own0)
         return min(max(others / total, 0.0), 1.0)
+
+
+def others_share_now(seconds: float = 1.0) -> float | None:
+    """Other processes' share of the machine's CPU time over the next `seconds` (this
+    process idle meanwhile): whether the machine is busy before a calibration starts."""
+    load = OthersLoad()
+    time.sleep(seconds)
+    return load.share()

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from ratrain.cli.common import name_list, nonempty, positive_int_list
 from ratrain.platforms import PLATFORM_PRESETS
 
 __all__ = ["add_arguments", "run"]
@@ -24,17 +25,24 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("what", choices=("paper",), help="paper: the paper's evaluation by simulation")
     p.add_argument(
-        "--out", default="out/bench-paper", help="output folder (default out/bench-paper)"
+        "--out",
+        type=nonempty,
+        default="out/bench-paper",
+        help="output folder (default out/bench-paper)",
     )
     p.add_argument(
         "--platform",
+        type=nonempty,
         default="mt3000",
         help=f"a preset ({', '.join(PLATFORM_PRESETS)}) or a platform YAML file (default mt3000)",
     )
-    p.add_argument("--models", help="comma-separated models (default: the paper's four)")
+    p.add_argument(
+        "--models", type=name_list, help="comma-separated models (default: the paper's four)"
+    )
     p.add_argument(
         "--clusters",
-        default="8,16,32,64,128,256,512,1024",
+        type=positive_int_list,
+        default=(8, 16, 32, 64, 128, 256, 512, 1024),
         help="cluster counts of the LLaMA-2-7B scaling curve (comma-separated)",
     )
     p.add_argument(
@@ -55,9 +63,12 @@ def run(args: argparse.Namespace) -> int:
     from ratrain.planner.paper import PAPER_MODELS, ablate, compare_models, scaling_curve
     from ratrain.platforms import load
 
+    out = Path(args.out)
+    files = [out / f"paper_eval.{ext}" for ext in ("md", "json", "png")]
+    _check_args(args, files)
     platform = load(args.platform)
-    models = tuple(args.models.split(",")) if args.models else PAPER_MODELS
-    clusters = tuple(int(x) for x in args.clusters.split(","))
+    models = args.models or PAPER_MODELS
+    clusters = args.clusters
     t0 = time.perf_counter()
 
     def progress(msg: str) -> None:
@@ -71,17 +82,35 @@ def run(args: argparse.Namespace) -> int:
     rows = compare_models(platform, models, progress=progress)
     ablations = [] if args.no_ablation else ablate(platform, rows, progress=progress)
     points = scaling_curve(platform, clusters=clusters, weak=args.weak, progress=progress)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     md = _markdown(rows, points, platform.name, args.weak, time.perf_counter() - t0, ablations)
-    (out / "paper_eval.md").write_text(md)
+    files[0].write_text(md)
     data = _json(rows, points, platform.name)
     data["ablation"] = ablation_json(ablations)
-    (out / "paper_eval.json").write_text(json.dumps(data, indent=2))
-    _plot(rows, points, out / "paper_eval.png", platform.name)
+    files[1].write_text(json.dumps(data, indent=2))
+    _plot(rows, points, files[2], platform.name)
     print(md)
-    print(f"written: {out / 'paper_eval.md'}, {out / 'paper_eval.json'}, {out / 'paper_eval.png'}")
+    print(f"written: {', '.join(map(str, files))}")
     return 0
+
+
+def _check_args(args: argparse.Namespace, files: list[Path]) -> None:
+    """--out, --models and --clusters, in one line each before the minutes of planning."""
+    from ratrain.cli.outputs import prepare_output_dir, prepare_output_file
+    from ratrain.config import MAX_RANKS
+    from ratrain.errors import RatrainError
+    from ratrain.models.presets import resolve_model
+
+    prepare_output_dir(args.out, "--out")
+    for f in files:
+        prepare_output_file(str(f), "--out")
+    for name in args.models or ():
+        resolve_model(name)
+    too_many = [n for n in args.clusters if n > MAX_RANKS]
+    if too_many:
+        raise RatrainError(
+            f"--clusters {too_many[0]:,}: more than the {MAX_RANKS:,} compute units ratrain "
+            "plans for"
+        )
 
 
 def _fmt(x, spec: str = ",.0f") -> str:

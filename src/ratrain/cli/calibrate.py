@@ -6,50 +6,86 @@ import argparse
 import sys
 from pathlib import Path
 
+from ratrain.calibrate import DTYPES as _DTYPES
+from ratrain.cli.common import nonempty, positive_float, positive_int
+
 __all__ = ["add_arguments", "run"]
 
 
+def _dtypes(text: str) -> tuple[str, ...]:
+    """argparse type of --dtypes: comma-separated among fp32, bf16, fp16, fp32 among them."""
+    got = tuple(dict.fromkeys(d.strip() for d in text.split(",") if d.strip()))
+    if not got or "fp32" not in got or any(d not in _DTYPES for d in got):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated dtypes among {', '.join(_DTYPES)}, fp32 included, "
+            f"got {text!r}"
+        )
+    return got
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-o", "--output", required=True, help="platform YAML file to write")
+    p.add_argument(
+        "-o", "--output", type=nonempty, required=True, help="platform YAML file to write"
+    )
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument(
-        "--nproc", type=int, default=None, help="local ranks for communication (default: 4)"
+        "--nproc",
+        type=positive_int,
+        default=None,
+        help="local ranks for communication (default: 4)",
     )
     p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions (< 3 min)")
     p.add_argument(
         "--budget-s",
-        type=float,
+        type=positive_float,
         default=None,
         help="seconds per window of one kernel measurement (default 0.25; 0.08 with --quick)",
     )
     p.add_argument(
         "--windows",
-        type=int,
+        type=positive_int,
         default=None,
         help="windows per measured quantity, interleaved across quantities; the value is "
         "their median (default 3)",
     )
     p.add_argument(
         "--max-spread",
-        type=float,
+        type=positive_float,
         default=None,
         help="re-measure quantities whose windows disagree by more than this (max/min - 1; "
         "default 0.15), and warn about those still over",
     )
-    p.add_argument(
+    noisy = p.add_mutually_exclusive_group()
+    noisy.add_argument(
+        "--allow-noisy",
+        action="store_true",
+        help="write the file even when values did not repeat or the machine was busy "
+        "(by default that is refused, exit 2); the file then says so in its description "
+        "and calibration_warnings",
+    )
+    noisy.add_argument(
         "--strict",
         action="store_true",
-        help="refuse to write the file when a quantity's windows still disagree (exit 2)",
+        help="refuse to write values that did not repeat or were taken under load (exit 2): "
+        "the default; kept for scripts",
     )
     p.add_argument(
-        "--dtypes", default="fp32,bf16,fp16", help="compute dtypes to measure (fp32 required)"
+        "--dtypes",
+        type=_dtypes,
+        default=_DTYPES,
+        help="compute dtypes to measure, comma-separated (default fp32,bf16,fp16; fp32 required)",
     )
-    p.add_argument("--name", default=None, help="platform name (default: the file's stem)")
-    p.add_argument("--description", default=None, help="the platform's description line")
+    p.add_argument(
+        "--name", type=nonempty, default=None, help="platform name (default: the file's stem)"
+    )
+    p.add_argument(
+        "--description", type=nonempty, default=None, help="the platform's description line"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
         "--merge",
         nargs="+",
+        type=nonempty,
         metavar="FILE",
         default=None,
         help="measure nothing: write the value-by-value median of these platform files, "
@@ -59,59 +95,97 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ratrain.calibrate import calibrate, write_platform
+    from ratrain.calibrate import busy_signs, calibrate
     from ratrain.calibrate.windows import DEFAULT_MAX_SPREAD
+    from ratrain.cli.outputs import prepare_output_file
     from ratrain.errors import RatrainError
-    from ratrain.platforms import load
 
-    if args.budget_s is not None and not args.budget_s > 0:
-        raise RatrainError(f"--budget-s must be positive, got {args.budget_s}")
-    if args.windows is not None and args.windows < 1:
-        raise RatrainError(f"--windows must be >= 1, got {args.windows}")
     max_spread = DEFAULT_MAX_SPREAD if args.max_spread is None else args.max_spread
-    if not max_spread > 0:
-        raise RatrainError(f"--max-spread must be positive, got {args.max_spread}")
     out = Path(args.output)
     if out.suffix not in (".yaml", ".yml"):
         raise RatrainError(f"-o {args.output}: a platform file ends in .yaml or .yml")
+    prepare_output_file(args.output, "-o")  # before minutes of measuring
     if args.merge:
         return _merge(args, out)
+    _check_nproc(args.nproc)
     data = calibrate(
         args.device,
         args.nproc if args.nproc is not None else 4,
         quick=args.quick,
         budget_s=args.budget_s,
-        dtypes=tuple(d.strip() for d in args.dtypes.split(",") if d.strip()),
+        dtypes=args.dtypes,
         name=args.name or out.stem,
         progress=not args.no_progress,
         windows=args.windows,
         max_spread=max_spread,
+        allow_noisy=args.allow_noisy,
     )
-    warnings = data.get("calibration_warnings", [])
-    if warnings and args.strict:
-        raise RatrainError(
-            f"not writing {out} (--strict): {len(warnings)} measurement(s) did not repeat: "
-            + _short(warnings)
-        )
-    if warnings:  # one line: the file's calibration_warnings holds them one by one
-        print(
-            f"ratrain calibrate: warning: {len(warnings)} measurement(s) did not repeat "
-            f"(listed in the file's calibration_warnings): {_short(warnings)}",
-            file=sys.stderr,
-        )
+    warnings = list(data.get("calibration_warnings", []))
+    busy = [b for b in busy_signs(data) if b not in warnings]
+    if (warnings or busy) and not args.allow_noisy:
+        why = " (--strict)" if args.strict else ""
+        raise RatrainError(f"not writing {out}{why}: {_problems(warnings, busy)}; {_HOW}")
     if args.description:
         data["description"] = f"{args.description} {data['description']}"
+    if warnings or busy:
+        _mark_noisy(data, warnings + busy)
+        print(
+            f"ratrain calibrate: warning: writing {out} with --allow-noisy: "
+            f"{_problems(warnings, busy)}; predictions from it may be far off",
+            file=sys.stderr,
+        )
+    return _write(data, out)
+
+
+_HOW = (
+    "run calibrate again when the machine is idle (several runs: --merge their files), or "
+    "pass --allow-noisy to write these values anyway"
+)
+
+
+def _problems(warnings: list[str], busy: list[str]) -> str:
+    """The values that did not repeat and the signs of load, in one line."""
+    parts = []
+    repeat = [w for w in warnings if "disagree" in w]
+    load = [w for w in warnings if w not in repeat] + busy
+    if repeat:
+        parts.append(f"{len(repeat)} measurement(s) did not repeat ({_short(repeat)})")
+    if load:
+        parts.append(f"the machine was busy while measured ({_short(load)})")
+    return " and ".join(parts)
+
+
+def _mark_noisy(data: dict, problems: list[str]) -> None:
+    """The note a file written with --allow-noisy carries: in its description (what a
+    reader sees first) and its calibration_warnings (each problem)."""
+    data["calibration_warnings"] = problems
+    data["description"] = (
+        f"{data.get('description', '')} WRITTEN WITH --allow-noisy: {len(problems)} value(s) "
+        "did not repeat or were measured under load (calibration_warnings lists them); "
+        "predictions from this file may be far off"
+    ).strip()
+
+
+def _check_nproc(nproc: int | None) -> None:
+    """--nproc: at most the ranks a local launch starts."""
+    from ratrain.errors import RatrainError
+    from ratrain.launch.spawn import local_rank_limit
+
+    if nproc is not None and nproc > local_rank_limit():
+        raise RatrainError(
+            f"--nproc {nproc}: more ranks than this machine runs locally (at most "
+            f"{local_rank_limit()})"
+        )
+
+
+def _write(data: dict, out: Path) -> int:
+    from ratrain.calibrate import write_platform
+    from ratrain.platforms import load
+
     path = write_platform(data, out)
     plat = load(path)  # what we wrote must load
     measured = sum(n.startswith("measured") for n in plat.notes.values())
     print(f"wrote {path}: {measured} of {len(plat.notes)} values measured")
-    busy = _busy_signs(plat)
-    if busy:
-        print(
-            f"ratrain calibrate: warning: {busy}: the machine was probably busy while "
-            "measured; re-run calibrate when it is idle",
-            file=sys.stderr,
-        )
     return 0
 
 
@@ -135,15 +209,3 @@ def _merge(args, out: Path) -> int:
 def _short(warnings: list[str], n: int = 4) -> str:
     text = "; ".join(warnings[:n])
     return text + (f"; and {len(warnings) - n} more" if len(warnings) > n else "")
-
-
-def _busy_signs(plat) -> str:
-    """Why the measurements look taken on a loaded machine ('' when they do not): one rank
-    on all the cores slower per rank than several ranks sharing them, or a second thread
-    worth almost nothing."""
-    speeds = [v for _, v in plat.rank_speed]
-    if len(speeds) > 1 and speeds[0] < max(speeds[1:]):
-        return "one rank with all the threads measured slower than a rank sharing the node"
-    if plat.cores_per_node and plat.cores_per_node > 1 and plat.thread_efficiency < 0.2:
-        return f"a second thread measured worth {plat.thread_efficiency:.0%} of the first"
-    return ""

@@ -1,8 +1,12 @@
-"""Flags shared by the commands that take a plan (simulate, train, plan, verify)."""
+"""Flags shared by the commands that take a plan (simulate, train, plan, verify), and the
+argparse types every command's flags use: a bad value is one line naming the flag at parse
+time, before any import of torch or any work (`positive_int`, `nonneg_int`,
+`positive_float`, `nonneg_float`, `nonempty`, `positive_int_list`, `name_list`)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from ratrain.config import DTYPES, SCHEDULES, Plan, load_plan
@@ -10,7 +14,27 @@ from ratrain.errors import RatrainError
 from ratrain.models.presets import resolve_model
 from ratrain.models.spec import ModelSpec
 
-__all__ = ["add_model_arg", "add_plan_args", "plan_from_args", "plan_platform", "positive_int"]
+__all__ = [
+    "add_model_arg",
+    "add_plan_args",
+    "plan_from_args",
+    "plan_platform",
+    "positive_int",
+    "nonneg_int",
+    "positive_float",
+    "nonneg_float",
+    "timeout_s",
+    "nonempty",
+    "positive_int_list",
+    "name_list",
+    "MAX_INT",
+]
+
+MAX_INT = 2**63 - 1
+"""The largest integer a flag takes: what a 64-bit counter (torch's, numpy's) holds."""
+MAX_TIMEOUT_S = 10**9
+"""The longest timeout a flag takes (about 31 years): a timedelta of 1e300 s overflows the
+collectives' timers in the ranks (an OverflowError after they started)."""
 
 
 def _note(msg: str) -> None:
@@ -30,14 +54,85 @@ def plan_platform(args: argparse.Namespace, default: str) -> str:
     return flag or recorded or default
 
 
-def positive_int(text: str) -> int:
+def _int(text: str, low: int, what: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if v < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+    if v > MAX_INT:
+        raise argparse.ArgumentTypeError(f"expected {what} of at most 2**63 - 1, got {v}")
     return v
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer 1 .. 2**63 - 1."""
+    return _int(text, 1, "a positive integer")
+
+
+def nonneg_int(text: str) -> int:
+    """argparse type: an integer 0 .. 2**63 - 1."""
+    return _int(text, 0, "an integer >= 0")
+
+
+def _float(text: str, positive: bool) -> float:
+    what = "a positive number" if positive else "a number >= 0"
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise argparse.ArgumentTypeError(f"expected a finite {what[2:]}, got {text!r}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (no nan, no inf)."""
+    return _float(text, positive=True)
+
+
+def nonneg_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (no nan, no inf)."""
+    return _float(text, positive=False)
+
+
+def timeout_s(text: str) -> float:
+    """argparse type: seconds, a finite number > 0 and at most `MAX_TIMEOUT_S`."""
+    v = positive_float(text)
+    if v > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {MAX_TIMEOUT_S:.0e} seconds, got {text!r}"
+        )
+    return v
+
+
+def nonempty(text: str) -> str:
+    """argparse type: a string that is not empty (an empty path or name is a mistake, not
+    "the default")."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a value, got an empty string")
+    return text
+
+
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """argparse type: comma-separated positive integers, e.g. 8,16,32."""
+    try:
+        return tuple(positive_int(x) for x in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers, e.g. 8,16,32, got {text!r}"
+        ) from None
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    """argparse type: comma-separated non-empty names, e.g. tiny,llama2-7b."""
+    names = tuple(x.strip() for x in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated names, e.g. tiny,llama2-7b, got {text!r}"
+        )
+    return names
 
 
 def _split(text: str) -> tuple[int, ...]:
@@ -51,7 +146,10 @@ def _split(text: str) -> tuple[int, ...]:
 
 def add_model_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
     p.add_argument(
-        "--model", default=default, help="a preset name or a path to a Hugging Face config.json"
+        "--model",
+        type=nonempty,
+        default=default,
+        help="a preset name or a path to a Hugging Face config.json",
     )
 
 
@@ -59,7 +157,9 @@ def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -
     """The plan flags. `defaults` overrides the dataclass defaults for one command."""
     d = {**Plan().to_dict(), **(defaults or {})}
     p.add_argument(
-        "--plan", help="a plan file (YAML/JSON) written by `ratrain plan -o`; flags override it"
+        "--plan",
+        type=nonempty,
+        help="a plan file (YAML/JSON) written by `ratrain plan -o`; flags override it",
     )
     p.add_argument("--pp", type=positive_int, help=f"pipeline stages (default {d['pp']})")
     p.add_argument("--dp", type=positive_int, help=f"data-parallel replicas (default {d['dp']})")
@@ -77,6 +177,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -
     p.add_argument("--schedule", choices=SCHEDULES, help=f"default {d['schedule']}")
     p.add_argument(
         "--recompute",
+        type=nonempty,
         help="per stage, comma-separated, or one for all: none|selective|full|first:K",
     )
     p.add_argument(
@@ -89,7 +190,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -
         help="shard optimizer states over DP (ZeRO-1)",
     )
     p.add_argument("--view-policy", choices=("persistent", "transient"))
-    p.add_argument("--view-lookahead", type=int)
+    p.add_argument("--view-lookahead", type=nonneg_int)
     p.add_argument(
         "--dtype",
         dest="compute_dtype",
@@ -104,7 +205,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -
         default=None,
         help="offload activation checkpoints to the host tier",
     )
-    p.add_argument("--clip-grad", type=float, help="global grad-norm clip; 0 disables it")
+    p.add_argument("--clip-grad", type=nonneg_float, help="global grad-norm clip; 0 disables it")
     p.add_argument(
         "--loss-chunk-tokens",
         type=positive_int,
@@ -113,22 +214,11 @@ def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -
     )
     p.add_argument(
         "--sync-bucket-bytes",
-        type=_bytes_or_zero,
+        type=nonneg_int,
         help="coalesce gradient syncs into buckets of at least this many bytes, the same "
         f"buckets in every schedule (default {d['sync_bucket_bytes']}: one per unit)",
     )
     p.set_defaults(_plan_defaults=d)
-
-
-def _bytes_or_zero(text: str) -> int:
-    """argparse type: an integer >= 0 (a byte count; 0 turns the feature off)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
 
 
 _FLAG_NAMES = {"compute_dtype": "--dtype", "offload_activations": "--offload"}
@@ -152,9 +242,10 @@ _FIELDS = (
 
 
 def plan_from_args(
-    args: argparse.Namespace, default_model: str | None = None
+    args: argparse.Namespace, default_model: str | ModelSpec | None = None
 ) -> tuple[ModelSpec, Plan]:
-    """Build (spec, plan) from --plan and the flags; flags override the file."""
+    """Build (spec, plan) from --plan and the flags; flags override the file.
+    `default_model` (a name, or a spec, e.g. a resumed checkpoint's) when neither names one."""
     base: dict = dict(args._plan_defaults)
     model_name = getattr(args, "model", None)
     if getattr(args, "plan", None):
@@ -166,7 +257,7 @@ def plan_from_args(
     model_name = model_name or default_model
     if model_name is None:
         raise RatrainError("no model given: pass --model NAME_OR_CONFIG_JSON or --plan FILE")
-    spec = resolve_model(model_name)
+    spec = model_name if isinstance(model_name, ModelSpec) else resolve_model(model_name)
     for f in _FIELDS:
         v = getattr(args, f, None)
         if v is not None:
@@ -197,4 +288,5 @@ def plan_from_args(
         base["layer_split"] = None  # a new pp invalidates the file's split
     plan = Plan.from_dict(base)
     plan.check_for(spec)
+    plan.check_size()
     return spec, plan

@@ -11,8 +11,14 @@ import argparse
 import json
 import sys
 
-from ratrain.cli.common import add_model_arg, add_plan_args, plan_from_args, plan_platform
-from ratrain.cli.outputs import prepare_output_file
+from ratrain.cli.common import (
+    add_model_arg,
+    add_plan_args,
+    nonempty,
+    plan_from_args,
+    plan_platform,
+)
+from ratrain.cli.outputs import PLOT_SUFFIXES, prepare_output_file
 from ratrain.cost.comm import RANK_LAYOUTS
 from ratrain.models.presets import resolve_model
 from ratrain.platforms import PLATFORM_PRESETS, Platform, load
@@ -35,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arg(p)  # default: the plan file's model, else _MODEL
     p.add_argument(
         "--platform",
+        type=nonempty,
         help=f"a preset ({', '.join(PLATFORM_PRESETS)}) or a path to a platform YAML file "
         "(default: the plan file's platform, else mt3000)",
     )
@@ -106,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     from ratrain.sim import plot, simulate, write_trace
 
     prepare_output_file(args.trace, "--trace")
-    prepare_output_file(args.plot, "--plot")
+    prepare_output_file(args.plot, "--plot", PLOT_SUFFIXES)
     platform = load(plan_platform(args, default=_DEFAULT_PLATFORM))
     _set_defaults(args, platform)
     spec, plan = plan_from_args(args, default_model=_MODEL)

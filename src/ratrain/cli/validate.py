@@ -7,16 +7,23 @@ import json
 import sys
 from pathlib import Path
 
-from ratrain.cli.common import positive_int
+from ratrain.cli.common import nonempty, nonneg_int, positive_int
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--platform", required=True, help="platform file (e.g. from ratrain calibrate)")
-    p.add_argument("--grid", default="default", help="default, or a grid YAML/JSON file")
+    p.add_argument(
+        "--platform",
+        type=nonempty,
+        required=True,
+        help="platform file (e.g. from ratrain calibrate)",
+    )
+    p.add_argument(
+        "--grid", type=nonempty, default="default", help="default, or a grid YAML/JSON file"
+    )
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps per plan (default 5)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument("--warmup", type=nonneg_int, default=1, help="untimed steps first (default 1)")
     p.add_argument(
         "--passes",
         type=positive_int,
@@ -34,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--rescore",
+        type=nonempty,
         metavar="PREV.json",
         default=None,
         help="re-predict the plans and measurements of an earlier `validate --json` output "
@@ -90,11 +98,37 @@ def _table(results, summary) -> str:
     return "\n".join(lines)
 
 
-def _progress(i: int, n: int, name: str, elapsed_s: float) -> None:
-    sys.stderr.write(f"\rvalidate [{i}/{n}] {elapsed_s:6.0f}s {name:<40}")
-    if i == n:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+class _Progress:
+    """`validate [i/n] ...` redrawn on one stderr line; `end()` closes the line (before an
+    error line, so that it stands on its own)."""
+
+    def __init__(self) -> None:
+        self.open = False
+
+    def __call__(self, i: int, n: int, name: str, elapsed_s: float) -> None:
+        sys.stderr.write(f"\rvalidate [{i}/{n}] {elapsed_s:6.0f}s {name:<40}")
+        self.open = True
+        if i == n:
+            self.end()
+        sys.stderr.flush()
+
+    def end(self) -> None:
+        if self.open:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.open = False
+
+
+def _check_plot(out: str | None) -> None:
+    """--plot and the files written beside it, before anything is run."""
+    from ratrain.cli.outputs import PLOT_SUFFIXES, prepare_output_file
+
+    if out is None:
+        return
+    prepare_output_file(out, "--plot", PLOT_SUFFIXES)
+    stem = Path(out).with_suffix("")
+    for extra in ("-worst.png", "-worst-sim.json", "-worst-measured.json"):
+        prepare_output_file(f"{stem}{extra}", "--plot")
 
 
 def run(args) -> int:
@@ -103,6 +137,7 @@ def run(args) -> int:
 
     if args.warmup < 0:
         raise RatrainError(f"--warmup must be >= 0, got {args.warmup}")
+    _check_plot(args.plot)
     platform = load(args.platform)
     if args.rescore:  # runs nothing: no torch
         return _rescore(args, platform)
@@ -119,16 +154,20 @@ def _validate(args, platform) -> int:
     grid = default_grid(args.max_ranks) if args.grid == "default" else load_grid(args.grid)
     if not grid:
         raise RatrainError("the grid has no plans")
-    results, summary = validate(
-        grid,
-        platform,
-        steps=args.steps,
-        warmup=args.warmup,
-        progress=_progress,
-        plan_picks=not args.no_plan_pick,
-        passes=args.passes,
-        probe=probe_s,
-    )
+    progress = _Progress()
+    try:
+        results, summary = validate(
+            grid,
+            platform,
+            steps=args.steps,
+            warmup=args.warmup,
+            progress=progress,
+            plan_picks=not args.no_plan_pick,
+            passes=args.passes,
+            probe=probe_s,
+        )
+    finally:
+        progress.end()
     if args.plot:
         _plots(args.plot, results, summary, platform)
     if args.json:

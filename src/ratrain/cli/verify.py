@@ -14,10 +14,21 @@ import argparse
 import functools
 import json
 import math
+import os
 import sys
 import time
 
-from ratrain.cli.common import add_model_arg, add_plan_args, plan_from_args, positive_int
+from ratrain.cli.common import (
+    add_model_arg,
+    add_plan_args,
+    nonempty,
+    nonneg_float,
+    nonneg_int,
+    plan_from_args,
+    positive_float,
+    positive_int,
+    timeout_s,
+)
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
 
@@ -52,20 +63,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"train at least this many tokens (default {DEFAULT_TOKENS:,}: 50 steps)",
     )
     g.add_argument("--steps", type=positive_int, help="train this many steps (overrides --tokens)")
-    g.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the weights and data (default 0)")
-    g.add_argument("--data", default="synthetic", help="synthetic (default) or a data file")
+    g.add_argument(
+        "--lr", type=positive_float, default=3e-3, help="peak learning rate (default 3e-3)"
+    )
+    g.add_argument(
+        "--seed", type=nonneg_int, default=0, help="seed of the weights and data (default 0)"
+    )
+    g.add_argument(
+        "--data", type=nonempty, default="synthetic", help="synthetic (default) or a data file"
+    )
     g.add_argument(
         "--tolerance",
-        type=float,
+        type=nonneg_float,
         default=PAPER_TOLERANCE,
         help="largest RATrain vs Baseline-1F1B deviation that passes (default 8.1e-4)",
     )
     g.add_argument("--no-reference", action="store_true", help="skip the reference trainer")
-    g.add_argument("--memory-cap", type=float, metavar="GIB", help="refuse plans over this")
+    g.add_argument(
+        "--memory-cap", type=positive_float, metavar="GIB", help="refuse plans over this"
+    )
     g.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     g.add_argument(
-        "--timeout", type=float, default=120.0, help="rendezvous/collective timeout, s (120)"
+        "--timeout",
+        type=timeout_s,
+        default=120.0,
+        help="rendezvous/collective timeout, s (120)",
     )
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--quiet", action="store_true", help="no progress bar (stderr)")
@@ -93,12 +115,14 @@ def _config(args: argparse.Namespace, plan: Plan) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     from ratrain.data import make_source
-    from ratrain.train.job import Job, run_job
+    from ratrain.train.failures import run_job_one_line
+    from ratrain.train.job import Job
     from ratrain.train.reference import ReferenceTrainer
 
     spec, plan = plan_from_args(args, default_model="tiny")
     cfg = _config(args, plan)
     source = functools.partial(make_source, args.data, spec, plan.seq, cfg.seed)
+    source()  # a data error is one line here, not one per rank
     job = Job(
         spec,
         plan,
@@ -110,12 +134,13 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         memory_cap_bytes=int(args.memory_cap * 2**30) if args.memory_cap else None,
         memory_cap_label="--memory-cap",
+        fault=os.environ.get("RATRAIN_FAULT"),
     )
     losses: dict[str, list[float]] = {}
     skipped: dict[str, int] = {}
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    results = run_job(job)
+    results = run_job_one_line(job)
     times["distributed"] = time.perf_counter() - t0
     for r in results:
         for kind, run_ in r.runs.items():

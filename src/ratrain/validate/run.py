@@ -17,6 +17,7 @@ is compared with the measured fastest of the grid.
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 import time
 
@@ -25,7 +26,8 @@ from ratrain.data import make_source
 from ratrain.errors import RatrainError
 from ratrain.platforms import Platform
 from ratrain.sim import simulate
-from ratrain.train.job import Job, run_job
+from ratrain.train.failures import run_job_one_line
+from ratrain.train.job import Job
 from ratrain.validate.grid import GridPlan
 from ratrain.validate.results import PlanResult, planner_pick, summarize
 from ratrain.validate.speed import machine_speed
@@ -41,6 +43,7 @@ def _job(g: GridPlan, steps: int, **kw) -> Job:
         functools.partial(make_source, "synthetic", g.spec, g.plan.seq),
         progress=False,
         deadline_s=1800,
+        fault=os.environ.get("RATRAIN_FAULT"),
         **kw,
     )
 
@@ -49,7 +52,8 @@ def _timing(g: GridPlan, steps: int, warmup: int) -> tuple[list[list[float]], li
     """One timing run: every rank's step times (warm-up included), rank order, and the
     measured trace of the last step."""
     kind = g.plan.schedule
-    ranks = run_job(_job(g, warmup + steps, trace_steps=(warmup + steps - 1,)))
+    job = _job(g, warmup + steps, trace_steps=(warmup + steps - 1,))
+    ranks = run_job_one_line(job, f"plan {g.name}: ")
     times = [list(r.runs[kind].step_times_s) for r in ranks]
     return times, [rec for r in ranks for rec in r.runs[kind].trace]
 
@@ -66,7 +70,7 @@ def _assemble(
         statistics.median([t for times, _ in runs for t in times[r][warmup:]])
         for r in range(n_ranks)
     ]
-    mem_ranks = run_job(_job(g, 2, measure_memory=True))
+    mem_ranks = run_job_one_line(_job(g, 2, measure_memory=True), f"plan {g.name} (memory run): ")
     peaks = [[0] * g.plan.dp for _ in range(g.plan.pp)]
     for r in mem_ranks:
         peaks[r.stage][r.replica] = int(r.runs[kind].peak_bytes or 0)
@@ -112,6 +116,8 @@ def validate(
     before the first pass and after every pass, against the platform file's
     `measured_on.speed_probe_s`: the summary's `machine_speed` says how fast the machine ran
     relative to calibration (a diagnostic; nothing is scaled by it)."""
+    for g in grid:  # one line for a plan too large to run, before any is run
+        g.plan.check_size()
     calibrated_probe_s = (platform.measured_on or {}).get("speed_probe_s")
     probe = probe if calibrated_probe_s else None
     probes_s = [probe()] if probe else []
