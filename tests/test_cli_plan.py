@@ -133,8 +133,7 @@ def test_user_errors_are_one_line_with_exit_code_2(argv, message, capsys):
 
 
 def test_help_says_the_global_batch_is_in_sequences(capsys):
-    with pytest.raises(SystemExit):
-        main(["plan", "--help"])
+    assert main(["plan", "--help"]) == 0
     assert "sequences per optimizer step" in capsys.readouterr().out
 
 
@@ -166,3 +165,36 @@ def test_bench_paper_writes_table_json_and_plot(tmp_path, capsys):
     assert [p["clusters"] for p in data["scaling"]] == [512, 1024]
     assert data["scaling"][0]["efficiency"] == pytest.approx(1.0)
     assert (tmp_path / "paper_eval.png").stat().st_size > 0
+
+
+def test_default_global_batch_is_sized_to_the_model_and_clusters(capsys):
+    from ratrain.cli.plan import SEQS_PER_CLUSTER, default_global_batch
+
+    assert SEQS_PER_CLUSTER == 16
+    assert default_global_batch(128, 4) == 64  # tiny (seq 128) on 4 clusters
+    assert default_global_batch(4096, 64) == default_global_batch(4096, 1024) == 1024  # paper
+    assert default_global_batch(2**23, 1) == 1
+    # tiny on cpu-local: a small default, said with its rule (was 32,768 sequences)
+    argv = ["plan", "--model", "tiny", "--platform", "cpu-local", "--clusters", "4", "--quiet"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "global batch 64 x 128 tokens" in text
+    assert "global batch 64 sequences (default: 16 sequences per cluster" in text
+    assert main([*argv, "--json"]) == 0
+    got = _json(capsys)
+    assert got["global_batch"] == 64 and got["global_batch_default"].startswith("16 sequences")
+    # --global-batch overrides it, and then no rule is claimed
+    assert main([*argv, "--global-batch", "8", "--json"]) == 0
+    got = _json(capsys)
+    assert got["global_batch"] == 8 and got["global_batch_default"] is None
+    # llama2-7b on 1024 MT-3000 clusters keeps the paper's 1024 x 4096
+    argv = ["plan", "--model", "llama2-7b", "--platform", "mt3000", "--clusters", "1024"]
+    assert main([*argv, "--quiet", "--json"]) == 0
+    got = _json(capsys)
+    assert got["feasible"] and (got["global_batch"], got["seq"]) == (1024, 4096)
+
+
+def test_help_states_the_default_batch_rule(capsys):
+    assert main(["plan", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: 16 sequences per cluster, at most 4M tokens" in text

@@ -184,17 +184,21 @@ def test_jsonl_and_progress(tmp_path, capsys):
     assert format_duration(75) == "1:15" and format_duration(3725) == "1:02:05"
 
 
-def test_tensorboard_is_optional(tmp_path):
-    tb = TensorBoardWriter(tmp_path / "tb")
-    tb.write(0, {"step": 0, "loss": 1.0, "skipped": False})  # a no-op without tensorboard
-    tb.close()
+def test_tensorboard_is_optional_but_never_silently_missing(tmp_path):
     try:
         import tensorboard  # noqa: F401
-    except ImportError:
-        assert not tb.active
+    except ImportError:  # asked for without the package: one line naming the extra
+        with pytest.raises(RatrainError, match=r"pip install 'ratrain\[tensorboard\]'"):
+            TensorBoardWriter(tmp_path / "tb")
     else:
+        tb = TensorBoardWriter(tmp_path / "tb")
+        tb.write(0, {"step": 0, "loss": 1.0, "skipped": False})
+        tb.close()
         assert tb.active and any((tmp_path / "tb").iterdir())
-    assert not TensorBoardWriter(None).active
+    none = TensorBoardWriter(None)  # not asked for: a writer that does nothing
+    none.write(0, {"loss": 1.0})
+    none.close()
+    assert not none.active
 
 
 # -- the reference trainer ------------------------------------------------------------------

@@ -6,7 +6,10 @@ the files lazily (`safetensors.safe_open`) and reads only the tensors of its own
 no rank ever holds more than its stage.
 
 Export (`write_hf`): config.json (`ratrain.models.hf_config.to_hf_config`) and safetensors,
-split into shards with an index past `max_shard_bytes`, as `save_pretrained` does.
+split into shards with an index past `max_shard_bytes`, as `save_pretrained` does; with a
+tokenizer, its files, `generation_config.json` and the bos/eos token ids in config.json.
+Every file gets the mode a new file gets (0644 under umask 022), safetensors included
+(its writer creates them 0600).
 """
 
 from __future__ import annotations
@@ -22,10 +25,18 @@ from ratrain.models.hf_config import from_hf_config, hf_model_type, to_hf_config
 from ratrain.models.spec import ModelSpec
 from ratrain.nn.hf_weights import ratrain_to_hf_state_dict
 
-__all__ = ["load_stage_from_hf", "hf_tensor_files", "write_hf", "read_hf_tensors"]
+__all__ = [
+    "load_stage_from_hf",
+    "hf_tensor_files",
+    "write_hf",
+    "read_hf_tensors",
+    "write_tokenizer",
+    "GENERATION_CONFIG",
+]
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+GENERATION_CONFIG = "generation_config.json"
 _UNIT = re.compile(r"^units\.(\d+)\.(.+)$")
 
 
@@ -118,24 +129,29 @@ def load_stage_from_hf(model, hf_dir: str | Path) -> None:
     StageIO(model).apply({f"model/{n}": t for n, t in tensors.items()})
 
 
-def write_hf(
-    sd: dict[str, torch.Tensor],
-    spec: ModelSpec,
-    out_dir: str | Path,
-    *,
-    dtype: torch.dtype = torch.float32,
-    max_shard_bytes: int = 5 * 2**30,
-) -> list[Path]:
-    """Write a `LlamaModel` state dict as a Hugging Face directory; the files written."""
-    from safetensors.torch import save_file
+def write_tokenizer(tokenizer: str | Path, out_dir: str | Path) -> tuple[dict, list[Path]]:
+    """Copy a tokenizer into an HF model directory, with generation_config.json (and a
+    tokenizer_config.json naming its special tokens when it has none, so that
+    `AutoTokenizer.from_pretrained` reads it); its (bos_token_id, eos_token_id) and the
+    files written."""
+    from ratrain.data.text import HFTokenizer, copy_tokenizer
 
+    tok = HFTokenizer(Path(tokenizer))
     out = Path(out_dir)
-    cfg = to_hf_config(spec)
-    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
-    hf = ratrain_to_hf_state_dict(sd, spec)
-    if spec.tied_embeddings:
-        hf.pop("lm_head.weight", None)  # transformers ties it; safetensors refuses aliases
-    hf = {k: v.detach().to(dtype).contiguous() for k, v in hf.items()}
+    ids = tok.special_ids()
+    files = copy_tokenizer(tok.path, out)
+    if not (out / "tokenizer_config.json").is_file():
+        names = {k: tok.token(v) for k, v in (("bos_token", ids["bos_token_id"]),
+                                              ("eos_token", ids["eos_token_id"])) if v is not None}  # fmt: skip
+        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", **names}
+        (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        files.append(out / "tokenizer_config.json")
+    gen = {k: v for k, v in ids.items() if v is not None}
+    (out / GENERATION_CONFIG).write_text(json.dumps(gen, indent=2) + "\n")
+    return ids, [*files, out / GENERATION_CONFIG]
+
+
+def _shards(hf: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[str, torch.Tensor]]:
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for k, v in hf.items():
@@ -145,24 +161,51 @@ def write_hf(
             size = 0
         shards[-1][k] = v
         size += n
+    return shards
+
+
+def write_hf(
+    sd: dict[str, torch.Tensor],
+    spec: ModelSpec,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    max_shard_bytes: int = 5 * 2**30,
+    tokenizer: str | Path | None = None,
+) -> list[Path]:
+    """Write a `LlamaModel` state dict as a Hugging Face directory (and `tokenizer`'s files,
+    see `write_tokenizer`); the files written."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    to_hf_config(spec)  # a spec transformers cannot read is one line before any file
+    hf = ratrain_to_hf_state_dict(sd, spec)
+    if spec.tied_embeddings:
+        hf.pop("lm_head.weight", None)  # transformers ties it; safetensors refuses aliases
+    hf = {k: v.detach().to(dtype).contiguous() for k, v in hf.items()}
+    shards = _shards(hf, max_shard_bytes)
     out.mkdir(parents=True, exist_ok=True)
     # A previous export's weights would be mixed with these (e.g. an old index beside a new
     # single file): remove them first.
     for stale in [*out.glob("model-*-of-*.safetensors"), out / SINGLE, out / INDEX]:
         stale.unlink(missing_ok=True)
+    ids, written = write_tokenizer(tokenizer, out) if tokenizer is not None else ({}, [])
+    cfg = to_hf_config(spec, ids)
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    written = [out / "config.json"]
+    written = [out / "config.json", *written]
     meta = {"format": "pt"}
-    if len(shards) == 1:
-        save_file(shards[0], str(out / SINGLE), metadata=meta)
-        return [*written, out / SINGLE]
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    names = [SINGLE] if len(shards) == 1 else [
+        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
+    ]  # fmt: skip
+    for name, shard in zip(names, shards, strict=True):
         save_file(shard, str(out / name), metadata=meta)
-        weight_map.update({k: name for k in shard})
+        (out / name).chmod((out / "config.json").stat().st_mode & 0o777)  # as umask says
         written.append(out / name)
-    total = sum(v.numel() * v.element_size() for v in hf.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
-    return [*written, out / INDEX]
+    if len(shards) > 1:
+        weight_map = {k: name for name, shard in zip(names, shards, strict=True) for k in shard}
+        total = sum(v.numel() * v.element_size() for v in hf.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        written.append(out / INDEX)
+    return written

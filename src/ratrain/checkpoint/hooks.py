@@ -15,7 +15,7 @@ from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
 
 __all__ = ["save_due", "save_stage", "resume_stage", "resume_dir", "keep_records_before",
-           "is_rank0"]  # fmt: skip
+           "is_rank0", "resume_arg", "checkpoint_model"]  # fmt: skip
 
 
 def save_due(job, k: int) -> bool:
@@ -70,6 +70,30 @@ def is_rank0() -> bool:
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
 
 
+def resume_arg(resume: str | None, save_dir: str | None) -> str | None:
+    """`--resume` as the job takes it: "auto" for a job torchrun restarted
+    (TORCHELASTIC_RESTART_COUNT > 0) with `save_dir` and no `--resume` of its own."""
+    if resume is None and save_dir and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return "auto"
+    return resume
+
+
+def checkpoint_model(resume: str | None, save_dir: str | None) -> ModelSpec | None:
+    """The model of the checkpoint `--resume` names (its `ratrain.json` holds the full
+    spec), for a run given no `--model`; None when it names none (no `--resume`, or "auto"
+    with no checkpoint yet). A bad `--resume` is one line, as `resume_dir` says it."""
+    from ratrain.checkpoint import read_meta, resolve_resume
+
+    resume = resume_arg(resume, save_dir)
+    ckpt = resolve_resume(resume, save_dir) if resume is not None else None
+    if ckpt is None:
+        return None
+    try:
+        return ModelSpec.from_dict(read_meta(ckpt)["model"])
+    except (KeyError, TypeError, RatrainError) as e:
+        raise RatrainError(f"checkpoint {str(ckpt)!r}: unreadable model spec ({e})") from None
+
+
 def resume_dir(
     spec: ModelSpec,
     plan: Plan,
@@ -85,8 +109,7 @@ def resume_dir(
     from ratrain.checkpoint import complete_checkpoints, read_meta, resolve_resume
     from ratrain.checkpoint.io import check_compatible
 
-    if resume is None and save_dir and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-        resume = "auto"
+    resume = resume_arg(resume, save_dir)
     if resume is None:
         if save_dir and complete_checkpoints(save_dir):
             newest = complete_checkpoints(save_dir)[-1].name

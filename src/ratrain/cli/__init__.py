@@ -26,6 +26,9 @@ COMMANDS = {
     "verify": "compare losses of the reference trainer, Baseline-1F1B and RATrain",
     "bench": "benchmarks (bench paper: the paper's evaluation by simulation)",
     "export": "write a checkpoint's weights as a Hugging Face model (config.json + safetensors)",
+    "prepare": "tokenize text (.jsonl, .txt, .parquet) into token files for train --data",
+    "generate": "continue a prompt with a checkpoint or a Hugging Face model (KV cache, CPU)",
+    "eval": "the held-out loss of a checkpoint, through the pipeline (as train --eval-every)",
     "calibrate": "measure this machine (kernels, communication, runtime costs): a platform file",
     "validate": "run a grid of plans for real and set each beside its prediction",
 }
@@ -61,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     # Warnings (e.g. a platform measured on another host) as one line each.
     warnings.formatwarning = lambda msg, cat, *a, **k: f"ratrain: warning: {msg}\n"
     parser, module = _build_parser(argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a usage error (its one line printed: code 2) or --help (0)
+        return e.code if isinstance(e.code, int) else 2
     if module is None:
         parser.print_help()
         return 2
@@ -70,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     except RatrainError as e:
         print(f"ratrain {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print(f"ratrain {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        # Ctrl-C, or a signal a command turned into one line and an exit code
+        # (`ratrain.launch.faults.Interrupted`: 128 + the signal)
+        print(f"ratrain {args.command}: {str(e) or 'interrupted'}", file=sys.stderr)
+        return int(getattr(e, "exit_code", 130))
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away: stop quietly, as Unix tools do.
         import os

@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
-from ratrain.cli.common import add_model_arg, positive_int
+from ratrain.cli.common import add_model_arg, nonempty, nonneg_float, positive_int
 from ratrain.errors import RatrainError
 from ratrain.platforms import PLATFORM_PRESETS
 
-__all__ = ["add_arguments", "run", "DEFAULT_BATCH_TOKENS", "DEFAULT_TIME_BUDGET_S"]
+__all__ = [
+    "add_arguments",
+    "run",
+    "default_global_batch",
+    "DEFAULT_BATCH_TOKENS",
+    "SEQS_PER_CLUSTER",
+    "DEFAULT_TIME_BUDGET_S",
+]
 
 DEFAULT_TIME_BUDGET_S = 1.2
 """assumed: an interactive answer within about 2 s of a fresh process (start-up about 0.3 s,
@@ -51,13 +59,37 @@ def explain_budget_s(budget_s: float, search_s: float) -> float:
 
 
 DEFAULT_BATCH_TOKENS = 4 * 2**20
-"""LLaMA 2's global batch, 4M tokens (Touvron et al. 2023, §2.2): 1024 sequences of 4096."""
+"""LLaMA 2's global batch, 4M tokens (Touvron et al. 2023, §2.2): 1024 sequences of 4096;
+the paper's runs use it. The most tokens `default_global_batch` gives."""
+
+SEQS_PER_CLUSTER = 16
+"""assumed: the default global batch gives each cluster 16 sequences a step. On any pp x dp
+within the clusters, at micro-batch 1 each pipeline then runs at least 16 x pp
+microbatches, so 1F1B's bubble, (pp - 1) / (m + pp - 1), stays under 1/17 (6%) at any
+depth, and the per-step costs (gradient sync, optimizer update) are spread over 16
+sequences of compute per cluster; more only lengthens the step (and the time between
+updates). Capped at `DEFAULT_BATCH_TOKENS` (from 64 clusters at seq 4096), where the
+planner trades depth for the bubble itself, as in the paper."""
+
+BATCH_RULE = (
+    f"{SEQS_PER_CLUSTER} sequences per cluster, at most "
+    f"{DEFAULT_BATCH_TOKENS // 2**20}M tokens as in the paper"
+)
+"""The default global batch's rule in words (`ratrain plan --help`, its output)."""
+
+
+def default_global_batch(seq: int, clusters: int) -> int:
+    """The global batch (sequences) `ratrain plan` takes without --global-batch:
+    `SEQS_PER_CLUSTER` per cluster, capped at `DEFAULT_BATCH_TOKENS` (LLaMA 2's 4M tokens,
+    the paper's batch, which large clusters reach: 64 clusters at seq 4096), at least 1."""
+    return max(1, min(DEFAULT_BATCH_TOKENS // seq, SEQS_PER_CLUSTER * clusters))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arg(p, default="llama2-7b")
     p.add_argument(
         "--platform",
+        type=nonempty,
         default="mt3000",
         help=f"a preset ({', '.join(PLATFORM_PRESETS)}) or a platform YAML file (default mt3000)",
     )
@@ -71,7 +103,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     batch.add_argument(
         "--global-batch",
         type=positive_int,
-        help="sequences per optimizer step, over all replicas (default: 4M tokens / --seq)",
+        help=f"sequences per optimizer step, over all replicas (default: {BATCH_RULE}: "
+        f"min({DEFAULT_BATCH_TOKENS // 2**20}M tokens / --seq, {SEQS_PER_CLUSTER} x --clusters), "
+        "which below the cap keeps the 1F1B bubble under 6%% at micro-batch 1 at any pipeline "
+        "depth)",
     )
     batch.add_argument(
         "--global-batch-tokens",
@@ -112,7 +147,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument(
         "--time-budget",
-        type=float,
+        type=nonneg_float,
         default=DEFAULT_TIME_BUDGET_S,
         metavar="SECONDS",
         help="stop the search after this long once a plan fits, and report how far the best "
@@ -127,7 +162,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _request(args: argparse.Namespace):
     from ratrain.models.presets import resolve_model
-    from ratrain.planner import Request, parse_pins
+    from ratrain.planner import Request
     from ratrain.planner.families import ALL_FAMILIES
     from ratrain.platforms import load
 
@@ -139,12 +174,132 @@ def _request(args: argparse.Namespace):
                 f"--global-batch-tokens {args.global_batch_tokens} is not a multiple of --seq {seq}"
             )
         gb = args.global_batch_tokens // seq
+    elif args.global_batch is not None:
+        gb = args.global_batch
     else:
-        gb = args.global_batch or max(1, DEFAULT_BATCH_TOKENS // seq)
+        gb = default_global_batch(seq, args.clusters)
     families = tuple(dict.fromkeys(args.family)) if args.family else ALL_FAMILIES
-    return Request(
-        spec, platform, args.clusters, gb, seq, pins=parse_pins(args.pin), families=families
+    pins = _pins(args.pin)
+    _check_size(spec, args.clusters, gb, pins)
+    return Request(spec, platform, args.clusters, gb, seq, pins=pins, families=families)
+
+
+def _batch_note(args: argparse.Namespace, req) -> str | None:
+    """The line that says the global batch is the default and by which rule (None when
+    --global-batch or --global-batch-tokens gave it)."""
+    if args.global_batch is not None or args.global_batch_tokens is not None:
+        return None
+    return (
+        f"global batch {req.global_batch:,} sequences (default: {BATCH_RULE}; here "
+        f"min({DEFAULT_BATCH_TOKENS // req.seq:,}, {SEQS_PER_CLUSTER} x {req.clusters}); "
+        "--global-batch sets it)"
     )
+
+
+def _pins(items: list[str]) -> dict:
+    """--pin's values, each checked as the plan field it sets (one line naming the pin)."""
+    from ratrain.config import Plan
+    from ratrain.planner import parse_pins
+
+    for item in items:
+        try:
+            parse_pins([item])
+        except RatrainError:
+            raise
+        except ValueError:  # a value the field's type does not read (clip_grad=abc)
+            raise RatrainError(f"pin {item!r}: expected a number (or none: no clipping)") from None
+    pins = parse_pins(items)
+    if isinstance(pins.get("loss_chunk_tokens"), str):
+        text = pins["loss_chunk_tokens"]
+        pins["loss_chunk_tokens"] = None if text.lower() == "none" else _pin_int(text)
+    for name, value in pins.items():
+        around = {"global_batch": 1}
+        if name in ("layer_split", "recompute") and isinstance(value, tuple):
+            around["pp"] = len(value)
+        if name in ("dp", "micro_batch") and isinstance(value, int) and value > 0:
+            around["global_batch"] = value
+        if name == "schedule" and value == "fsdp-pp":
+            around["shard_optimizer"] = True
+        try:
+            Plan(**{**around, name: value})
+        except RatrainError as e:
+            why = str(e).removeprefix("plan: ")
+            raise RatrainError(f"--pin {name}={_text(value)}: {why}") from None
+    return pins
+
+
+def _pin_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise RatrainError(f"pin loss_chunk_tokens={text!r}: expected an integer or none") from None
+
+
+def _text(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _check_size(spec, clusters: int, global_batch: int, pins: dict) -> None:
+    """Refuse a request the planner cannot search in reasonable time: more clusters than
+    `MAX_RANKS`, or a pipeline shape it would examine with more than `MAX_MICROBATCHES`
+    microbatches per step (its schedule alone would take minutes and gigabytes)."""
+    from ratrain.config import MAX_MICROBATCHES, MAX_RANKS
+
+    if clusters > MAX_RANKS:
+        raise RatrainError(
+            f"--clusters {clusters:,}: more than the {MAX_RANKS:,} compute units ratrain plans for"
+        )
+    worst = _most_microbatches(spec.n_layers, clusters, global_batch, pins)
+    if worst is not None and worst[0] > MAX_MICROBATCHES:
+        m, pp, mb, dp = worst
+        raise RatrainError(
+            f"a global batch of {global_batch:,} sequences on {clusters:,} clusters: the "
+            f"shape pp={pp}, dp={dp:,}, micro-batch {mb} has {m:,} microbatches per step (dp "
+            f"divides the batch), more than the {MAX_MICROBATCHES:,} a schedule holds; lower "
+            "--global-batch, pick one with more divisors, or --pin pp / micro_batch"
+        )
+
+
+def _most_microbatches(layers: int, clusters: int, gb: int, pins: dict):
+    """(microbatches, pp, micro_batch, dp) of the pipeline shape with the most microbatches
+    per step among those the planner examines (`ratrain.planner.space.structures`: for each
+    pp and micro-batch, the largest dp that fits the clusters and divides the batch); None
+    when there is none."""
+    import bisect
+
+    from ratrain.config import MAX_MICROBATCHES
+    from ratrain.planner.space import MICRO_BATCHES
+
+    pps = [pins["pp"]] if "pp" in pins else range(1, min(layers, clusters) + 1)
+    mbs = [pins["micro_batch"]] if "micro_batch" in pins else MICRO_BATCHES
+    worst = None
+    for mb in mbs:
+        if gb % mb:
+            continue
+        if gb // mb > MAX_MICROBATCHES * clusters:  # more than the cap on every shape
+            return gb // mb // clusters, min(pps), mb, clusters
+        divisors = _divisors(gb // mb) if "dp" not in pins else [pins["dp"]]
+        for pp in pps:
+            limit = clusters // pp
+            if pp > min(layers, clusters) or limit < 1:
+                continue
+            dp = (
+                divisors[bisect.bisect_right(divisors, limit) - 1]
+                if "dp" not in pins
+                else pins["dp"]
+            )
+            if dp < 1 or (gb // mb) % dp:
+                continue
+            cand = (gb // (mb * dp), pp, mb, dp)
+            worst = cand if worst is None or cand > worst else worst
+    return worst
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of n, ascending (n is at most MAX_MICROBATCHES x MAX_RANKS here: the
+    trial divisions stop at its square root, under a million)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def _progress(args):
@@ -184,12 +339,12 @@ def _schedule_of(family: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ratrain.cli.outputs import prepare_output_file
+    from ratrain.cli.outputs import PLOT_SUFFIXES, prepare_output_file
     from ratrain.planner import explain, search
     from ratrain.planner.report import plot_memory, result_json
 
     prepare_output_file(args.output, "-o")
-    prepare_output_file(args.plot, "--plot")
+    prepare_output_file(args.plot, "--plot", PLOT_SUFFIXES)
     req = _request(args)
     progress = _progress(args)
     budget = _budget(args)
@@ -208,11 +363,12 @@ def run(args: argparse.Namespace) -> int:
             unexamined=res.structures_left if res.unfinished else None,
         )
         if args.json:
-            doc = result_json(res, explanation=ex)
+            doc = _with_batch_rule(result_json(res, explanation=ex), args)
             doc["explanation"]["text"] = _untimed_lines(res, ex.lines())
             print(json.dumps(doc))
         else:
-            print("\n".join(_untimed_lines(res, ex.lines())))
+            note = _batch_note(args, req)
+            print("\n".join([*([note] if note else []), *_untimed_lines(res, ex.lines())]))
         return 2
     baselines = _baselines(req, progress, budget) if args.baselines else None
     best = res.best
@@ -225,10 +381,18 @@ def run(args: argparse.Namespace) -> int:
             title=f"{req.spec.name} on {req.platform.name}, {req.clusters} clusters",
         )
     if args.json:
-        print(json.dumps(result_json(res, baselines=baselines)))
+        print(json.dumps(_with_batch_rule(result_json(res, baselines=baselines), args)))
         return 0
     _print(res, baselines, args)
     return 0
+
+
+def _with_batch_rule(doc: dict, args: argparse.Namespace) -> dict:
+    """`doc` with `global_batch_default`: the rule that gave the global batch, or None
+    where a flag gave it."""
+    given = args.global_batch is not None or args.global_batch_tokens is not None
+    doc["global_batch_default"] = None if given else BATCH_RULE
+    return doc
 
 
 def _untimed_lines(res, lines: list[str]) -> list[str]:
@@ -289,6 +453,9 @@ def _print(res, baselines, args) -> None:
         f"{res.candidates_total} candidates ({res.candidates_simulated} simulated) in "
         f"{res.search_time_s:.1f} s"
     )
+    note = _batch_note(args, req)
+    if note:
+        print(note)
     if res.cut:
         print(
             f"search cut at its time budget ({args.time_budget:g} s): no plan of the space is "

@@ -11,10 +11,24 @@ import os
 import sys
 import time
 
-from ratrain.cli.common import add_model_arg, add_plan_args, plan_from_args, positive_int
+from ratrain.cli.common import (
+    add_model_arg,
+    add_plan_args,
+    nonempty,
+    nonneg_float,
+    nonneg_int,
+    plan_from_args,
+    positive_float,
+    positive_int,
+    timeout_s,
+)
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
-from ratrain.launch.host_memory import check_mmap_threshold
+from ratrain.launch.host_memory import (
+    HOST_ALLOCATORS,
+    check_mmap_threshold,
+    resolve_host_allocator,
+)
 from ratrain.models.counts import total_params
 from ratrain.models.spec import ModelSpec
 from ratrain.train.request import TrainRequest
@@ -27,6 +41,7 @@ __all__ = [
     "train_config_from_args",
     "train_request_from_args",
     "data_source",
+    "eval_data_source",
     "cpu_threads",
 ]
 
@@ -46,12 +61,13 @@ SMALL_MODEL_PARAMS = 50_000_000  # below this, one CPU thread by default (see --
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arg(p)  # default: the plan file's model, else tiny
+    add_model_arg(p)  # default: the plan file's, else the resumed checkpoint's, else tiny
     add_plan_args(p, defaults=PLAN_DEFAULTS)
     g = p.add_argument_group("training")
     _add_optimizer_args(g)
     _add_runtime_args(g)
     _add_data_args(p.add_argument_group("data"))
+    _add_eval_args(p.add_argument_group("evaluation (see docs/runtime.md)"))
     _add_output_args(p.add_argument_group("output"))
     _add_checkpoint_args(p.add_argument_group("checkpoints (see docs/checkpoints.md)"))
 
@@ -60,34 +76,36 @@ def _add_optimizer_args(g) -> None:
     """Steps, learning-rate schedule, weight decay, seed."""
     g.add_argument(
         "--steps",
-        type=int,
+        type=nonneg_int,
         default=DEFAULT_STEPS,
         help=f"optimizer steps (default {DEFAULT_STEPS})",
     )
     g.add_argument(
         "--lr",
-        type=float,
+        type=positive_float,
         default=DEFAULT_LR,
         help=f"peak learning rate (default {DEFAULT_LR:g}; lower it for larger models)",
     )
     g.add_argument(
-        "--min-lr", type=float, help="final learning rate of the cosine (default lr / 10)"
+        "--min-lr", type=nonneg_float, help="final learning rate of the cosine (default lr / 10)"
     )
-    g.add_argument("--warmup", type=int, help="linear warmup steps (default steps / 15)")
+    g.add_argument("--warmup", type=nonneg_int, help="linear warmup steps (default steps / 15)")
     g.add_argument(
         "--weight-decay",
-        type=float,
+        type=nonneg_float,
         default=0.1,
         help="AdamW decoupled weight decay on matrices (default 0.1)",
     )
     g.add_argument(
-        "--seed", type=int, default=0, help="seed of the weights and of the data (default 0)"
+        "--seed", type=nonneg_int, default=0, help="seed of the weights and of the data (default 0)"
     )
 
 
 def _add_runtime_args(g) -> None:
     """Kernels, compilation, placement, host memory, threads, processes, timeout."""
-    g.add_argument("--backend", default="torch", help="kernel backend (default torch)")
+    g.add_argument(
+        "--backend", type=nonempty, default="torch", help="kernel backend (default torch)"
+    )
     g.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
@@ -102,13 +120,15 @@ def _add_runtime_args(g) -> None:
         "them, stages mixed per core); torchrun and Slurm ranks keep their placement",
     )
     g.add_argument(
-        "--cpu-caching-allocator",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="distributed runtime, CPU: serve tensors from a caching allocator that reuses "
-        "freed blocks by size instead of fragmenting malloc's heap (built once with the C++ "
-        "compiler; default off: it aborts bf16 runs on CPUs with native bf16 units; see "
-        "docs/runtime.md)",
+        "--host-allocator",
+        choices=HOST_ALLOCATORS,
+        default="auto",
+        help="distributed runtime: the malloc preloaded into the locally spawned ranks "
+        "(LD_PRELOAD): tcmalloc (Debian package libtcmalloc-minimal4) or jemalloc "
+        "(libjemalloc2) fragment less than glibc's malloc and leave less freed memory "
+        "resident (rank 0's peak RSS 11-13%% lower on the issue-12 job); default auto: "
+        "tcmalloc if installed, else jemalloc, else malloc (glibc's). torchrun/Slurm ranks "
+        "keep the LD_PRELOAD they were launched with; see docs/runtime.md",
     )
     g.add_argument(
         "--malloc-mmap-threshold",
@@ -117,22 +137,22 @@ def _add_runtime_args(g) -> None:
         metavar="BYTES",
         help="distributed runtime, CPU: each rank fixes glibc's mmap threshold to this, so "
         "freed tensors of at least this size go back to the OS and resident memory follows "
-        "live tensors, at the price of a page fault per fresh allocation; it matters with "
-        "--no-cpu-caching-allocator (131072 then cut rank 0's peak RSS by 15%% and cost "
-        "tokens/s on the issue-12 job; default 0: glibc's own dynamic threshold; see "
+        "live tensors, at the price of a page fault per fresh allocation; glibc's malloc only "
+        "(--host-allocator auto then means malloc; 131072 cut rank 0's peak RSS by 15%% and "
+        "cost tokens/s on the issue-12 job; default 0: glibc's own dynamic threshold; see "
         "docs/runtime.md)",
     )
     g.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         help="CPU threads per process (default: one process: 1 for models under 50M "
         "parameters, whose small GEMMs gain nothing from more and lose much when cores are "
         "shared, else torch's; several ranks: the CPUs this process may use, shared by them)",
     )
-    g.add_argument("--nproc", type=int, help="processes to launch; must equal pp x dp")
+    g.add_argument("--nproc", type=positive_int, help="processes to launch; must equal pp x dp")
     g.add_argument(
         "--timeout",
-        type=float,
+        type=timeout_s,
         help="rendezvous/collective timeout in s: a stuck or lost rank fails the job after it "
         "(default 300)",
     )
@@ -141,21 +161,86 @@ def _add_runtime_args(g) -> None:
 def _add_data_args(d) -> None:
     d.add_argument(
         "--data",
+        type=nonempty,
         default="synthetic",
-        help="synthetic, or a .txt/.jsonl file, or a token file (.bin/.u16/.u32)",
+        help="synthetic, or a .txt/.jsonl file, or a token file (.bin/.u16/.u32), or a "
+        "directory `ratrain prepare` wrote (its train split and its tokenizer)",
     )
     d.add_argument(
         "--tokenizer",
-        help="a Hugging Face tokenizer.json (or its directory) for text data; default: bytes",
+        type=nonempty,
+        help="a Hugging Face tokenizer.json (or its directory) for text data; default: bytes. "
+        "Checkpoints (--save) keep a copy, which `export` and `generate` use",
     )
     d.add_argument(
         "--data-dtype", choices=("uint16", "uint32"), help="token dtype of a binary token file"
     )
 
 
+def _add_eval_args(e) -> None:
+    e.add_argument(
+        "--eval-every",
+        type=positive_int,
+        metavar="N",
+        help="every N steps and after the last, the loss on a held-out set through the "
+        "pipeline (forward only), as eval_loss in the metrics: the val split of a --data "
+        "directory `ratrain prepare` wrote, or --eval-data",
+    )
+    e.add_argument(
+        "--eval-data",
+        type=nonempty,
+        metavar="SOURCE",
+        help="the held-out data: anything --data takes (a prepared directory: its val "
+        "split); --tokenizer and --data-dtype apply to it as to --data",
+    )
+    e.add_argument(
+        "--eval-tokens",
+        type=positive_int,
+        metavar="T",
+        help="the held-out set's size: ceil(T / seq) sequences, rounded up to whole "
+        "microbatches of every replica, the same ones at every evaluation (default 32 "
+        "sequences)",
+    )
+
+
+def _check_eval_flags(args: argparse.Namespace) -> None:
+    """--eval-data and --eval-tokens only with --eval-every, which needs a held-out set."""
+    for flag in ("eval_data", "eval_tokens"):
+        if getattr(args, flag) is not None and args.eval_every is None:
+            raise RatrainError(f"--{flag.replace('_', '-')} needs --eval-every N")
+    if args.eval_every is not None and args.eval_data is None and not os.path.isdir(args.data):
+        raise RatrainError(
+            "--eval-every needs a held-out set: pass --eval-data SOURCE, or --data a "
+            "directory `ratrain prepare` wrote (its val split)"
+        )
+
+
+def eval_data_source(args: argparse.Namespace, spec: ModelSpec, plan: Plan):
+    """A factory of the held-out source of --eval-every (None without it): --eval-data, else
+    the val split of the prepared --data directory (`held_out_source`)."""
+    if args.eval_every is None:
+        return None
+    from ratrain.train.job import held_out_source
+
+    return functools.partial(
+        held_out_source,
+        args.eval_data or args.data,
+        spec,
+        plan.seq,
+        args.seed,
+        tokenizer=args.tokenizer,
+        dtype=args.data_dtype,
+    )
+
+
 def _add_output_args(o) -> None:
     o.add_argument("--metrics", help="write per-step metrics as JSON lines to this file")
-    o.add_argument("--tensorboard", metavar="DIR", help="also log to TensorBoard (if installed)")
+    o.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="also log to TensorBoard (needs the tensorboard package: "
+        "pip install 'ratrain[tensorboard]')",
+    )
     o.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -171,16 +256,20 @@ def _add_checkpoint_args(c) -> None:
     )
     c.add_argument(
         "--resume",
+        type=nonempty,
         metavar="DIR|auto",
         help="continue from a checkpoint (a step-* directory, or a --save directory's newest); "
         "auto: the newest complete one under --save, or a fresh start if there is none. Under "
-        "torchrun a restarted job resumes from --save by itself",
+        "torchrun a restarted job resumes from --save by itself. Without --model the model is "
+        "the checkpoint's",
     )
     c.add_argument(
         "--init-from",
+        type=nonempty,
         metavar="HF_DIR",
         help="start from Hugging Face weights (config.json + safetensors); the model comes "
-        "from HF_DIR",
+        "from HF_DIR. With --resume auto: continue from --save's newest checkpoint if there "
+        "is one, else start from HF_DIR (one command line for the first run and its restarts)",
     )
 
 
@@ -218,7 +307,7 @@ def train_request_from_args(args: argparse.Namespace) -> TrainRequest:
         backend=args.backend,
         compile_units=bool(args.compile),
         pin_cores=bool(args.pin_cores),
-        cpu_caching_allocator=bool(args.cpu_caching_allocator),
+        host_allocator=args.host_allocator,
         malloc_mmap_threshold_bytes=args.malloc_mmap_threshold,
         timeout_s=args.timeout,
         metrics_path=args.metrics,
@@ -230,6 +319,8 @@ def train_request_from_args(args: argparse.Namespace) -> TrainRequest:
         resume=args.resume,
         init_from=args.init_from,
         run_steps=0 if args.steps == 0 else None,  # --steps 0: save the starting state
+        eval_every=args.eval_every,
+        eval_tokens=args.eval_tokens,
     )
 
 
@@ -250,16 +341,18 @@ def data_source(args: argparse.Namespace, spec: ModelSpec, plan: Plan):
 
 def run(args: argparse.Namespace) -> int:
     cfg = _check_flags(args)
-    spec, plan = plan_from_args(args, default_model="tiny")
+    spec, plan = plan_from_args(args, default_model=_default_model(args))
     _check_processes(args, plan)
     distributed = plan.pp * plan.dp > 1 or args.nproc is not None
-    if distributed or args.save or args.resume or args.init_from:
-        # Checkpoints and HF weights live in the distributed runtime (also on one process).
+    if distributed or args.save or args.resume or args.init_from or args.eval_every:
+        # Checkpoints, HF weights and evaluation live in the distributed runtime (also on
+        # one process).
         from ratrain.train.command import run_distributed
 
         request, source = train_request_from_args(args), data_source(args, spec, plan)
+        held_out = eval_data_source(args, spec, plan)
         with _omp_threads(args.threads):  # each rank's threads (the launcher reads it)
-            return run_distributed(request, spec, plan, cfg, source)
+            return run_distributed(request, spec, plan, cfg, source, held_out)
     _note_ignored_flags(args, plan)
     return run_reference(args, spec, plan)
 
@@ -267,26 +360,45 @@ def run(args: argparse.Namespace) -> int:
 def _check_flags(args: argparse.Namespace) -> TrainConfig:
     """The flags' errors (one line each) before anything is built; the training config.
     With --init-from, --model becomes its config.json."""
-    from ratrain.cli.outputs import prepare_output_dir, prepare_output_file
+    from ratrain.cli.outputs import check_output_dir, prepare_output_dir, prepare_output_file
+    from ratrain.observe.metrics import require_tensorboard
 
+    if args.tensorboard is not None:  # a bad folder says so; then a missing package does
+        check_output_dir(args.tensorboard, "--tensorboard")
+        require_tensorboard()
     prepare_output_file(args.metrics, "--metrics")
     prepare_output_dir(args.tensorboard, "--tensorboard")
     cfg = train_config_from_args(args)
     check_mmap_threshold(args.malloc_mmap_threshold)
+    _check_inputs(args)
+    if args.host_allocator != "auto":  # one not installed: one line before any work
+        resolve_host_allocator(args.host_allocator, args.malloc_mmap_threshold)
     _check_checkpoint_flags(args)
+    _check_eval_flags(args)
     if args.init_from:
         from ratrain.models.hf_config import from_hf_config
 
         if args.model is not None:
             raise RatrainError("--init-from takes the model from its config.json; drop --model")
-        if args.resume:
+        if args.resume not in (None, "auto"):  # auto: --save's newest, else HF_DIR
             raise RatrainError(
-                "--init-from and --resume exclude each other (a checkpoint "
-                "already holds the weights)"
+                f"--init-from takes --resume auto only (continue from --save's newest "
+                f"checkpoint, else start from HF_DIR); --resume {args.resume} already holds "
+                "the weights: drop --init-from"
             )
         from_hf_config(args.init_from)  # a config error is reported as such, first
         args.model = _config_path(args.init_from)
     return cfg
+
+
+def _default_model(args: argparse.Namespace) -> str | ModelSpec:
+    """The model when neither --model nor --plan (nor --init-from) names one: that of the
+    checkpoint --resume continues (its ratrain.json holds the full spec), else tiny."""
+    if args.model is None and not args.plan and (args.resume or args.save):
+        from ratrain.checkpoint.hooks import checkpoint_model
+
+        return checkpoint_model(args.resume, args.save) or "tiny"
+    return "tiny"
 
 
 def _check_processes(args: argparse.Namespace, plan: Plan) -> None:
@@ -302,6 +414,34 @@ def _check_processes(args: argparse.Namespace, plan: Plan) -> None:
         )
 
 
+MAX_THREADS_PER_CPU = 4
+"""assumed: --threads above 4 per CPU of the machine only wait for cores (torch's pool of
+10**5 threads crashes the process)."""
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """--backend, --tokenizer and --threads, before any file is opened or rank started."""
+    from ratrain.kernels.registry import available_backends
+
+    if args.backend not in available_backends():
+        raise RatrainError(
+            f"--backend {args.backend!r}: unknown; choose one of {', '.join(available_backends())}"
+        )
+    tok = args.tokenizer
+    if tok is not None and not os.path.isfile(os.path.join(tok, "tokenizer.json")):
+        if not os.path.isfile(tok):
+            raise RatrainError(
+                f"--tokenizer {tok!r}: no such file, nor a folder holding tokenizer.json; "
+                "give a tokenizer.json or its folder"
+            )
+    most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
+    if args.threads is not None and args.threads > most:
+        raise RatrainError(
+            f"--threads {args.threads}: more than {most} ({MAX_THREADS_PER_CPU} per CPU of "
+            "this machine); give at most that"
+        )
+
+
 def _note_ignored_flags(args: argparse.Namespace, plan: Plan) -> None:
     """Say which flags the single-process reference trainer does not apply."""
     if args.compile or plan.loss_chunk_tokens:
@@ -311,12 +451,16 @@ def _note_ignored_flags(args: argparse.Namespace, plan: Plan) -> None:
             "with the plain loss",
             file=sys.stderr,
         )
-    if args.malloc_mmap_threshold:
-        print(
-            "ratrain train: --malloc-mmap-threshold applies to the pipeline runtime's ranks "
-            "(pp x dp > 1, or --nproc 1); the single-process reference trainer ignores it",
-            file=sys.stderr,
-        )
+    for flag, value in (
+        ("--malloc-mmap-threshold", args.malloc_mmap_threshold),
+        ("--host-allocator", args.host_allocator != "auto"),
+    ):
+        if value:
+            print(
+                f"ratrain train: {flag} applies to the pipeline runtime's ranks (pp x dp > 1, "
+                "or --nproc 1); the single-process reference trainer ignores it",
+                file=sys.stderr,
+            )
 
 
 @contextlib.contextmanager

@@ -47,6 +47,9 @@ def _max_token(tokens: np.ndarray) -> int:
 class BinSource(WindowSource):
     """Random windows of a memory-mapped token file; every id is checked against `vocab` on load."""
 
+    tokenizer_path: Path | None = None
+    """The tokenizer.json the ids come from, when known (--tokenizer, a prepared directory)."""
+
     def __init__(
         self, path: str | Path, vocab: int, seq: int, seed: int = 0, dtype: str | None = None
     ):

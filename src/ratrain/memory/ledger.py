@@ -14,7 +14,9 @@ order and keeps the bytes of each class (`STATE_CLASSES`):
                  lands, then 1/dp
     activation   per (unit, mb) from F to the end of B (`activation_bytes` under the
                  unit's recompute policy); a RECOMPUTE adds what the policy dropped until
-                 the B ends; OFFLOAD takes the bytes off the device, RELOAD brings them back
+                 the B ends; OFFLOAD takes the bytes off the device, RELOAD brings them back.
+                 In a forward-only schedule (an evaluation, `ratrain.schedule.eval`) only
+                 while the F runs: under no_grad nothing is kept
     comm_buffer  stage-boundary buffers: a received activation (RECV_F until the first
                  unit's F takes it as its input) or gradient (RECV_B until the last unit's
                  B ends), an outgoing one from the F/B producing it until its SEND lands
@@ -209,6 +211,7 @@ class _StageReplay:
         self, sch: Schedule, spec: ModelSpec, plan: Plan, s: int, flash: bool, eager: bool = False
     ):
         self.sch, self.s, self.acts = sch, s, sch.stages[s]
+        self.forward_only = bool(sch.meta.get("forward_only"))
         units = sch.meta["stage_units"][s]
         self.first_unit, self.last_unit = units[0], units[-1]
         self.recv_input = s > 0
@@ -267,6 +270,8 @@ class _StageReplay:
             if u == self.last_unit and self.send_output:
                 st[_COMM] += self.boundary  # the output, held until its SEND lands
             st[_WS] += self.fws[u]
+            if self.forward_only:  # no_grad: nothing is kept for a backward
+                return [(_WS, self.fws[u]), (_ACT, self.act.pop((u, a.mb)))]
             return [(_WS, self.fws[u])]
         if op is _B:
             u = a.units[0]

@@ -201,23 +201,33 @@ def hf_model_type(spec: ModelSpec) -> str:
     return "qwen2" if spec.qkv_bias else "llama"
 
 
-def to_hf_config(spec: ModelSpec) -> dict:
-    """A config.json dict that transformers reads as the same model as `spec`."""
+def _hf_rope(spec: ModelSpec) -> tuple[dict, dict | None]:
+    """(rope_parameters, rope_scaling) of `spec`: transformers 5 reads `rope_parameters`
+    (`rope_scaling` wins when set), transformers 4.x `rope_theta` and `rope_scaling` (None
+    for the default rope type); both name the same frequencies."""
+    scaling: dict = {"rope_type": spec.rope_type}
+    if spec.rope_type != "default":
+        scaling["factor"] = spec.rope_factor
+    if spec.rope_type == "llama3":
+        scaling.update(
+            low_freq_factor=spec.rope_low_freq_factor,
+            high_freq_factor=spec.rope_high_freq_factor,
+            original_max_position_embeddings=spec.rope_original_max_seq,
+        )
+    params = {**scaling, "rope_theta": spec.rope_theta}
+    return params, (None if spec.rope_type == "default" else scaling)
+
+
+def to_hf_config(spec: ModelSpec, token_ids: dict | None = None) -> dict:
+    """A config.json dict that transformers (5 and 4.x) reads as the same model as `spec`;
+    `token_ids` (bos_token_id, eos_token_id) from the model's tokenizer, when known."""
     mt = hf_model_type(spec)
     if spec.position == "alibi" or mt == "baichuan":
         raise RatrainError(
             f"model {spec.name!r}: exporting Baichuan (NormHead/ALiBi) configs is not supported; "
             "transformers has no built-in class for it"
         )
-    rope = {"rope_type": spec.rope_type, "rope_theta": spec.rope_theta}
-    if spec.rope_type != "default":
-        rope["factor"] = spec.rope_factor
-    if spec.rope_type == "llama3":
-        rope.update(
-            low_freq_factor=spec.rope_low_freq_factor,
-            high_freq_factor=spec.rope_high_freq_factor,
-            original_max_position_embeddings=spec.rope_original_max_seq,
-        )
+    rope, scaling = _hf_rope(spec)
     cfg = {
         "architectures": ["Qwen2ForCausalLM" if mt == "qwen2" else "LlamaForCausalLM"],
         "model_type": mt,
@@ -232,9 +242,14 @@ def to_hf_config(spec: ModelSpec) -> dict:
         "rms_norm_eps": spec.norm_eps,
         "tie_word_embeddings": spec.tied_embeddings,
         "rope_parameters": rope,
+        "rope_theta": spec.rope_theta,
+        "rope_scaling": scaling,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
     }
     if mt == "llama":
         cfg.update(attention_bias=False, mlp_bias=False, head_dim=spec.head_dim)
+    for key in ("bos_token_id", "eos_token_id"):
+        if (token_ids or {}).get(key) is not None:
+            cfg[key] = token_ids[key]
     return cfg

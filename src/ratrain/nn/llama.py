@@ -15,6 +15,10 @@ prefix rewrite (`ratrain.nn.hf_weights`). GEMMs and attention go through a
 `ratrain.kernels.Backend`; norms, softmax and RoPE are done in fp32 and cast back, as in
 Hugging Face, so bf16/fp16 parameters work.
 
+Decoding: `LlamaModel.forward(tokens, cache)` with a `KVCache` keeps each block's keys and
+values, so a prompt is run once and each new token costs one position (`ratrain.nn.generate`);
+without a cache (training) the computation is unchanged.
+
 Tied embeddings: `LlamaModel` shares one Parameter between `units[0]` and `units[-1]`. A
 `Head` built alone for a tied spec owns its own copy (initialised to the same values as the
 embedding); a pipeline runtime that places the two units on different stages must keep the
@@ -40,6 +44,7 @@ __all__ = [
     "Block",
     "Head",
     "LlamaModel",
+    "KVCache",
     "build_unit",
     "init_weights",
     "cross_entropy",
@@ -95,6 +100,52 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
 
 
+# --- the KV cache for decoding --------------------------------------------------------
+
+
+class LayerKV:
+    """One block's cached keys and values, (B, n_kv_heads, max_len, head_dim) each."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device):
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.length = 0
+        """Positions cached so far: the next key's position."""
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new positions' keys and values; every cached one, new ones included."""
+        s, t = self.length, k.shape[2]
+        if s + t > self.k.shape[2]:
+            raise ValueError(f"KV cache holds {self.k.shape[2]} positions; {s} + {t} do not fit")
+        self.k[:, :, s : s + t] = k
+        self.v[:, :, s : s + t] = v
+        self.length = s + t
+        return self.k[:, :, : s + t], self.v[:, :, : s + t]
+
+
+class KVCache:
+    """Keys and values of the positions seen so far, per block (inference only). Fill it with
+    the prompt in one forward, then feed one token per forward."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        batch: int,
+        max_len: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
+        if spec.position != "rope":
+            raise ValueError("the KV cache supports RoPE models only (ALiBi: decode uncached)")
+        shape = (batch, spec.n_kv_heads, max_len, spec.head_dim)
+        self.layers = [LayerKV(shape, dtype, device) for _ in range(spec.n_layers)]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length if self.layers else 0
+
+
 # --- building blocks ------------------------------------------------------------------
 
 
@@ -146,19 +197,28 @@ class Attention(nn.Module):
         # Plain floats, not a buffer: `module.to(bf16)` must not round the slopes.
         self.slopes = alibi_slopes(spec.n_heads) if spec.position == "alibi" else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
+        """x (B, T, H); with `cache` (decoding), x holds the positions after the cached ones:
+        the whole prompt into an empty cache, or one token."""
         B, T, H = x.shape
         nh, nkv, hs = self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim
         q = self.q_proj(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = self.k_proj(x).view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
         v = self.v_proj(x).view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-        slopes = None
+        slopes, start = None, 0 if cache is None else cache.length
+        if start and T != 1:
+            raise ValueError("after the prompt, feed the KV cache one token at a time")
         if self.slopes is None:
-            cos, sin = rope_cos_sin(self.spec, T, x.device)
+            cos, sin = rope_cos_sin(self.spec, start + T, x.device)  # rows of positions 0..
+            cos, sin = cos[start:], sin[start:]
             q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
         else:
             slopes = torch.tensor(self.slopes, dtype=torch.float32, device=x.device)
-        y = self.backend.attention(q, k, v, causal=True, alibi_slopes=slopes)  # (B, nh, T, hs)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, nkv, start + T, hs)
+        # One new query after cached keys sees them all: no mask.
+        causal = not start
+        y = self.backend.attention(q, k, v, causal=causal, alibi_slopes=slopes)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
         return self.o_proj(y)
 
@@ -228,8 +288,8 @@ class Block(nn.Module):
         if seed is not None:
             init_weights(self, spec, seed)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x))
+    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -316,10 +376,15 @@ class LlamaModel(nn.Module):
         if spec.tied_embeddings:
             self.units[-1].weight = self.units[0].weight
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits (B, T, V) of tokens (B, T); with `cache`, tokens are the positions after
+        the cached ones (see `KVCache`)."""
         x = tokens
         for unit in self.units:
-            x = unit(x)
+            if cache is not None and isinstance(unit, Block):
+                x = unit(x, cache.layers[unit.layer_index])
+            else:
+                x = unit(x)
         return x
 
 

@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["LiveBytes", "PeakMemory", "resize_storage"]
+__all__ = ["LiveBytes", "PeakMemory", "resize_storage", "peaks_per_rank"]
 
 _ACTIVE: list[LiveBytes] = []  # trackers entered on this process, innermost last
 
@@ -99,11 +99,14 @@ class LiveBytes(TorchDispatchMode):
 
 
 class PeakMemory:
-    """Peak tensor bytes of this rank over a region: the CUDA counter or `LiveBytes`."""
+    """Peak tensor bytes of this rank over a region: the CUDA counter (always on: it costs
+    nothing), or on other devices `LiveBytes` when `enabled` (it slows every operator);
+    `peak_bytes()` is None where nothing counts them (then the step log reports peak RSS,
+    `ratrain.train.step_log`)."""
 
     def __init__(self, device: torch.device, enabled: bool = True):
         self.device = device
-        self.enabled = enabled
+        self.enabled = enabled or device.type == "cuda"
         self.tracker = LiveBytes(device.type) if enabled and device.type != "cuda" else None
 
     def __enter__(self) -> PeakMemory:
@@ -127,3 +130,13 @@ class PeakMemory:
     def __exit__(self, *exc) -> None:
         if self.tracker is not None:
             self.tracker.__exit__(*exc)
+
+
+def peaks_per_rank(tensor_peaks: list[int | None], rss_peaks: list[int]) -> tuple[list[int], str]:
+    """Every rank's peak memory and what it counts: `tensors` where every rank counted its
+    tensor bytes (CUDA's allocator, or `LiveBytes` with `measure_memory`), else `rss`: each
+    process's peak resident set (`ru_maxrss`: tensors plus the runtime, the Python heap and
+    the allocator's free blocks), so that a CPU run without `measure_memory` still says."""
+    if tensor_peaks and all(p is not None for p in tensor_peaks):
+        return [int(p) for p in tensor_peaks], "tensors"
+    return [int(p) for p in rss_peaks], "rss"

@@ -1,13 +1,15 @@
 """Training metrics: a JSONL file, a stderr progress bar, and TensorBoard when available.
 
 No third-party dependency: the progress bar redraws one line on a terminal and prints a
-plain line every `every_s` seconds otherwise (logs, CI); TensorBoard is used only when
-`torch.utils.tensorboard` imports (it needs the `tensorboard` package) and is silently
-skipped otherwise.
+plain line every `every_s` seconds otherwise (logs, CI). TensorBoard needs the
+`tensorboard` package (`pip install 'ratrain[tensorboard]'`): asking for it without the
+package is one line (`require_tensorboard`, which `ratrain train --tensorboard` calls before
+any work), never a run that silently logs nothing.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import sys
@@ -15,7 +17,19 @@ import time
 from pathlib import Path
 from typing import IO
 
-__all__ = ["JsonlWriter", "Progress", "TensorBoardWriter", "format_duration"]
+from ratrain.errors import RatrainError
+
+__all__ = [
+    "JsonlWriter",
+    "Progress",
+    "TensorBoardWriter",
+    "format_duration",
+    "require_tensorboard",
+    "TENSORBOARD_EXTRA",
+]
+
+TENSORBOARD_EXTRA = "pip install 'ratrain[tensorboard]'"
+"""How to install what `--tensorboard` needs (the `tensorboard` extra of pyproject.toml)."""
 
 
 def _finite(value):
@@ -64,7 +78,9 @@ class Progress:
     """`[#####.....] 50/100  3.1 it/s  ETA 0:16  loss 2.314` on stderr.
 
     On a terminal the line is redrawn at most every `redraw_s`; elsewhere one line is
-    printed every `every_s` seconds and at the end. `quiet=True` prints nothing.
+    printed every `every_s` seconds and at the end. `quiet=True` prints nothing. `start`:
+    the steps already done before this run (a resumed run counts on from there; the rate
+    and the ETA are of this run's steps only).
     """
 
     def __init__(
@@ -77,14 +93,15 @@ class Progress:
         redraw_s: float = 0.1,
         width: int = 24,
         quiet: bool = False,
+        start: int = 0,
     ):
         self.total, self.desc, self.width, self.quiet = total, desc, width, quiet
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval_s = redraw_s if self.tty else every_s
-        self.done = 0
+        self.start = self.done = start
         self.postfix = ""
-        self._start = time.perf_counter()
+        self._t0 = time.perf_counter()
         self._last_print = -math.inf
 
     def update(self, n: int = 1, **postfix: float | str) -> None:
@@ -97,8 +114,8 @@ class Progress:
             self._print(now)
 
     def line(self, now: float | None = None) -> str:
-        elapsed = (time.perf_counter() if now is None else now) - self._start
-        rate = self.done / elapsed if elapsed > 0 else 0.0
+        elapsed = (time.perf_counter() if now is None else now) - self._t0
+        rate = (self.done - self.start) / elapsed if elapsed > 0 else 0.0
         eta = (self.total - self.done) / rate if rate > 0 else math.inf
         frac = min(self.done / self.total, 1.0) if self.total else 1.0
         bar = "#" * int(frac * self.width)
@@ -133,17 +150,30 @@ def _fmt(v: float | str) -> str:
     return str(v)
 
 
+def require_tensorboard(flag: str = "--tensorboard") -> None:
+    """One line (RatrainError) unless the `tensorboard` package is installed: checked
+    without importing it (or torch), so a command can refuse before any work."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise RatrainError(
+            f"{flag} needs the tensorboard package, which is not installed: {TENSORBOARD_EXTRA}"
+        )
+
+
 class TensorBoardWriter:
-    """Scalars to TensorBoard under `logdir`; does nothing if TensorBoard is not installed."""
+    """Scalars to TensorBoard under `logdir` (None: a writer that does nothing). A `logdir`
+    without the `tensorboard` package installed is one line (RatrainError)."""
 
     def __init__(self, logdir: str | Path | None):
         self._w = None
         if logdir is None:
             return
+        require_tensorboard()
         try:
             from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            return
+        except ImportError as e:  # installed, yet not importable (a broken install)
+            raise RatrainError(
+                f"--tensorboard: cannot import TensorBoard ({e}); {TENSORBOARD_EXTRA}"
+            ) from None
         self._w = SummaryWriter(str(logdir))
 
     @property

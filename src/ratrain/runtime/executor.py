@@ -29,6 +29,11 @@ clipping or fp16 the per-unit updates follow those reductions; every stage gathe
 unit's squared-norm contribution and sums them exactly (`math.fsum`), so the norm, the
 coefficient and the skip are identical on every rank and in the reference trainer.
 
+Evaluation (`StageExecutor.evaluate`): the same walk over a forward-only schedule
+(`ratrain.schedule.eval`) under no_grad, each F keeping nothing for a backward; the last
+stage's per-microbatch losses are reduced over the replicas by one world all-gather, so
+every rank gets the same held-out loss, summed in the reference trainer's order.
+
 Recompute: "full" runs F under no_grad keeping only the unit input, and RECOMPUTE
 re-runs it with autograd just before B. "selective" checkpoints the attention core inside
 the block (`torch.utils.checkpoint`): its recomputation happens inside B, so the
@@ -78,6 +83,8 @@ class StepResult:
     time_s: float
     """Wall time of this stage's walk of the step (the trainer may replace it with the
     period between step ends)."""
+    eval_loss: float | None = None
+    """The held-out loss after this step (`StageExecutor.evaluate`), when one was run."""
 
 
 class _Pending:
@@ -188,10 +195,22 @@ class StageExecutor:
         self.s = s = _StepState(k, lr_at(k, self.cfg), self.scaler.scale)
         self.wait_s = 0.0
         t_start = time.perf_counter()
+        self._walk(self._handlers)
+        grad_norm, _, skipped = s.decision if s.decision else (None, 1.0, False)
+        self.scaler.update(skipped)
+        losses = [s.losses[mb].item() for mb in sorted(s.losses)]
+        self.s = None
+        return StepResult(
+            k, losses, s.lr, s.scale, grad_norm, skipped, time.perf_counter() - t_start
+        )
+
+    def _walk(self, handlers: dict[Op, Callable[[Action], _Pending | None]]) -> None:
+        """Walk `self.acts` in the semantics of the IR, then wait for what is in flight."""
+        s = self.s
         for a in self.acts:
             self._wait_deps(a)
             t0 = self.rec.now()
-            pend = self._handlers[a.op](a)
+            pend = handlers[a.op](a)
             if pend is None:  # ran to completion on the walk (compute, or a local copy)
                 self.rec.compute(a, t0, self.rec.now())
                 if a.resource is Resource.COMPUTE:
@@ -201,13 +220,6 @@ class StageExecutor:
                 self.rec.issued(a, t0)
         for a in list(s.pending):
             self._finish(a)
-        grad_norm, _, skipped = s.decision if s.decision else (None, 1.0, False)
-        self.scaler.update(skipped)
-        losses = [s.losses[mb].item() for mb in sorted(s.losses)]
-        self.s = None
-        return StepResult(
-            k, losses, s.lr, s.scale, grad_norm, skipped, time.perf_counter() - t_start
-        )
 
     def _finish(self, a: Action) -> None:
         pend = self.s.pending.pop(a)
@@ -225,6 +237,60 @@ class StageExecutor:
         for a, pend in list(self.s.pending.items()):
             if pend.handle.is_completed():
                 self._finish(a)
+
+    # -- evaluation -----------------------------------------------------------------------
+    def evaluate(self, schedule: Schedule, batches: Batches) -> float:
+        """The loss on the held-out set `batches` (its step 0: every replica's microbatches)
+        walked through the forward-only `schedule` (`ratrain.schedule.build_eval_schedule`);
+        collective: every rank calls it and gets the same value (`_eval_loss`). No gradients
+        (`torch.no_grad`) and no state change: no optimizer step, loss scale or update count
+        touched, the RNG state restored, the training schedule and data kept."""
+        assert schedule.meta.get("forward_only"), f"{schedule.kind}: not forward-only"
+        saved = self.acts, self.schedule, self.batches, self.rec.active
+        self.acts, self.schedule = schedule.stages[self.grid.stage], schedule
+        self.batches, self.rec.active = batches, False  # the trace holds training steps only
+        self.s = _StepState(0, 0.0, 1.0)
+        handlers = {op: self._handlers[op] for op in (Op.SEND_F, Op.RECV_F)}
+        handlers.update({Op.VIEW_FETCH: self._view_fetch, Op.VIEW_DROP: self._view_drop})
+        handlers[Op.F] = self._eval_forward
+        devices = [self.grid.device] if self.grid.device.type == "cuda" else []
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=devices):
+                self._walk(handlers)
+                return self._eval_loss(batches.microbatches)
+        finally:
+            self.acts, self.schedule, self.batches, self.rec.active = saved
+            self.s = None
+
+    def _eval_forward(self, a: Action) -> None:
+        """F under no_grad: the unit's output for the next consumer, or the head's loss."""
+        u, mb, s = a.unit, a.mb, self.s
+        x = self._unit_input(u, mb)
+        module = self.model.units[u].module
+        if u == self.head:
+            targets = self._tokens(mb)[1]
+            loss = module.loss(x, targets, self.plan.loss_chunk_tokens)
+            s.losses[mb] = (loss, targets.numel())
+        else:
+            s.fwd_out[(u, mb)] = module(x)
+
+    def _eval_loss(self, m: int) -> float:
+        """Sum of token losses over tokens, from one world all-gather of every last stage's
+        per-microbatch (mean loss, tokens), summed replica-major in microbatch order (the
+        reference trainer's order), in fp64: the same on every rank, whatever pp and dp."""
+        vec = torch.zeros(2 * m, dtype=torch.float64)
+        for mb, (loss, n) in self.s.losses.items():
+            vec[2 * mb], vec[2 * mb + 1] = loss.item(), n
+        table, handle = self.comm.world_all_gather(vec.to(self.grid.device))  # (world, 2m)
+        handle.wait()
+        table = table.cpu()
+        total, tokens = 0.0, 0
+        for r in range(self.plan.dp):
+            row = table[self.grid.rank_of(self.plan.pp - 1, r)].tolist()
+            for mb in range(m):
+                total += row[2 * mb] * row[2 * mb + 1]
+                tokens += int(row[2 * mb + 1])
+        return total / tokens
 
     # -- compute --------------------------------------------------------------------------
     def _tokens(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:

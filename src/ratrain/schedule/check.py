@@ -16,6 +16,9 @@ found; `find_problems` returns them. The checks:
 - gradients: each unit synced exactly once after all its B, updated exactly once after
   its sync (a dependency, directly or through the global checks), waiting for every
   global check the plan needs, and never read by F/B/RECOMPUTE after its update;
+- a forward-only schedule (``meta["forward_only"]``, `ratrain.schedule.eval`): one F per
+  (unit, mb) of its own ``meta["microbatches"]``, and no action but F, SEND_F, RECV_F,
+  VIEW_FETCH and VIEW_DROP (the lifetimes checked as above);
 - a dry run in the execution semantics of `ratrain.schedule.ir` with unit durations
   (`dry_run`), which reports the stuck actions of a deadlock.
 """
@@ -28,6 +31,7 @@ from collections import Counter, deque
 from ratrain.config import Plan
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
+from ratrain.schedule.eval import FORWARD_OPS
 from ratrain.schedule.ir import Action, Op, Resource, Schedule, format_action
 from ratrain.schedule.passes import global_checks, reads_view
 
@@ -54,14 +58,21 @@ def check_schedule(schedule: Schedule, spec: ModelSpec, plan: Plan) -> None:
 
 
 def find_problems(schedule: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
+    forward_only = bool(schedule.meta.get("forward_only"))
+    if forward_only:  # an evaluation (`ratrain.schedule.eval`): its own microbatch count
+        m = schedule.meta.get("microbatches", plan.microbatches)
+        plan = plan.replace(global_batch=plan.dp * plan.micro_batch * m)
     problems = _placement(schedule, plan)
     if problems:
         return problems  # actions out of place: the other checks would misread them
     problems += _missing_deps(schedule)
-    problems += _compute(schedule, spec, plan)
+    problems += _compute(schedule, spec, plan, (Op.F,) if forward_only else (Op.F, Op.B))
     problems += _transfers(schedule)
     problems += _lifetimes(schedule, spec, plan)
-    problems += _gradients(schedule, spec, plan)
+    if forward_only:
+        problems += _forward_only(schedule)
+    else:
+        problems += _gradients(schedule, spec, plan)
     if not problems:  # the dry run needs every dependency present
         try:
             dry_run(schedule)
@@ -102,7 +113,7 @@ def _missing_deps(sch: Schedule) -> list[str]:
     return out
 
 
-def _compute(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
+def _compute(sch: Schedule, spec: ModelSpec, plan: Plan, ops=(Op.F, Op.B)) -> list[str]:
     out = []
     m = plan.microbatches
     for s, acts in enumerate(sch.stages):
@@ -113,7 +124,7 @@ def _compute(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
                     out.append(
                         f"{_f(a)} touches units outside stage {s}'s {min(units)}..{max(units)}"
                     )
-        for op in (Op.F, Op.B):
+        for op in ops:
             n = Counter((a.unit, a.mb) for a in acts if a.op is op and len(a.units) == 1)
             for u in sorted(units):
                 for mb in range(m):
@@ -225,6 +236,15 @@ def _activation_lifetimes(sch, spec, plan, s: int, acts: list[Action]) -> list[s
                     out.append(f"{_f(a)} needs a RECOMPUTE (policy {policy})")
                 state[key] = "freed"
     return out
+
+
+def _forward_only(sch: Schedule) -> list[str]:
+    """A forward-only schedule holds forward passes and view fetches/drops, nothing else."""
+    return [
+        f"{_f(a)} in a forward-only schedule (F, SEND_F, RECV_F, VF and VD only)"
+        for a in sch.actions()
+        if a.op not in FORWARD_OPS
+    ]
 
 
 def _reaches(sch: Schedule, a: Action, target: Action) -> bool:

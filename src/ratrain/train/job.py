@@ -9,6 +9,12 @@ rank builds its stage (`StageModel`), lowers the plan (`build_schedule`, checked
 after the other in one job (`Job.schedules`): `ratrain verify` runs Baseline-1F1B and
 RATrain on the same ranks, each from the same initial weights.
 
+Evaluation (`Job.eval_every`, `Job.eval_only`): the held-out set (`held_out_source`,
+`eval_batches`) walked through the forward-only schedule (`build_eval_schedule`) by the
+same executor (`StageExecutor.evaluate`) after the steps due and after the last one; the
+step's record carries `eval_loss`, of the weights after that step (the checkpoint that
+step saves).
+
 Metrics: at the end of each step every rank contributes (peak tensor bytes, peak RSS,
 step time, its microbatch losses) to one small all-gather, issued asynchronously and read
 at the end of the next step, so bookkeeping makes a rank wait only for ranks more than a
@@ -23,11 +29,11 @@ writes the JSONL, TensorBoard and the progress bar (`ratrain.train.step_log`). T
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -36,20 +42,25 @@ from ratrain.checkpoint.hooks import (
     save_due,
     save_stage,
 )
-from ratrain.config import Plan, TrainConfig
+from ratrain.config import MAX_MICROBATCHES, Plan, TrainConfig
 from ratrain.data.base import Batches, TokenSource
 from ratrain.errors import RatrainError
-from ratrain.launch import cpu_allocator
 from ratrain.launch.faults import (
     StepMarker,
+    StopRequest,
+    current_step,
     fault_hook,
+    forget_stop_signals,
+    signal_name,
+    watch_stop_signals,
 )
 from ratrain.launch.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, rendezvous_from_env
 from ratrain.launch.host_memory import (
     check_mmap_threshold,
     fix_mmap_threshold,
+    resolve_host_allocator,
 )
-from ratrain.launch.spawn import spawn
+from ratrain.launch.spawn import check_local_launch, spawn
 from ratrain.memory import replay
 from ratrain.models.spec import ModelSpec
 from ratrain.observe.memory import PeakMemory
@@ -59,7 +70,7 @@ from ratrain.runtime.comm import Comm
 from ratrain.runtime.compiled import compile_stage
 from ratrain.runtime.executor import StageExecutor
 from ratrain.runtime.stage import StageModel, check_tied
-from ratrain.schedule import build_schedule, check_schedule
+from ratrain.schedule import Schedule, build_eval_schedule, build_schedule, check_schedule
 from ratrain.train.step_log import StepLog
 
 __all__ = [
@@ -71,8 +82,19 @@ __all__ = [
     "train_schedule",
     "job_variants",
     "check_fits",
+    "check_local",
     "runtime_ledger",
+    "held_out_source",
+    "eval_batches",
+    "EVAL_SEQUENCES",
 ]
+
+EVAL_SEQUENCES = 32
+"""The held-out set's default size, in sequences (`eval_batches`)."""
+EVAL_INDEX_BASE = 1 << 40
+"""The held-out set is sequences EVAL_INDEX_BASE + n of its source: indices no training
+step reaches, so an evaluation on the training source itself (e.g. `--eval-data
+synthetic`) does not score sequences the model was trained on."""
 
 
 @dataclass(frozen=True)
@@ -127,15 +149,29 @@ class Job:
     pin_cores: bool = False
     """Pin each locally spawned rank to one core of this process's affinity set
     (`cores_of`); ranks launched by torchrun or Slurm keep the launcher's placement."""
-    cpu_caching_allocator: bool = False
-    """CPU ranks serve tensors from a caching allocator (`ratrain.launch.cpu_allocator`):
-    freed blocks are reused by size instead of fragmenting malloc's heap. Off by default:
-    it does not serve oneDNN's raw allocations, which native-bf16 CPUs (AVX512-BF16) make,
-    and it was measured to change no tokens/s (docs/runtime.md, "Host memory")."""
+    host_allocator: str = "auto"
+    """The ranks' malloc (`ratrain.launch.host_memory`): auto | tcmalloc | jemalloc |
+    malloc; tcmalloc or jemalloc is preloaded into locally spawned ranks; `auto` takes the
+    first found (`AUTO_ORDER`), else glibc's malloc. Ranks launched by torchrun/Slurm keep what they were
+    started with (an explicit choice must match it)."""
     malloc_mmap_threshold_bytes: int = 0
     """> 0: each rank fixes glibc's mmap threshold to this (`ratrain.launch.host_memory`),
     so freed tensors go back to the OS (less RSS, more page faults); 0 leaves glibc's own
     dynamic threshold."""
+    stop_on_signal: bool = False
+    """SIGTERM/SIGINT stop the run cleanly: every rank finishes the same step and saves
+    (with `save_dir`), `RunResult.stopped_by` says so; a second signal aborts (`ratrain
+    train` sets it; off, a signal ends the job as it always did)."""
+    eval_every: int | None = None
+    """Evaluate on the held-out set (`eval_source`) after every `eval_every` steps and
+    after the last step (the step's record carries `eval_loss`); None: never."""
+    eval_source: Callable[[], TokenSource] | None = None
+    """Builds the held-out token source on each rank (`held_out_source`)."""
+    eval_tokens: int | None = None
+    """The held-out set's size in tokens (`eval_batches`); None: `EVAL_SEQUENCES` sequences."""
+    eval_only: bool = False
+    """Evaluate the starting state (e.g. the checkpoint `resume_from`) once and train no
+    step (`ratrain eval`): `RunResult.evals` holds the loss."""
 
 
 @dataclass
@@ -155,6 +191,12 @@ class RunResult:
     """Time this rank spent compiling and warming up its units, before the first step."""
     save_times_s: list[float] = field(default_factory=list)
     """This rank's wall time in each checkpoint save (not part of `step_times_s`)."""
+    stopped_by: int = 0
+    """The signal (SIGTERM, SIGINT) the run stopped on before its end; 0: not stopped."""
+    stopped_at: int | None = None
+    """The step a stopped run would have run next (its checkpoint's step with `--save`)."""
+    evals: list[tuple[int, float]] = field(default_factory=list)
+    """(steps taken, held-out loss) of each evaluation, on every rank (`Job.eval_every`)."""
 
 
 @dataclass
@@ -172,9 +214,10 @@ def run_job(job: Job) -> list[RankResult]:
     job.plan.check_for(job.spec)
     check_tied(job.spec, job.plan)
     check_mmap_threshold(job.malloc_mmap_threshold_bytes)
-    if job.cpu_caching_allocator and _on_cpu(job) and not cpu_allocator.build():
-        # built once, here, rather than in every rank at once; without it, torch's own
-        job = dataclasses.replace(job, cpu_caching_allocator=False)
+    rdzv = rendezvous_from_env()
+    allocator = resolve_host_allocator(
+        job.host_allocator, job.malloc_mmap_threshold_bytes, launched=rdzv is not None
+    )
     if job.compile_units and job.measure_memory and job.device != "cuda":
         # LiveBytes counts tensors through a dispatch mode; whether it sees every buffer of a
         # compiled graph is not established, so the two are not combined
@@ -186,10 +229,17 @@ def run_job(job: Job) -> list[RankResult]:
             check_fits(
                 job.spec, job.plan.replace(**overrides), job.memory_cap_bytes, job.memory_cap_label
             )
-    rdzv = rendezvous_from_env()
     if rdzv is not None:
         return [rank_main(rdzv, job)]
-    return spawn(_local_rank_main, job.plan.pp * job.plan.dp, job, deadline_s=job.deadline_s)
+    check_local(job)
+    return spawn(
+        _local_rank_main,
+        job.plan.pp * job.plan.dp,
+        job,
+        deadline_s=job.deadline_s,
+        allocator_library=allocator.library,
+        stop_signals=job.stop_on_signal,  # SIGTERM/SIGINT: a clean stop (`_train_steps`)
+    )
 
 
 def cores_of(rank: int, world: int, pp: int, cpus: list[int]) -> set[int]:
@@ -213,10 +263,11 @@ def _local_rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
 
 
 def rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
+    # SIGTERM/SIGINT from here on ask for a clean stop: a locally spawned rank took them over
+    # as it started; a torchrun/Slurm rank takes them here and aborts on a second one
+    stop, mine = watch_stop_signals(_abort_line(rdzv.rank)) if job.stop_on_signal else (None, False)
     # before the rank's first tensor: blocks already in the heap stay there
     fix_mmap_threshold(job.malloc_mmap_threshold_bytes)
-    if job.cpu_caching_allocator and _on_cpu(job):
-        cpu_allocator.install()
     grid = ParallelGrid.init(
         job.plan.pp, job.plan.dp, rdzv, device=job.device, timeout_s=job.timeout_s
     )
@@ -224,16 +275,41 @@ def rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
         comm = Comm(grid)
         runs = {}
         for name, overrides in job_variants(job):
-            runs[name] = train_schedule(grid, comm, job, name, job.plan.replace(**overrides))
+            plan = job.plan.replace(**overrides)
+            runs[name] = train_schedule(grid, comm, job, name, plan, stop)
+            if runs[name].stopped_by:
+                break
         return RankResult(grid.rank, grid.stage, grid.replica, runs)
     finally:
         grid.destroy()
+        if mine:
+            forget_stop_signals()
 
 
-def _on_cpu(job: Job) -> bool:
-    import torch
+def _abort_line(rank: int):
+    """What a torchrun/Slurm rank says as a second signal aborts it."""
 
-    return job.device == "cpu" or (job.device is None and not torch.cuda.is_available())
+    def line(signum: int) -> str:
+        step = current_step()
+        at = f" at step {step}" if step is not None else ""
+        return (
+            f"ratrain train: rank {rank} aborted by a second {signal_name(signum)}{at}; a "
+            "checkpoint being saved is not published (--resume auto takes the last complete one)"
+        )
+
+    return line
+
+
+def check_local(job: Job) -> None:
+    """RatrainError unless this machine can run the job's pp x dp ranks locally
+    (`ratrain.launch.spawn.check_local_launch`): not too many for its CPUs, and the memory
+    ledger's peaks summed over the ranks within its available memory."""
+    plan = job.plan
+
+    def tensor_bytes() -> int:
+        return plan.dp * sum(m.peak_bytes for m in runtime_ledger(job.spec, plan).stages)
+
+    check_local_launch(plan.pp * plan.dp, tensor_bytes, f"the plan (pp {plan.pp} x dp {plan.dp})")
 
 
 def runtime_ledger(spec: ModelSpec, plan: Plan):
@@ -276,10 +352,19 @@ def _metrics_rank(grid: ParallelGrid) -> int:
     return grid.rank_of(grid.pp - 1, 0)
 
 
-def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Plan) -> RunResult:
-    """Train `job.cfg.steps` steps of `plan` (run name `kind`) from the initial weights."""
+def train_schedule(
+    grid: ParallelGrid,
+    comm: Comm,
+    job: Job,
+    kind: str,
+    plan: Plan,
+    stop: StopRequest | None = None,
+) -> RunResult:
+    """Train `job.cfg.steps` steps of `plan` (run name `kind`) from the initial weights;
+    `stop`, the rank's stop signals: all ranks stop after the same step once one got one."""
     spec, cfg = job.spec, job.cfg
     schedule, batches = _lower(job, kind, plan)
+    ev = _lower_eval(job, plan)
     is_metrics = grid.rank == _metrics_rank(grid)
     result = RunResult(kind)
     with PeakMemory(grid.device, job.measure_memory) as mem:
@@ -288,13 +373,17 @@ def train_schedule(grid: ParallelGrid, comm: Comm, job: Job, kind: str, plan: Pl
         rec = Recorder(grid.stage, grid.replica, time.perf_counter(), set(job.trace_steps))
         ex = StageExecutor(grid, comm, model, schedule, batches, spec, plan, cfg, rec)
         start = _restore(ex, resumed, plan)
+        if ev is not None and job.eval_only:  # `ratrain eval`: the starting state, no step
+            result.evals.append((start, ex.evaluate(*ev)))
+            result.peak_bytes = mem.peak_bytes()
+            return result
         log = (
             StepLog(grid, comm, plan, spec, job, kind, start)
             if is_metrics
             else StepLog(grid, comm, plan, spec)
         )
         try:
-            _train_steps(grid, model, ex, log, mem, job, plan, start, result)
+            _train_steps(grid, model, ex, log, mem, job, plan, start, result, stop, ev)
         finally:
             log.close()
         result.peak_bytes = mem.peak_bytes()
@@ -316,6 +405,83 @@ def _lower(job: Job, kind: str, plan: Plan):
         raise RatrainError(
             f"data vocab {batches.source.vocab} exceeds {spec.name}'s vocab {spec.vocab}"
         )
+    return schedule, batches
+
+
+def held_out_source(
+    kind_or_path: str,
+    spec: ModelSpec,
+    seq: int,
+    seed: int = 0,
+    *,
+    tokenizer: str | None = None,
+    dtype: str | None = None,
+) -> TokenSource:
+    """The held-out source `kind_or_path` names: a directory `ratrain prepare` wrote gives
+    its val split; anything else `make_source` takes (synthetic, a text or token file)
+    gives itself."""
+    from ratrain.data import make_source
+    from ratrain.data.prepare import prepared_source, read_manifest
+
+    path = Path(kind_or_path)
+    if kind_or_path == "synthetic" or not path.is_dir():
+        return make_source(kind_or_path, spec, seq, seed, tokenizer=tokenizer, dtype=dtype)
+    if "val" not in read_manifest(path)["splits"]:
+        raise RatrainError(
+            f"data: {kind_or_path!r} has no held-out (val) split to evaluate on; prepare it "
+            "with --val-fraction or --val-tokens > 0, or pass --eval-data SOURCE"
+        )
+    return prepared_source(
+        path, spec.vocab, seq, seed, split="val", tokenizer=tokenizer, dtype=dtype
+    )
+
+
+class _HeldOut(TokenSource):
+    """Sequences `EVAL_INDEX_BASE` + n of `source` (see there)."""
+
+    def __init__(self, source: TokenSource):
+        self.source, self.name = source, source.name
+        self.vocab, self.seq, self.seed = source.vocab, source.seq, source.seed
+
+    def sequences(self, indices):
+        return self.source.sequences([EVAL_INDEX_BASE + int(i) for i in indices])
+
+    def describe(self) -> str:
+        return self.source.describe()
+
+
+def eval_batches(source: TokenSource, plan: Plan, tokens: int | None = None) -> Batches:
+    """The held-out set of `source` as one step of `plan`'s replicas and microbatches: the
+    first ceil(tokens / seq) sequences (default `EVAL_SEQUENCES`) of its held-out indices,
+    rounded up to whole microbatches of every replica; the same sequences at every
+    evaluation. Its step 0 in replica-major order is what the reference trainer reads."""
+    if source.seq != plan.seq:
+        raise RatrainError(f"data: held-out source has seq {source.seq}, the plan {plan.seq}")
+    per = plan.dp * plan.micro_batch
+    n = EVAL_SEQUENCES if tokens is None else -(-tokens // plan.seq)
+    m = -(-n // per)
+    if m > MAX_MICROBATCHES:
+        raise RatrainError(
+            f"--eval-tokens {tokens}: {m:,} microbatches per replica, more than the "
+            f"{MAX_MICROBATCHES:,} a schedule holds; give at most "
+            f"{MAX_MICROBATCHES * per * plan.seq:,}"
+        )
+    return Batches(_HeldOut(source), plan.micro_batch, m, plan.dp)
+
+
+def _lower_eval(job: Job, plan: Plan) -> tuple[Schedule, Batches] | None:
+    """The checked forward-only schedule of the job's evaluations and its held-out set;
+    None when the job evaluates nothing."""
+    if job.eval_source is None or not (job.eval_every or job.eval_only):
+        return None
+    batches = eval_batches(job.eval_source(), plan, job.eval_tokens)
+    if batches.source.vocab > job.spec.vocab:
+        raise RatrainError(
+            f"held-out data vocab {batches.source.vocab} exceeds {job.spec.name}'s vocab "
+            f"{job.spec.vocab}"
+        )
+    schedule = build_eval_schedule(job.spec, plan, batches.microbatches)
+    check_schedule(schedule, job.spec, plan)
     return schedule, batches
 
 
@@ -367,8 +533,12 @@ def _train_steps(
     plan: Plan,
     start: int,
     result: RunResult,
+    stop: StopRequest | None = None,
+    ev: tuple[Schedule, Batches] | None = None,
 ) -> None:
-    """Steps `start` up to the job's end: each logged, profiled if asked, saved when due."""
+    """Steps `start` up to the job's end: each logged, profiled if asked, evaluated on `ev`
+    (the eval schedule and held-out set) when due, saved when due; stopped early (and saved,
+    with `--save`) once the step log shows a stop request."""
     cfg = job.cfg
     t_last = time.perf_counter()
     end = cfg.steps if job.run_steps is None else min(cfg.steps, start + job.run_steps)
@@ -389,14 +559,32 @@ def _train_steps(
         now = time.perf_counter()
         res.time_s, t_last = now - t_last, now
         result.step_times_s.append(res.time_s)
-        log.push(res, mem.peak_bytes())
-        cpu_allocator.trim()  # sizes this step no longer asked for go back
-        if save_due(job, k):
-            log.flush()  # no collective in flight while DCP runs its own
-            save_stage(grid, model, ex, job, plan, k + 1)
-            t_last, t_save = time.perf_counter(), t_last
-            result.save_times_s.append(t_last - t_save)  # not part of a step's time
+        if ev is not None and (k + 1 == end or (k + 1) % job.eval_every == 0):
+            res.eval_loss = ex.evaluate(*ev)
+            result.evals.append((k + 1, res.eval_loss))
+            t_last = time.perf_counter()  # the evaluation is no part of the next step's time
+        log.push(res, mem.peak_bytes(), stop.signum if stop is not None else 0)
+        due = save_due(job, k)
+        if due:
+            t_last = _save(grid, model, ex, log, job, plan, k + 1, result)
+        # Every rank has read the same tables by now (`StepLog`), so all stop after step k.
+        if log.stop_signum and k + 1 < end:
+            if job.save_dir and not due:
+                _save(grid, model, ex, log, job, plan, k + 1, result)
+            result.stopped_by, result.stopped_at = log.stop_signum, k + 1
+            break
     log.flush()
+
+
+def _save(grid, model, ex, log: StepLog, job: Job, plan: Plan, step: int, result: RunResult):
+    """Checkpoint the state before `step`; the time it took goes to `result.save_times_s`
+    (not to a step's time). Returns when it ended."""
+    t0 = time.perf_counter()
+    log.flush()  # no collective in flight while DCP runs its own
+    save_stage(grid, model, ex, job, plan, step)
+    t1 = time.perf_counter()
+    result.save_times_s.append(t1 - t0)
+    return t1
 
 
 def _barrier(grid: ParallelGrid) -> None:

@@ -10,6 +10,8 @@ One step k, for a plan with dp replicas of m microbatches each:
    non-finite norm is an fp16 overflow: the step is skipped and S halved;
 4. AdamW updates the fp32 master weights with gradients scaled by clip_coef / S, at
    lr_at(k); the compute-dtype copy is refreshed from the masters.
+
+`evaluate(batches)`: the held-out loss, forward only, in the pipeline evaluation's order.
 """
 
 from __future__ import annotations
@@ -153,6 +155,20 @@ class ReferenceTrainer:
                     g.add_(p.grad.to(g.dtype))
                     p.grad = None
         return loss_sum / n_micro
+
+    @torch.no_grad()
+    def evaluate(self, batches: Batches) -> float:
+        """The held-out loss of the current weights on `batches` (e.g.
+        `ratrain.train.job.eval_batches`): forward only over its step 0, replica-major in
+        microbatch order, each microbatch's mean loss times its tokens summed in fp64, over
+        the tokens; the order and sums of the pipeline's evaluation. Changes no state."""
+        total, tokens = 0.0, 0
+        for r in range(batches.dp):
+            for mb in range(batches.microbatches):
+                inputs, targets = batches.batch(0, mb, r)
+                total += cross_entropy(self.model(inputs), targets).item() * targets.numel()
+                tokens += targets.numel()
+        return total / tokens
 
     @torch.no_grad()
     def _update(self, lr: float, grad_scale: float) -> None:

@@ -24,8 +24,8 @@ class TrainRequest:
     """Run each transformer block through torch.compile (`--compile`)."""
     pin_cores: bool = False
     """Pin each locally spawned rank to its cores (`--pin-cores`)."""
-    cpu_caching_allocator: bool = False
-    """CPU ranks serve tensors from a caching allocator (`--cpu-caching-allocator`)."""
+    host_allocator: str = "auto"
+    """The ranks' malloc: auto | tcmalloc | jemalloc | malloc (`--host-allocator`)."""
     malloc_mmap_threshold_bytes: int = 0
     """> 0: each rank fixes glibc's mmap threshold to this; 0 leaves glibc's own dynamic
     threshold (`--malloc-mmap-threshold`)."""
@@ -58,3 +58,8 @@ class TrainRequest:
     run_steps: int | None = None
     """Steps to run now; None: all of the config's steps; 0 (with `save_dir`) writes the
     starting state as a checkpoint and stops (`--steps 0`)."""
+    eval_every: int | None = None
+    """Evaluate on the held-out set every N steps and after the last (`--eval-every`); the
+    held-out source comes beside the training source (`run_distributed`'s `eval_source`)."""
+    eval_tokens: int | None = None
+    """The held-out set's size in tokens (`--eval-tokens`); None: 32 sequences."""
