@@ -235,3 +235,15 @@ def test_a_launched_rank_aborts_on_a_second_signal_even_when_blocked():
     out, err = p.communicate(timeout=30)
     assert p.returncode == 128 + signal.SIGTERM, (out, err)
     assert err.strip() == f"aborted by {int(signal.SIGTERM)}" and "not aborted" not in out
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_to_the_single_process_trainer_is_one_line(tmp_path):
+    m = tmp_path / "m.jsonl"
+    p = _start(["train", "--pp", "1", "--steps", "100000", "--quiet"], m)
+    _mid_run(p, m)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    line = _one_line(err)
+    assert re.search(r"interrupted by SIGTERM at step \d+; no checkpoints \(run with --save", line)

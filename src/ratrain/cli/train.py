@@ -497,7 +497,9 @@ def run_reference(args: argparse.Namespace, spec: ModelSpec, plan: Plan) -> int:
     """Single-process training with `ReferenceTrainer`: progress, metrics, a summary line."""
     import torch
 
+    from ratrain.launch.faults import Interrupted, signal_name, signals_interrupt
     from ratrain.observe.metrics import JsonlWriter, Progress, TensorBoardWriter
+    from ratrain.train.failures import NO_CHECKPOINTS
     from ratrain.train.reference import ReferenceTrainer
 
     cfg = train_config_from_args(args)
@@ -516,15 +518,22 @@ def run_reference(args: argparse.Namespace, spec: ModelSpec, plan: Plan) -> int:
     sys.stdout.flush()
     bar = Progress(cfg.steps, "train", quiet=args.quiet)
 
+    done = [0]  # steps finished, for the line a signal ends the run with
+
     def on_step(s) -> None:
         tb.write(s.step, s.record())
         bar.update(**{"loss": s.loss, "lr": s.lr, "tok/s": f"{s.tokens_per_s:,.0f}"})
+        done[0] += 1
 
     t0 = time.perf_counter()
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        losses = trainer.train(on_step)
+        with signals_interrupt():
+            losses = trainer.train(on_step)
+    except Interrupted as e:  # one line, 128 + the signal; this trainer keeps no checkpoints
+        line = f"interrupted by {signal_name(e.signum)} at step {done[0]}; " + NO_CHECKPOINTS
+        raise Interrupted(e.signum, line) from None
     finally:
         torch.set_num_threads(saved_threads)
         bar.close()

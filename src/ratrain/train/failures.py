@@ -17,7 +17,10 @@ from ratrain.launch.grid import rendezvous_from_env
 from ratrain.launch.spawn import RankFailure, RanksInterrupted
 from ratrain.train.job import Job, RankResult, run_job
 
+NO_CHECKPOINTS = "no checkpoints (run with --save DIR to keep progress)"
+
 __all__ = [
+    "NO_CHECKPOINTS",
     "run_job_one_line",
     "failure_message",
     "last_checkpoint_note",
@@ -76,7 +79,7 @@ def failure_message(
 
 def last_checkpoint_note(save_dir: str | None) -> str:
     if not save_dir:
-        return "no checkpoints (run with --save DIR to keep progress)"
+        return NO_CHECKPOINTS
     done = complete_checkpoints(save_dir)
     if done:
         return f"last complete checkpoint {done[-1]} (continue with --resume auto)"
