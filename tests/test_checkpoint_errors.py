@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from _cli import one_line_error
 from ratrain.checkpoint import complete_checkpoints
 from ratrain.cli import main
 
@@ -20,31 +21,25 @@ def ckpt(tmp_path_factory):
     return d / "run"
 
 
-def _one_line(capfd, argv, *needles):
-    assert main(argv) == 2
-    err = capfd.readouterr().err.strip()
-    assert "\n" not in err and "Traceback" not in err, err
-    for n in needles:
-        assert n in err, err
-
-
 @pytest.mark.timeout(120)
 def test_checkpoint_of_another_model(ckpt, capfd):
     argv = ["train", "--model", "tiny-qwen", "--steps", "3", *SMALL, "--resume", str(ckpt)]
-    _one_line(capfd, argv, "is of model 'tiny', not 'tiny-qwen'")
+    one_line_error(capfd, argv, "is of model 'tiny', not 'tiny-qwen'")
 
 
 @pytest.mark.timeout(120)
 def test_missing_partial_and_non_checkpoint_dirs(ckpt, tmp_path, capfd):
     base = ["train", "--steps", "3", *SMALL]
-    _one_line(capfd, [*base, "--resume", str(tmp_path / "nope")], "no such checkpoint")
+    one_line_error(capfd, [*base, "--resume", str(tmp_path / "nope")], "no such checkpoint")
     part = tmp_path / ".tmp-step-00000002"
     part.mkdir()
-    _one_line(capfd, [*base, "--resume", str(part)], "partial save")
-    _one_line(capfd, [*base, "--resume", str(tmp_path)], "no complete checkpoint")
-    _one_line(capfd, [*base, "--resume", "auto"], "--resume auto needs --save")
-    _one_line(capfd, [*base, "--save", str(ckpt)], "already holds checkpoints")
-    _one_line(capfd, ["export", str(tmp_path / "nope"), "--hf", str(tmp_path / "o")], "no such")
+    one_line_error(capfd, [*base, "--resume", str(part)], "partial save")
+    one_line_error(capfd, [*base, "--resume", str(tmp_path)], "no complete checkpoint")
+    one_line_error(capfd, [*base, "--resume", "auto"], "--resume auto needs --save")
+    one_line_error(capfd, [*base, "--save", str(ckpt)], "already holds checkpoints")
+    one_line_error(
+        capfd, ["export", str(tmp_path / "nope"), "--hf", str(tmp_path / "o")], "no such"
+    )
 
 
 @pytest.mark.timeout(120)
@@ -56,12 +51,14 @@ def test_corrupt_checkpoints(ckpt, tmp_path, capfd):
     shutil.copytree(ckpt / "step-00000002", bad)
     for f in bad.glob("*.distcp"):
         f.write_bytes(f.read_bytes()[:100])  # truncated data files
-    _one_line(capfd, [*base, "--resume", str(bad)], "corrupt or incomplete")
-    _one_line(capfd, ["export", str(bad), "--hf", str(tmp_path / "o")], "corrupt or incomplete")
+    one_line_error(capfd, [*base, "--resume", str(bad)], "corrupt or incomplete")
+    one_line_error(
+        capfd, ["export", str(bad), "--hf", str(tmp_path / "o")], "corrupt or incomplete"
+    )
     (bad / "ratrain.json").write_text("{not json")
-    _one_line(capfd, [*base, "--resume", str(bad)], "corrupt ratrain.json")
+    one_line_error(capfd, [*base, "--resume", str(bad)], "corrupt ratrain.json")
     (bad / "ratrain.json").write_text(json.dumps({"format": "other"}))
-    _one_line(capfd, [*base, "--resume", str(bad)], "not a ratrain checkpoint")
+    one_line_error(capfd, [*base, "--resume", str(bad)], "not a ratrain checkpoint")
 
 
 @pytest.mark.timeout(120)
@@ -73,10 +70,12 @@ def test_resume_auto_continues_and_bad_hf_dirs(ckpt, tmp_path, capfd):
     assert (ckpt / "latest").read_text().strip() == "step-00000003"
     assert [c.name for c in complete_checkpoints(ckpt)] == ["step-00000003"]  # --keep 1
     (tmp_path / "hf").mkdir()
-    _one_line(capfd, ["train", "--init-from", str(tmp_path / "hf")], "not found")
+    one_line_error(capfd, ["train", "--init-from", str(tmp_path / "hf")], "not found")
     (tmp_path / "hf" / "config.json").write_text(
         json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
                     "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 256})
     )  # fmt: skip
-    _one_line(capfd, ["train", "--init-from", str(tmp_path / "hf"), *SMALL], "no model.safetensors")
-    _one_line(capfd, ["train", "--keep", "2"], "--keep needs --save")
+    one_line_error(
+        capfd, ["train", "--init-from", str(tmp_path / "hf"), *SMALL], "no model.safetensors"
+    )
+    one_line_error(capfd, ["train", "--keep", "2"], "--keep needs --save")

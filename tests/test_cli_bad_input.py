@@ -152,9 +152,9 @@ def no_work(monkeypatch):
     import ratrain.planner as planner
     import ratrain.planner.paper as paper
     import ratrain.sim as sim
+    import ratrain.train.failures as failures
     import ratrain.train.job as job
     import ratrain.train.reference as reference
-    import ratrain.train.failures as failures
 
     def work(*a, **k):
         raise AssertionError("a bad value started real work")

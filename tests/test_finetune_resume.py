@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _cli import one_line_error
 from ratrain.checkpoint.hf import write_hf
 from ratrain.checkpoint.read import read_model_weights
 from ratrain.cli import main
@@ -27,14 +28,6 @@ def hf_dir(tmp_path_factory):
     spec = get_preset("tiny")
     write_hf(LlamaModel(spec, seed=7).state_dict(), spec, d)
     return d
-
-
-def _one_line(capfd, argv, *needles):
-    assert main(argv) == 2
-    err = capfd.readouterr().err.strip()
-    assert "\n" not in err and "Traceback" not in err, err
-    for n in needles:
-        assert n in err, err
 
 
 @pytest.mark.timeout(240)
@@ -72,7 +65,9 @@ def test_contradicting_model_and_init_from_with_a_given_checkpoint(hf_dir, tmp_p
     assert main(argv) == 0
     capfd.readouterr()
     resume = ["train", "--resume", "auto", "--save", str(ck), "--steps", "2", *SMALL]
-    _one_line(capfd, [*resume, "--model", "tiny-qwen"], "is of model 'hf-init', not 'tiny-qwen'")
+    one_line_error(
+        capfd, [*resume, "--model", "tiny-qwen"], "is of model 'hf-init', not 'tiny-qwen'"
+    )
     given = ["train", "--init-from", str(hf_dir), "--resume", str(ck), "--steps", "2", *SMALL]
-    _one_line(capfd, given, "--init-from takes --resume auto only", "drop --init-from")
-    _one_line(capfd, [*given[:3], "--model", "tiny", *given[3:]], "drop --model")
+    one_line_error(capfd, given, "--init-from takes --resume auto only", "drop --init-from")
+    one_line_error(capfd, [*given[:3], "--model", "tiny", *given[3:]], "drop --model")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _cli import one_line_error
 from ratrain.cli import main
 from ratrain.cli.generate import load_model
 from ratrain.data.text import HFTokenizer
@@ -146,24 +147,16 @@ def test_cli_prints_the_completion(hf_dir, capsys):
     assert "new tokens at most" in capsys.readouterr().err
 
 
-def _one_line_error(capsys, argv, match):
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "Traceback" not in err and match in err, err
-
-
 def test_cli_errors_are_one_line(hf_dir, tmp_path, capsys):
     d, _ = hf_dir
-    _one_line_error(capsys, ["generate", str(tmp_path / "nope"), "--prompt", "a"], "not found")
-    _one_line_error(
-        capsys, ["generate", str(d), "--prompt", "a", "--top-p", "2"], "--top-p must be"
-    )
-    _one_line_error(
+    one_line_error(capsys, ["generate", str(tmp_path / "nope"), "--prompt", "a"], "not found")
+    one_line_error(capsys, ["generate", str(d), "--prompt", "a", "--top-p", "2"], "--top-p must be")
+    one_line_error(
         capsys, ["generate", str(d), "--prompt", "a", "--temperature", "-1"], "--temperature"
     )
     bare = tmp_path / "bare"
     bare.mkdir()
     for f in ("config.json", "model.safetensors"):
         (bare / f).write_bytes((d / f).read_bytes())
-    _one_line_error(capsys, ["generate", str(bare), "--prompt", "a"], "holds no tokenizer.json")
-    _one_line_error(capsys, ["generate", str(d), "--prompt", ""], "empty string")
+    one_line_error(capsys, ["generate", str(bare), "--prompt", "a"], "holds no tokenizer.json")
+    one_line_error(capsys, ["generate", str(d), "--prompt", ""], "empty string")

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _cli import one_line_error
 from ratrain.cli import main
 from ratrain.data import make_source
 from ratrain.data.binfile import BinSource
@@ -196,12 +197,6 @@ def test_uint32_for_a_large_vocabulary(tmp_path):
     assert _tokens(tmp_path / "out").tolist() == [off + 1, off + 69000, 1, off + 5, 1]
 
 
-def _one_line_error(capsys, argv, match):
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "Traceback" not in err and match in err, err
-
-
 def test_cli_prepare_and_its_errors(tmp_path, corpus, capsys):
     path, tok, _ = corpus
     out = str(tmp_path / "o")
@@ -212,16 +207,16 @@ def test_cli_prepare_and_its_errors(tmp_path, corpus, capsys):
     assert main(["prepare", str(path), "--tokenizer", str(tok), "-o", out]) == 0
     assert "is up to date" in capsys.readouterr().out
     base = ["prepare", str(path), "--tokenizer", str(tok), "-o", str(tmp_path / "e")]
-    _one_line_error(capsys, ["prepare", "nope.jsonl", *base[2:]], "input 'nope.jsonl' not found")
-    _one_line_error(capsys, [*base[:2], "--tokenizer", "nope", *base[4:]], "'nope' not found")
-    _one_line_error(capsys, [*base, "--field", "body"], 'string "body" field')
-    _one_line_error(capsys, [*base, "--val-fraction", "1.5"], "--val-fraction must be in [0, 1)")
+    one_line_error(capsys, ["prepare", "nope.jsonl", *base[2:]], "input 'nope.jsonl' not found")
+    one_line_error(capsys, [*base[:2], "--tokenizer", "nope", *base[4:]], "'nope' not found")
+    one_line_error(capsys, [*base, "--field", "body"], 'string "body" field')
+    one_line_error(capsys, [*base, "--val-fraction", "1.5"], "--val-fraction must be in [0, 1)")
     (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{oops\n')
-    _one_line_error(
+    one_line_error(
         capsys, ["prepare", str(tmp_path / "bad.jsonl"), *base[2:]], "bad.jsonl:2: not valid JSON"
     )
     (tmp_path / "c.csv").write_text("a,b\n")
-    _one_line_error(capsys, ["prepare", str(tmp_path / "c.csv"), *base[2:]], "cannot tell what")
+    one_line_error(capsys, ["prepare", str(tmp_path / "c.csv"), *base[2:]], "cannot tell what")
     assert not list((tmp_path / "e").iterdir())  # nothing left behind by bad input
 
 
@@ -233,7 +228,7 @@ def test_parquet(tmp_path, corpus, capsys):
         import pyarrow.parquet as pq
     except ImportError:
         (tmp_path / "c.parquet").write_bytes(b"PAR1")
-        _one_line_error(
+        one_line_error(
             capsys, ["prepare", str(tmp_path / "c.parquet"), *base], "pip install pyarrow"
         )
         return
@@ -242,7 +237,7 @@ def test_parquet(tmp_path, corpus, capsys):
     capsys.readouterr()
     expect = [t for d in _doc_token_lists(tok, docs) for t in d]
     assert _tokens(tmp_path / "p").tolist() == expect
-    _one_line_error(
+    one_line_error(
         capsys,
         ["prepare", str(tmp_path / "c.parquet"), *base[:2], "-o", str(tmp_path / "q")],
         "no column 'text'",

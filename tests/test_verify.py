@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from _cli import one_line_error
 from ratrain.cli import main
 from ratrain.cli.verify import max_rel_dev
 from ratrain.config import Plan, save_plan
@@ -32,10 +33,8 @@ def test_verify_json_reports_every_pair(capsys):
 
 
 def _one_line_error(capsys, argv: list[str], match: str) -> None:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("ratrain verify: error: "), err
-    assert match in err[0], err[0]
+    err = one_line_error(capsys, argv, match)
+    assert err.startswith("ratrain verify: error: "), err
 
 
 def _torchrun_env(monkeypatch, rank: int, world: int) -> None:

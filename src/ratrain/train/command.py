@@ -45,7 +45,11 @@ def run_distributed(
     `STOP_EXIT_CODE` after one line; a second signal aborts (`Interrupted`, 128 + signal)."""
     with signals_interrupt():
         try:
-            return _train(request, spec, plan, cfg, source, eval_source)
+            resume_from = resume_dir(
+                spec, plan, save_dir=request.save_dir, resume=request.resume, cfg=cfg
+            )
+            job = _job(request, spec, plan, cfg, source, resume_from)
+            return _train(dataclasses.replace(job, eval_source=eval_source), resume_from)
         except Interrupted as e:  # outside the ranks' run: before they start, or after
             if str(e):
                 raise
@@ -53,29 +57,20 @@ def run_distributed(
             raise Interrupted(e.signum, f"interrupted by {signal_name(e.signum)}; {last}") from None
 
 
-def _train(
-    request: TrainRequest,
-    spec: ModelSpec,
-    plan: Plan,
-    cfg: TrainConfig,
-    source: Callable[[], TokenSource],
-    eval_source: Callable[[], TokenSource] | None = None,
-) -> int:
-    resume_from = resume_dir(spec, plan, save_dir=request.save_dir, resume=request.resume, cfg=cfg)
-    job = dataclasses.replace(
-        _job(request, spec, plan, cfg, source, resume_from), eval_source=eval_source
-    )
+def _train(job: Job, resume_from) -> int:
+    """Launch `job` (resuming from `resume_from`, None: a fresh start) with its header, its
+    summary and its last line; the exit code."""
     launched = rendezvous_from_env() is not None
     if not launched:
         check_local(job)  # before the header: a plan for a cluster is one line, nothing else
-    src = source()
+    src = job.source()
     held_out = _eval_line(job)  # a bad held-out source is one line here, not one per rank
     if not launched or is_rank0():
         _print_header(job, src, resume_from)
         if held_out:
             print(held_out, flush=True)
     results = run_job_one_line(job, checkpoints=True)
-    _print_summaries(results, plan, src)
+    _print_summaries(results, job.plan, src)
     stopped = stopped_run(results)
     if stopped is not None:
         if not launched or is_rank0():
