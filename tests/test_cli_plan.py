@@ -198,3 +198,38 @@ def test_help_states_the_default_batch_rule(capsys):
     assert main(["plan", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "default: 16 sequences per cluster, at most 4M tokens" in text
+
+
+@pytest.mark.timeout(120)
+def test_memory_cap_replaces_the_platforms_usable_memory(capsys):
+    # mt3000: 20 GB usable. A larger cap admits fewer stages, a smaller one nothing at all.
+    assert main(["plan", "--model", "llama2-7b", "--clusters", "8", "--json", "--quiet"]) == 0
+    default = json.loads(capsys.readouterr().out)
+    args = ["plan", "--model", "llama2-7b", "--clusters", "8", "--json", "--quiet"]
+    assert main([*args, "--memory-cap", "30"]) == 0
+    big = json.loads(capsys.readouterr().out)
+    assert big["predicted"]["limit_bytes"] > default["predicted"]["limit_bytes"]
+    assert max(big["predicted"]["peak_memory_bytes"]) <= big["predicted"]["limit_bytes"]
+    assert max(big["predicted"]["peak_memory_bytes"]) > 20e9  # only fits the larger cap
+    assert main(["plan", "--model", "llama2-7b", "--clusters", "8", "--memory-cap", "8"]) == 2
+    assert "no plan fits 8.09 GB per stage" in capsys.readouterr().out  # 8 GiB - workspace
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "x"])
+def test_memory_cap_bad_value_is_one_line(command, value, capsys):
+    extra = ["--clusters", "8"] if command == "plan" else []
+    assert main([command, *extra, "--memory-cap", value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "argument --memory-cap: expected a" in err[0] and "positive" in err[0]
+
+
+def test_simulate_memory_cap(capsys):
+    args = ["simulate", "--model", "llama2-7b", "--pp", "8", "--json"]
+    assert main([*args, "--memory-cap", "10"]) == 0
+    captured = capsys.readouterr()
+    r = json.loads(captured.out)
+    assert r["memory_cap_bytes"] == 10 * 2**30
+    assert r["over_cap_stages"] and "over the 10.24 GB" in captured.err
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["memory_cap_bytes"] == 20e9

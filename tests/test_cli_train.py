@@ -82,3 +82,20 @@ def test_bad_data_file_one_line_error(tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path / "big.bin"), *SMALL]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "token id 999" in err[0]
+
+
+@pytest.mark.timeout(120)
+def test_memory_cap_refuses_before_any_work_and_sits_beside_the_peak(capsys):
+    assert main(["train", "--steps", "2", "--memory-cap", "0.001", *SMALL]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # refused before the header, before any rank
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "plan does not fit" in err[0] and "--memory-cap" in err[0]
+    assert main(["train", "--steps", "2", "--memory-cap", "1", *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "peak" in out and "per rank" in out and "(--memory-cap 1 GiB per rank)" in out
+
+
+def test_memory_cap_bad_value(capsys):
+    assert main(["train", "--memory-cap", "0"]) == 2
+    assert "argument --memory-cap: expected a finite positive number" in capsys.readouterr().err

@@ -31,6 +31,7 @@ COMMANDS = {
     "eval": "the held-out loss of a checkpoint, through the pipeline (as train --eval-every)",
     "calibrate": "measure this machine (kernels, communication, runtime costs): a platform file",
     "validate": "run a grid of plans for real and set each beside its prediction",
+    "cluster": "run a ratrain command across an emulated cluster (namespaces, shaped links)",
 }
 
 

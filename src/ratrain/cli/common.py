@@ -28,6 +28,8 @@ __all__ = [
     "positive_int_list",
     "name_list",
     "MAX_INT",
+    "add_memory_cap_arg",
+    "with_memory_cap",
 ]
 
 MAX_INT = 2**63 - 1
@@ -133,6 +135,27 @@ def name_list(text: str) -> tuple[str, ...]:
             f"expected comma-separated names, e.g. tiny,llama2-7b, got {text!r}"
         )
     return names
+
+
+def add_memory_cap_arg(p: argparse.ArgumentParser) -> None:
+    """`--memory-cap GIB`: the platform's usable memory per rank, overridden."""
+    p.add_argument(
+        "--memory-cap",
+        type=positive_float,
+        metavar="GIB",
+        help="usable memory per rank in GiB (2**30 bytes), in place of the platform's "
+        "(its workspace is still reserved out of it)",
+    )
+
+
+def with_memory_cap(platform, args: argparse.Namespace):
+    """`platform` with its usable memory replaced by --memory-cap, when given."""
+    import dataclasses
+
+    cap = getattr(args, "memory_cap", None)
+    if cap is None:
+        return platform
+    return dataclasses.replace(platform, usable_memory_bytes=int(cap * 2**30))
 
 
 def _split(text: str) -> tuple[int, ...]:

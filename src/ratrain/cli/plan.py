@@ -14,7 +14,14 @@ import math
 import sys
 import time
 
-from ratrain.cli.common import add_model_arg, nonempty, nonneg_float, positive_int
+from ratrain.cli.common import (
+    add_memory_cap_arg,
+    add_model_arg,
+    nonempty,
+    nonneg_float,
+    positive_int,
+    with_memory_cap,
+)
 from ratrain.errors import RatrainError
 from ratrain.platforms import PLATFORM_PRESETS
 
@@ -93,6 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="mt3000",
         help=f"a preset ({', '.join(PLATFORM_PRESETS)}) or a platform YAML file (default mt3000)",
     )
+    add_memory_cap_arg(p)
     p.add_argument(
         "--clusters",
         type=positive_int,
@@ -166,7 +174,7 @@ def _request(args: argparse.Namespace):
     from ratrain.planner.families import ALL_FAMILIES
     from ratrain.platforms import load
 
-    spec, platform = resolve_model(args.model), load(args.platform)
+    spec, platform = resolve_model(args.model), with_memory_cap(load(args.platform), args)
     seq = args.seq or min(4096, spec.max_seq)
     if args.global_batch_tokens is not None:
         if args.global_batch_tokens % seq:

@@ -12,11 +12,13 @@ import json
 import sys
 
 from ratrain.cli.common import (
+    add_memory_cap_arg,
     add_model_arg,
     add_plan_args,
     nonempty,
     plan_from_args,
     plan_platform,
+    with_memory_cap,
 )
 from ratrain.cli.outputs import PLOT_SUFFIXES, prepare_output_file
 from ratrain.cost.comm import RANK_LAYOUTS
@@ -52,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="pp-inner",
         help="how ranks fill nodes (default pp-inner, the runtime's layout)",
     )
+    add_memory_cap_arg(p)
     p.add_argument("--check", action="store_true", help="validate the schedule before simulating")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--plot", metavar="OUT.png", help="write a PNG timeline with memory over time")
@@ -114,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
     prepare_output_file(args.trace, "--trace")
     prepare_output_file(args.plot, "--plot", PLOT_SUFFIXES)
-    platform = load(plan_platform(args, default=_DEFAULT_PLATFORM))
+    platform = with_memory_cap(load(plan_platform(args, default=_DEFAULT_PLATFORM)), args)
     _set_defaults(args, platform)
     spec, plan = plan_from_args(args, default_model=_MODEL)
     r = simulate(spec, plan, platform, check=args.check, rank_layout=args.rank_layout)

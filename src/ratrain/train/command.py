@@ -22,7 +22,14 @@ from ratrain.launch.grid import DEFAULT_TIMEOUT_S, rendezvous_from_env
 from ratrain.launch.host_memory import resolve_host_allocator
 from ratrain.models.spec import ModelSpec
 from ratrain.train.failures import last_checkpoint_note, run_job_one_line, stop_line, stopped_run
-from ratrain.train.job import Job, RankResult, check_local, eval_batches
+from ratrain.train.job import (
+    Job,
+    RankResult,
+    check_fits,
+    check_local,
+    eval_batches,
+    job_variants,
+)
 from ratrain.train.request import TrainRequest
 from ratrain.train.summary import memory_note, summary_line
 
@@ -63,6 +70,11 @@ def _train(job: Job, resume_from) -> int:
     launched = rendezvous_from_env() is not None
     if not launched:
         check_local(job)  # before the header: a plan for a cluster is one line, nothing else
+    if job.memory_cap_bytes is not None:  # --memory-cap: refused before the header, too
+        for _, overrides in job_variants(job):
+            check_fits(
+                job.spec, job.plan.replace(**overrides), job.memory_cap_bytes, job.memory_cap_label
+            )
     src = job.source()
     held_out = _eval_line(job)  # a bad held-out source is one line here, not one per rank
     if not launched or is_rank0():
@@ -70,7 +82,7 @@ def _train(job: Job, resume_from) -> int:
         if held_out:
             print(held_out, flush=True)
     results = run_job_one_line(job, checkpoints=True)
-    _print_summaries(results, job.plan, src)
+    _print_summaries(results, job.plan, src, job.memory_cap_bytes)
     stopped = stopped_run(results)
     if stopped is not None:
         if not launched or is_rank0():
@@ -153,14 +165,19 @@ def _eval_line(job: Job) -> str | None:
     )
 
 
-def _print_summaries(results: list[RankResult], plan: Plan, src: TokenSource) -> None:
-    """The summary line of each rank that holds the losses (the metrics rank)."""
+def _print_summaries(
+    results: list[RankResult], plan: Plan, src: TokenSource, cap_bytes: int | None = None
+) -> None:
+    """The summary line of each rank that holds the losses (the metrics rank); with a
+    `--memory-cap`, the cap beside the measured peaks."""
     for r in results:
         run = r.runs[plan.schedule]
         if run.losses:
             elapsed = sum(run.step_times_s)  # training only, not the ranks' start-up
             tokens = len(run.losses) * plan.tokens_per_step
             memory = memory_note(_memory_record(run.records[-1] if run.records else {}))
+            if cap_bytes is not None:
+                memory += f" (--memory-cap {cap_bytes / 2**30:.4g} GiB per rank)"
             print(summary_line(run.losses, src, elapsed, tokens, memory))
             if run.evals:
                 print(f"eval_loss {run.evals[-1][1]:.4f} after {run.evals[-1][0]} steps")

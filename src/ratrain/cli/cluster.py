@@ -1,0 +1,118 @@
+"""`ratrain cluster`: run a ratrain command across an emulated cluster on this machine.
+
+Brings up `--nodes` network namespaces joined by links shaped to `--link-mbit` each way
+(`ratrain.launch.cluster`), runs `torchrun --nnodes N --nproc-per-node R --node-rank I
+--master-addr NODE0 -m ratrain COMMAND ...` on every node (static rendezvous), prints
+each node's output prefixed with `[node I]`, and tears everything down afterwards, also
+after a failure, a timeout or SIGTERM/SIGINT. `--raw` runs the command itself on every
+node instead, with `{node_rank}`, `{nnodes}`, `{master_addr}` and `{node_addr}` substituted.
+
+    ratrain cluster --nodes 2 --ranks-per-node 2 --link-mbit 200 -- \\
+        train --pp 2 --dp 2 --steps 5 --metrics m.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ratrain.cli.common import nonneg_int, positive_float, positive_int, timeout_s
+from ratrain.errors import RatrainError
+
+__all__ = ["add_arguments", "run", "torchrun_command"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=positive_int, default=2, help="nodes (default 2)")
+    p.add_argument(
+        "--ranks-per-node", type=positive_int, default=1, help="torchrun ranks per node (default 1)"
+    )
+    p.add_argument(
+        "--link-mbit",
+        type=positive_float,
+        default=200.0,
+        help="each node's link rate in Mbit/s, each direction (default 200)",
+    )
+    p.add_argument(
+        "--latency-ms",
+        type=positive_float,
+        default=50.0,
+        help="tbf's queue limit in ms of the rate (default 50); no delay is added",
+    )
+    p.add_argument(
+        "--master-port", type=positive_int, default=29500, help="node 0's port (default 29500)"
+    )
+    p.add_argument("--timeout", type=timeout_s, help="kill the run after this many seconds")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="run the command itself on every node (not `torchrun -m ratrain COMMAND`)",
+    )
+    p.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="remove namespaces left by cluster runs whose process is gone (a SIGKILLed run)",
+    )
+    p.add_argument(
+        "--max-restarts", type=nonneg_int, default=0, help="torchrun --max-restarts (default 0)"
+    )
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        help="after --: a ratrain command and its flags (e.g. train --pp 2 --dp 2)",
+    )
+
+
+def torchrun_command(args: argparse.Namespace, rest: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(args.nodes),
+        "--nproc-per-node",
+        str(args.ranks_per_node),
+        "--node-rank",
+        "{node_rank}",
+        "--master-addr",
+        "{master_addr}",
+        "--master-port",
+        str(args.master_port),
+        "--max-restarts",
+        str(args.max_restarts),
+        "-m",
+        "ratrain",
+        *rest,
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ratrain.launch.cluster import Cluster, remove_namespaces, stale_namespaces, unavailable
+
+    why = unavailable()
+    if why:
+        raise RatrainError(why)
+    if args.cleanup:
+        stale = stale_namespaces()
+        left = remove_namespaces(stale)
+        print(f"ratrain cluster: removed {len(stale) - len(left)} stale namespaces")
+        return 1 if left else 0
+    rest = list(args.command)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if not rest:
+        raise RatrainError("no command given: ratrain cluster [flags] -- train --pp 2 ...")
+    cmd = rest if args.raw else torchrun_command(args, rest)
+    with Cluster(args.nodes, args.link_mbit, latency_ms=args.latency_ms) as c:
+        print(
+            f"ratrain cluster: {args.nodes} nodes ({c.prefix}-n*), links {args.link_mbit:g} "
+            f"Mbit/s each way, master {c.master_addr}:{args.master_port}",
+            file=sys.stderr,
+            flush=True,
+        )
+        results = c.run_on_nodes(cmd, timeout_s=args.timeout, echo=True)
+    bad = [r for r in results if r.returncode != 0]
+    for r in bad:
+        what = "timed out" if r.timed_out else f"exited with code {r.returncode}"
+        print(f"ratrain cluster: node {r.node_rank} {what}", file=sys.stderr)
+    return next((r.returncode for r in bad), 0)
