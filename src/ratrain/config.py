@@ -32,6 +32,7 @@ __all__ = [
 SCHEDULES = ("baseline", "gpu-style", "ratrain", "fsdp-pp")
 RECOMPUTE_POLICIES = ("none", "selective", "full")  # plus "first:K" (full on the first K blocks)
 DTYPES = ("fp32", "bf16", "fp16")
+PIPELINES = ("1f1b", "zb-h1")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 MAX_STAGES = 2**16
@@ -132,6 +133,10 @@ class Plan:
     least this many gradient bytes, one collective per bucket, the same buckets in every
     schedule (ratrain syncs and updates per bucket); 0: one bucket per unit. Unsharded
     optimizer only (sharded, each unit is reduce-scattered alone)."""
+    pipeline: str = "1f1b"
+    """1f1b | zb-h1: the per-stage pass order. zb-h1 (Qi et al. 2024, "Zero Bubble
+    Pipeline Parallelism", H1) splits each backward into B_in and a deferred B_w
+    (`ratrain.schedule.zerobubble`); simulated and planned, not yet run by the runtime."""
 
     def __post_init__(self) -> None:
         self._check_numbers()
@@ -179,6 +184,10 @@ class Plan:
         if self.schedule not in SCHEDULES:
             raise RatrainError(
                 f"plan: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
+        if self.pipeline not in PIPELINES:
+            raise RatrainError(
+                f"plan: pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}"
             )
         for f in ("shard_optimizer", "offload_activations"):
             if not isinstance(getattr(self, f), bool):

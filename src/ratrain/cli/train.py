@@ -242,6 +242,13 @@ def _add_output_args(o) -> None:
         "pip install 'ratrain[tensorboard]')",
     )
     o.add_argument("--quiet", action="store_true", help="no progress bar")
+    o.add_argument(
+        "--memory-cap",
+        type=positive_float,
+        metavar="GIB",
+        help="usable memory per rank in GiB: a plan whose ledger peak exceeds it is refused "
+        "before any work; the summary sets the measured peak per rank beside it",
+    )
 
 
 def _add_checkpoint_args(c) -> None:
@@ -321,6 +328,9 @@ def train_request_from_args(args: argparse.Namespace) -> TrainRequest:
         run_steps=0 if args.steps == 0 else None,  # --steps 0: save the starting state
         eval_every=args.eval_every,
         eval_tokens=args.eval_tokens,
+        memory_cap_bytes=(
+            int(args.memory_cap * 2**30) if getattr(args, "memory_cap", None) else None
+        ),
     )
 
 
@@ -342,6 +352,11 @@ def data_source(args: argparse.Namespace, spec: ModelSpec, plan: Plan):
 def run(args: argparse.Namespace) -> int:
     cfg = _check_flags(args)
     spec, plan = plan_from_args(args, default_model=_default_model(args))
+    if plan.pipeline != "1f1b":  # before any rank starts (the executor refuses it too)
+        raise RatrainError(
+            f"pipeline {plan.pipeline} is simulated and planned but not yet executed by the "
+            "runtime; use pipeline 1f1b"
+        )
     _check_processes(args, plan)
     distributed = plan.pp * plan.dp > 1 or args.nproc is not None
     if distributed or args.save or args.resume or args.init_from or args.eval_every:

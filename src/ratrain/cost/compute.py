@@ -196,7 +196,18 @@ def unit_kernels(
     spec: ModelSpec, unit: int, micro_batch: int, seq: int, kind: str, *, dtype: str = "bf16"
 ) -> list[Kernel]:
     """The kernels of one unit's forward ("F"), backward ("B") or recomputation
-    ("RC:full" / "RC:selective") for one microbatch."""
+    ("RC:full" / "RC:selective") for one microbatch; a split backward's halves are "BI"
+    (input gradient) and "BW" (weight gradient), which together are "B"'s kernels.
+
+    derived: for a linear layer Y = X·Wᵀ the backward is two GEMMs of the forward's size,
+    dX = dY·W (B_IN) and dW = dYᵀ·X (B_W), each about the forward's FLOPs. The attention
+    core, the norms' and activations' backward (elementwise) and the loss have no weight
+    of their own (the norms' weight gradients are per-token reductions, left in B_IN):
+    all B_IN. B_W adds the weight gradients into the gradient buffer (grad_accumulate).
+    The embedding has no input gradient: its B_IN is empty, its B_W is the scatter-add."""
+    if kind in ("BI", "BW"):
+        ks = unit_kernels(spec, unit, micro_batch, seq, "B", dtype=dtype)
+        return [k for k in ks if _weight_grad_kernel(k) == (kind == "BW")]
     tokens = micro_batch * seq
     if unit == counts.embedding_unit(spec):
         # A gather of rows forward; a scatter-add into the table's gradient backward.
@@ -238,6 +249,11 @@ def unit_kernels(
     if kind == "RC:none":
         return []
     raise ValueError(f"unknown kernel group {kind!r}")
+
+
+def _weight_grad_kernel(k: Kernel) -> bool:
+    """Whether a backward kernel belongs to B_W (see `unit_kernels`)."""
+    return k.name.endswith(".dw") or k.name in ("grad_accumulate.bwd", "embedding.scatter_add")
 
 
 _KERNELS_TIME: dict[tuple, tuple[Platform, tuple[float, str]]] = {}

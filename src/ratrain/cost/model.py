@@ -5,6 +5,13 @@ model (`ratrain.cost.compute`), the α–β communication model (`ratrain.cost.c
 platform's memory tiers:
 
 - F / B / RECOMPUTE: the sum of the unit's kernels (GEMMs, attention, memory passes).
+- B_IN / B_W (a split backward, ``pipeline: zb-h1``): B's kernels split in two
+  (`ratrain.cost.compute.unit_kernels` "BI"/"BW"). derived: each linear layer's backward
+  is two GEMMs of its forward's size, dX (B_IN) and dW (B_W), each about the forward's
+  FLOPs; the attention core's backward, the elementwise backward and the loss are B_IN's;
+  the gradient accumulation and the embedding's scatter-add are B_W's. A block's B_W is
+  thus about its forward's GEMM time, its B_IN the rest of B. Each half pays the
+  platform's fixed cost per action of its op ("BI"/"BW", else the "default").
 - UPDATE: memory-bound. Adam with fp32 master weights and states touches 24 + g bytes per
   parameter (reads weight, gradient, m, v: 12 + g; writes weight, m, v: 12; g the gradient
   dtype's size), as PyTorch's foreach/fused Adam does, at main-memory bandwidth; with
@@ -88,6 +95,9 @@ def only(*categories: str) -> dict[str, float]:
             )
     return {c: (1.0 if c in categories else 0.0) for c in COST_CATEGORIES}
 
+
+_UNIT_COMPUTE = (Op.F, Op.B, Op.B_IN, Op.B_W)
+"""Compute actions scaled per unit (blocks and edge units apart)."""
 
 _RING_TRAFFIC = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5}
 """derived: what a rank sends, receives and reduces in a ring reduce-scatter or all-gather
@@ -228,7 +238,7 @@ class CostModel:
     def _cost(self, a: Action) -> ActionCost:
         c = self._raw_cost(a)
         over_s = self.platform.overhead_s(a.op.value) if a.op is not Op.VIEW_DROP else 0.0
-        if a.op in (Op.F, Op.B):
+        if a.op in _UNIT_COMPUTE:
             # Kernels scaled per unit (blocks and edge units apart); overhead per action.
             if over_s:
                 over_s *= self.scale[c.category]
@@ -248,7 +258,7 @@ class CostModel:
 
     def _raw_cost(self, a: Action) -> ActionCost:
         op = a.op
-        if op in (Op.F, Op.B, Op.RECOMPUTE):
+        if op in _UNIT_COMPUTE or op is Op.RECOMPUTE:
             return self._compute(a)
         if op is Op.UPDATE:
             return self._update(a)

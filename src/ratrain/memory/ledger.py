@@ -9,14 +9,18 @@ order and keeps the bytes of each class (`STATE_CLASSES`):
                  step; transient ones from VIEW_FETCH to VIEW_DROP. A sharded fetch is an
                  in-place all-gather (each replica casts its master shard into its slot
                  of the view, as Megatron's distributed optimizer does): no staging
-    grad         grad_dtype bytes/param of a unit from its first B in the step to the end
+    grad         grad_dtype bytes/param of a unit from its first B (or B_W) in the step to the end
                  of its UPDATE; with shard_optimizer full size until the reduce-scatter
                  lands, then 1/dp
     activation   per (unit, mb) from F to the end of B (`activation_bytes` under the
                  unit's recompute policy); a RECOMPUTE adds what the policy dropped until
                  the B ends; OFFLOAD takes the bytes off the device, RELOAD brings them back.
                  In a forward-only schedule (an evaluation, `ratrain.schedule.eval`) only
-                 while the F runs: under no_grad nothing is kept
+                 while the F runs: under no_grad nothing is kept. A split backward
+                 (zb-h1): B_IN adds the linear layers' output gradients when it starts and
+                 at its end frees all but the linear layers' inputs; both (what B_W needs,
+                 `weight_grad_bytes`: per block c·s·b·(3h + ffn) + c·s·b·(3h + 2kv + 2ffn))
+                 live until the end of B_W
     comm_buffer  stage-boundary buffers: a received activation (RECV_F until the first
                  unit's F takes it as its input) or gradient (RECV_B until the last unit's
                  B ends), an outgoing one from the F/B producing it until its SEND lands
@@ -67,6 +71,8 @@ from ratrain.sizes.activations import (
     boundary_bytes,
     forward_workspace_bytes,
     update_workspace_bytes,
+    weight_grad_bytes,
+    weight_workspace_bytes,
 )
 from ratrain.sizes.states import (
     ADAM_BYTES_PER_PARAM,
@@ -87,12 +93,14 @@ from ratrain.sizes.workspace import (
 __all__ = ["StageMemory", "Ledger", "replay"]
 
 _MASTER, _OPT, _VIEW, _GRAD, _ACT, _COMM, _WS = range(len(STATE_CLASSES))
-_COMPUTE_OPS = (Op.F, Op.B, Op.RECOMPUTE, Op.UPDATE)
+_COMPUTE_OPS = (Op.F, Op.B, Op.B_IN, Op.B_W, Op.RECOMPUTE, Op.UPDATE)
 _LAND_BY_DEPENDENT = (Op.GRAD_SYNC,)
 _LAND_AFTER_COMPUTE = (Op.SEND_F, Op.SEND_B, Op.OFFLOAD)
 _WAITED_ON = (Op.GRAD_SYNC, Op.GRAD_NORM, Op.OVERFLOW)
 # Op members as module constants: the per-action code below reads no enum class attribute.
 _B = Op.B
+_B_IN = Op.B_IN
+_B_W = Op.B_W
 _F = Op.F
 _GRAD_NORM = Op.GRAD_NORM
 _GRAD_SYNC = Op.GRAD_SYNC
@@ -233,6 +241,13 @@ class _StageReplay:
         self.recomputed = {u: full[u] - self.keep[u] for u in units}
         self.fws = {u: forward_workspace_bytes(spec, plan, u, policy[u], **kw) for u in units}
         self.bws = {u: backward_workspace_bytes(spec, plan, u, **kw) for u in units}
+        if sch.meta.get("pipeline") == "zb-h1":  # a split backward: what B_W needs
+            self.w_in, self.w_out = {}, {}
+            for u in units:
+                self.w_in[u], self.w_out[u] = weight_grad_bytes(spec, plan, u, **kw)
+            self.wws = {
+                u: weight_workspace_bytes(spec, plan, u, eager_kernels=eager) for u in units
+            }
         self.uws = {u: update_workspace_bytes(spec, plan, u) if eager else 0 for u in units}
         # The global checks run over every unit of the stage, one tensor/unit at a time.
         self.nws = max(norm_workspace_bytes(spec, plan, u) for u in units) if eager else 0
@@ -286,6 +301,8 @@ class _StageReplay:
             if u == self.last_unit and self.send_output:
                 ends.append((_COMM, self.boundary))  # the received gradient is consumed
             return ends
+        if op is _B_IN or op is _B_W:
+            return self._split_backward(a)
         if op is _VIEW_FETCH:
             for u in a.units:
                 if u not in self.live_views:
@@ -315,6 +332,29 @@ class _StageReplay:
             st[_ACT] += back
             self.act[key] += back
         return []
+
+    def _split_backward(self, a: Action) -> list[tuple[int, int]]:
+        """B_IN: B's boundary buffers and workspace, the linear layers' output gradients
+        from its start; at its end all but what B_W needs is freed. B_W: the gradient
+        buffer at the unit's first, its workspace; at its end what B_IN kept is freed."""
+        st, u, key = self.state, a.units[0], (a.units[0], a.mb)
+        if a.op is _B_W:
+            if u not in self.grad:
+                for v in self.bucket_of.get(u, (u,)):
+                    self.grad[v] = self.grad_full[v]
+                    st[_GRAD] += self.grad_full[v]
+            st[_WS] += self.wws[u]
+            return [(_WS, self.wws[u]), (_ACT, self.act.pop(key))]
+        if u == self.first_unit and self.recv_input:
+            st[_COMM] += self.boundary  # the input gradient, held until its SEND lands
+        st[_WS] += self.bws[u]
+        st[_ACT] += self.w_out[u]
+        act = self.act[key]
+        self.act[key] = self.w_in[u] + self.w_out[u]
+        ends = [(_WS, self.bws[u]), (_ACT, act - self.w_in[u])]
+        if u == self.last_unit and self.send_output:
+            ends.append((_COMM, self.boundary))  # the received gradient is consumed
+        return ends
 
     def _land(self, a: Action) -> None:
         """What an async action frees once it has landed."""

@@ -137,6 +137,11 @@ class StageExecutor:
         cfg: TrainConfig,
         recorder: Recorder | None = None,
     ):
+        if plan.pipeline == "zb-h1" or schedule.meta.get("pipeline") == "zb-h1":
+            raise RatrainError(
+                "pipeline zb-h1 is simulated and planned but not yet executed by the runtime; "
+                "use pipeline 1f1b"
+            )
         self.grid, self.comm, self.model, self.batches = grid, comm, model, batches
         self.spec, self.plan, self.cfg = spec, plan, cfg
         self.acts = schedule.stages[grid.stage]

@@ -11,6 +11,7 @@ from ratrain.models.spec import ModelSpec
 from ratrain.schedule.fsdp import lower_fsdp_pp
 from ratrain.schedule.ir import Schedule
 from ratrain.schedule.lowering import lower_baseline, lower_gpu_style, lower_ratrain
+from ratrain.schedule.zerobubble import refuse_unsupported
 
 __all__ = ["build_schedule"]
 
@@ -24,6 +25,9 @@ _LOWERINGS = {
 
 @gc_paused()  # bulk building of acyclic data: see ratrain.gcpause
 def build_schedule(spec: ModelSpec, plan: Plan) -> Schedule:
-    """One training step of `plan`, lowered as ``plan.schedule`` says."""
+    """One training step of `plan`, lowered as ``plan.schedule`` says (with ``plan.pipeline``
+    zb-h1, the ZB-H1 pass order, `ratrain.schedule.zerobubble`, which refuses in one line
+    the features it does not support yet)."""
     plan.check_for(spec)
+    refuse_unsupported(plan)
     return _LOWERINGS[plan.schedule](spec, plan)

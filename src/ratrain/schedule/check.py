@@ -5,15 +5,19 @@ found; `find_problems` returns them. The checks:
 
 - structure: one list per stage, each action on its own stage, no duplicates, every
   dependency present in the schedule, microbatches in range;
-- compute: every (unit, mb) of a stage has exactly one F and one B, the F first;
+- compute: every (unit, mb) of a stage has exactly one F and either one B or one B_IN and
+  one B_W (a split backward, `ratrain.schedule.zerobubble`), the F first;
 - transfers: every SEND paired with exactly one RECV on the adjacent stage (same mb and
   unit) that depends on it, and every RECV with its SEND;
 - lifetimes, walking each stage's list in program order: a view is read only while live
   (persistent views are live from the start; VIEW_DROP ends a view), and a read after
   an asynchronous VIEW_FETCH depends on it; an activation is used only after its F,
   before its B, on the device (not offloaded without a RELOAD the use depends on), and a
-  B whose unit recomputes has its RECOMPUTE;
-- gradients: each unit synced exactly once after all its B, updated exactly once after
+  B whose unit recomputes has its RECOMPUTE; of a split backward, B_IN(u, mb) is the B
+  above (it needs the RECOMPUTE) and B_W(u, mb) comes after it on the same stage (what
+  B_IN kept for it), depending on it;
+- gradients: each unit synced exactly once after all its B (its last B_W when split: the
+  gradient exists from the first B_W), updated exactly once after
   its sync (a dependency, directly or through the global checks), waiting for every
   global check the plan needs, and never read by F/B/RECOMPUTE after its update;
 - a forward-only schedule (``meta["forward_only"]``, `ratrain.schedule.eval`): one F per
@@ -39,6 +43,7 @@ __all__ = ["ScheduleError", "check_schedule", "find_problems", "dry_run"]
 
 _SHOWN = 8  # problems spelled out in the error message
 _GLOBAL = (Op.GRAD_NORM, Op.OVERFLOW)
+_READS_UNIT = (Op.F, Op.B, Op.B_IN, Op.B_W, Op.RECOMPUTE)  # none may follow the UPDATE
 
 
 class ScheduleError(RatrainError):
@@ -124,12 +129,35 @@ def _compute(sch: Schedule, spec: ModelSpec, plan: Plan, ops=(Op.F, Op.B)) -> li
                     out.append(
                         f"{_f(a)} touches units outside stage {s}'s {min(units)}..{max(units)}"
                     )
+        split = Op.B in ops and any(a.op is Op.B_IN or a.op is Op.B_W for a in acts)
         for op in ops:
+            if split and op is Op.B:
+                out += _split_backward(s, acts, units, m)
+                continue
             n = Counter((a.unit, a.mb) for a in acts if a.op is op and len(a.units) == 1)
             for u in sorted(units):
                 for mb in range(m):
                     if n[(u, mb)] != 1:
                         out.append(f"stage {s} has {n[(u, mb)]} {op.value}({u}, {mb}), expected 1")
+    return out
+
+
+def _split_backward(s: int, acts: list[Action], units: set[int], m: int) -> list[str]:
+    """A stage with a split backward: per (unit, mb) exactly one B, or one B_IN and one
+    B_W (and no B)."""
+    n = {
+        op: Counter((a.unit, a.mb) for a in acts if a.op is op and len(a.units) == 1)
+        for op in (Op.B, Op.B_IN, Op.B_W)
+    }
+    out = []
+    for u in sorted(units):
+        for mb in range(m):
+            b, bi, bw = (n[op][(u, mb)] for op in (Op.B, Op.B_IN, Op.B_W))
+            if (b, bi, bw) not in ((1, 0, 0), (0, 1, 1)):
+                out.append(
+                    f"stage {s} has {b} B, {bi} BI and {bw} BW of ({u}, {mb}), "
+                    "expected one B or one BI and one BW"
+                )
     return out
 
 
@@ -198,7 +226,7 @@ def _activation_lifetimes(sch, spec, plan, s: int, acts: list[Action]) -> list[s
     recomputed: set[tuple[int, int]] = set()
     reloads: dict[tuple[int, int], Action] = {}
     for i, a in enumerate(acts):
-        if a.op not in (Op.F, Op.B, Op.RECOMPUTE, Op.OFFLOAD, Op.RELOAD):
+        if a.op not in (Op.F, Op.B, Op.B_IN, Op.B_W, Op.RECOMPUTE, Op.OFFLOAD, Op.RELOAD):
             continue
         key = (a.unit, a.mb)
         st = state.get(key)
@@ -206,6 +234,16 @@ def _activation_lifetimes(sch, spec, plan, s: int, acts: list[Action]) -> list[s
             if st is not None:
                 out.append(f"{_f(a)} runs again")
             state[key] = "device"
+            continue
+        if a.op is Op.B_W:  # needs what its B_IN kept, on this stage, before
+            if st != "weight":
+                out.append(f"{_f(a)} before its B_IN" if st != "freed" else f"{_f(a)} runs again")
+            elif Action(Op.B_IN, s, a.units, a.mb) not in sch.deps_of(a):
+                out.append(f"{_f(a)} does not depend on its B_IN")
+            state[key] = "freed"
+            continue
+        if st == "weight":
+            out.append(f"{_f(a)} uses activations its B_IN already freed")
             continue
         if st is None:
             when = "before its F" if f_at.get(key, -1) > i else "without its F"
@@ -234,7 +272,7 @@ def _activation_lifetimes(sch, spec, plan, s: int, acts: list[Action]) -> list[s
                 policy = plan.recompute_of(spec, s, a.unit)
                 if policy != "none" and key not in recomputed:
                     out.append(f"{_f(a)} needs a RECOMPUTE (policy {policy})")
-                state[key] = "freed"
+                state[key] = "weight" if a.op is Op.B_IN else "freed"
     return out
 
 
@@ -270,7 +308,7 @@ def _gradients(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
         updates: dict[int, list[tuple[int, Action]]] = {}
         checks = [a for a in acts if a.op in _GLOBAL]
         for i, a in enumerate(acts):
-            if a.op is Op.B:
+            if a.op is Op.B or a.op is Op.B_W:  # what adds to the unit's gradient
                 last_b[a.unit] = i
             elif a.op is Op.GRAD_SYNC:
                 for u in a.units:
@@ -290,7 +328,8 @@ def _gradients(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
             if len(up) != 1:
                 out.append(f"stage {s}: unit {u} updated {len(up)} times, expected once")
             if len(su) == 1 and su[0][0] < last_b.get(u, -1):
-                out.append(f"{_f(su[0][1])} is issued before the last B of unit {u}")
+                last = acts[last_b[u]].op.value
+                out.append(f"{_f(su[0][1])} is issued before the last {last} of unit {u}")
             if len(su) == 1 and len(up) == 1:
                 (i_s, sync), (i_u, upd) = su[0], up[0]
                 if i_u < i_s or not _reaches(sch, upd, sync):
@@ -304,7 +343,7 @@ def _gradients(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
                 if g.op in needed and g not in sch.deps_of(upd)
             ]
         for i, a in enumerate(acts):
-            if a.op in (Op.F, Op.B, Op.RECOMPUTE) and i > updated_at.get(a.unit, len(acts)):
+            if a.op in _READS_UNIT and i > updated_at.get(a.unit, len(acts)):
                 out.append(f"{_f(a)} reads unit {a.unit} after its UPDATE")
     return out
 

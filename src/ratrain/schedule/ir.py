@@ -28,6 +28,18 @@ runs): each stage walks its list in order with one issuing thread.
 - So a stage waits for an async action only where a later action depends on it: a
   lowering places, e.g., UPDATE(l) at the point in the list where it expects the sync
   of l to have landed.
+- Split backward (``pipeline: zb-h1``, `ratrain.schedule.zerobubble`; Qi et al. 2024,
+  "Zero Bubble Pipeline Parallelism"): B(u, mb) is B_IN(u, mb) then B_W(u, mb), each a
+  COMPUTE action, or the one B (every 1F1B schedule keeps the unsplit B).
+  B_IN (``1BI3@5``) needs the unit's activations (and the received output gradient) and
+  produces the input gradient, the critical path to the previous stage; when it ends it
+  frees the activations only the input gradient needs and keeps what B_W needs: the
+  input of each linear layer and the gradient of each linear layer's output
+  (`ratrain.sizes.activations.weight_grad_bytes`). B_W (``1BW3@5``) needs those and
+  produces the unit's weight gradient; it frees them. The unit's gradient state starts at
+  its first B_W of the step (not at B_IN), so GRAD_SYNC(u) follows the last B_W(u). B_IN
+  reads the unit's parameter view (dX = dY·W), B_W does not (dW = dYᵀ·X). A RECOMPUTE
+  precedes the B_IN (the first pass that needs the activations).
 - Global reductions (NORM, OVF) are one collective over all stages (and DP replicas):
   each stage's instance starts when every stage's instance has been issued and its deps
   have completed.
@@ -45,6 +57,8 @@ __all__ = ["Op", "Resource", "Action", "Schedule", "format_action", "parse_actio
 class Op(enum.Enum):
     F = "F"  # forward of (unit, mb)
     B = "B"  # backward of (unit, mb)
+    B_IN = "BI"  # input-gradient half of B (zero-bubble pipelines; see below)
+    B_W = "BW"  # weight-gradient half of B, deferrable
     SEND_F = "SEND_F"  # activation to the next stage
     RECV_F = "RECV_F"  # activation from the previous stage
     SEND_B = "SEND_B"  # activation gradient to the previous stage
@@ -77,6 +91,8 @@ class Resource(enum.Enum):
 _MB_OPS = {
     Op.F,
     Op.B,
+    Op.B_IN,
+    Op.B_W,
     Op.SEND_F,
     Op.RECV_F,
     Op.SEND_B,
@@ -88,6 +104,8 @@ _MB_OPS = {
 _RESOURCE = {
     Op.F: Resource.COMPUTE,
     Op.B: Resource.COMPUTE,
+    Op.B_IN: Resource.COMPUTE,
+    Op.B_W: Resource.COMPUTE,
     Op.RECOMPUTE: Resource.COMPUTE,
     Op.UPDATE: Resource.COMPUTE,
     Op.SEND_F: Resource.P2P,

@@ -45,6 +45,11 @@ What the simulator needs to cost an action:
   each sync bucket as one flat buffer (one collective), which is what keeps the schedules'
   sums identical.
 
+ZB-H1 (``plan.pipeline`` zb-h1, `ratrain.schedule.zerobubble`): the same three lowerings
+over the ZB-H1 pass order, whose backward is B_IN then a deferred B_W per (unit, mb); every
+rule above keyed on "the last B" of a unit reads "the last B_W" (the gradient is complete
+only then): GRAD_SYNC after it, UPDATE and the refresh VIEW_FETCH after the sync as above.
+
 Sync buckets (``plan.sync_bucket_bytes`` > 0, unsharded optimizer): ``ratrain`` issues one
 GRAD_SYNC per sync bucket after the last B of the bucket's last unit in backward order, and
 one UPDATE (and refresh) per bucket; ``gpu-style`` fills its buckets with whole sync buckets.
@@ -91,8 +96,14 @@ RELOAD_AHEAD_UNITS = 2
 _SCALAR_BYTES = 4  # fp32 partial norm / overflow flag per stage
 
 
-def _last_bs(s: int, units, m: int) -> list[Action]:
-    return [Action(Op.B, s, (u,), m - 1) for u in units]
+def _last_bs(s: int, units, m: int, op: Op = Op.B) -> list[Action]:
+    """The last microbatch's B of each unit (B_W under zb-h1: it ends the gradient)."""
+    return [Action(op, s, (u,), m - 1) for u in units]
+
+
+def _grad_op(plan: Plan) -> Op:
+    """The action that ends a unit's gradient of a microbatch: B, or B_W under zb-h1."""
+    return Op.B_W if plan.pipeline == "zb-h1" else Op.B
 
 
 def _stage_tail(sch: Schedule, plan: Plan, s: int, units: tuple[int, ...], syncs: list[Action]):
@@ -114,7 +125,7 @@ def lower_baseline(spec: ModelSpec, plan: Plan) -> Schedule:
     for s in range(plan.pp):
         units = sch.meta["stage_units"][s]
         sync = Action(Op.GRAD_SYNC, s, units)
-        sch.add_dep(sync, *_last_bs(s, units, m))
+        sch.add_dep(sync, *_last_bs(s, units, m, _grad_op(plan)))
         sch.stages[s] += [sync, *_stage_tail(sch, plan, s, units, [sync])]
     return sch
 
@@ -138,7 +149,7 @@ def lower_gpu_style(spec: ModelSpec, plan: Plan) -> Schedule:
         syncs = []
         for bucket in buckets:
             sync = Action(Op.GRAD_SYNC, s, bucket)
-            sch.add_dep(sync, *_last_bs(s, bucket, m))
+            sch.add_dep(sync, *_last_bs(s, bucket, m, _grad_op(plan)))
             after[last_b[bucket[0]]] = [sync]
             syncs.append(sync)
         sch.stages[s] = splice(acts, after=after) + _stage_tail(sch, plan, s, units, syncs)

@@ -11,6 +11,7 @@ from ratrain.config import Plan
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Schedule
 from ratrain.schedule.onef1b import build_1f1b, splice
+from ratrain.schedule.zerobubble import build_zb_h1
 from ratrain.sizes.states import grad_bytes_per_param, stored_params, view_bytes_per_param
 
 __all__ = [
@@ -41,14 +42,19 @@ def global_checks(plan: Plan) -> tuple[Op, ...]:
 
 def reads_view(a: Action) -> bool:
     """Whether the action reads its unit's parameter view. The embedding's backward does
-    not: its weight gradient is a scatter of the incoming gradient by token id."""
-    return a.op in (Op.F, Op.RECOMPUTE) or (a.op is Op.B and a.units != (0,))
+    not: its weight gradient is a scatter of the incoming gradient by token id. Of a split
+    backward, B_IN reads it (dX = dY·W), B_W does not (dW = dYᵀ·X)."""
+    return a.op in (Op.F, Op.RECOMPUTE) or (a.op in (Op.B, Op.B_IN) and a.units != (0,))
 
 
 def base_schedule(spec: ModelSpec, plan: Plan, kind: str, view_policy: str) -> Schedule:
-    """The 1F1B step of a lowering `kind`, with the meta every lowering sets (see
+    """The 1F1B step of a lowering `kind` (ZB-H1's with ``plan.pipeline`` zb-h1,
+    `ratrain.schedule.zerobubble`), with the meta every lowering sets (see
     `ratrain.schedule.lowering`) and RECOMPUTE placed (`add_recompute`)."""
-    sch = build_1f1b(spec, plan, kind)
+    if plan.pipeline == "zb-h1":
+        sch = build_zb_h1(spec, plan, kind)
+    else:
+        sch = build_1f1b(spec, plan, kind)
     vb = view_bytes_per_param(plan)
     sch.meta.update(
         grad_sync="reduce-scatter" if plan.shard_optimizer else "all-reduce",
@@ -62,7 +68,8 @@ def base_schedule(spec: ModelSpec, plan: Plan, kind: str, view_policy: str) -> S
 
 
 def add_recompute(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
-    """RECOMPUTE(u, mb) just before each B(u, mb) whose unit the plan recomputes."""
+    """RECOMPUTE(u, mb) just before each B(u, mb) (or B_IN(u, mb), the first pass of a
+    split backward that needs the activations) whose unit the plan recomputes."""
     for s, acts in enumerate(sch.stages):
         recomputed = {
             u for u in sch.meta["stage_units"][s] if plan.recompute_of(spec, s, u) != "none"
@@ -71,7 +78,7 @@ def add_recompute(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
             continue
         before: dict[int, list[Action]] = {}
         for i, a in enumerate(acts):
-            if a.op is Op.B and a.units[0] in recomputed:
+            if (a.op is Op.B or a.op is Op.B_IN) and a.units[0] in recomputed:
                 rc = Action(Op.RECOMPUTE, s, a.units, a.mb)
                 sch.deps[rc] = (Action(Op.F, s, a.units, a.mb),)
                 sch.add_dep(a, rc)
@@ -80,9 +87,10 @@ def add_recompute(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
 
 
 def last_b_index(acts: list[Action], m: int) -> dict[int, int]:
-    """Unit -> index of its last microbatch's B, by one scan (no hashing)."""
-    b, last = Op.B, m - 1
-    return {a.units[0]: i for i, a in enumerate(acts) if a.op is b and a.mb == last}
+    """Unit -> index of its last microbatch's B (or B_W, which ends a split backward's
+    gradient), by one scan (no hashing)."""
+    b, bw, last = Op.B, Op.B_W, m - 1
+    return {a.units[0]: i for i, a in enumerate(acts) if (a.op is b or a.op is bw) and a.mb == last}
 
 
 def stage_checks(sch: Schedule, plan: Plan, s: int, syncs: list[Action]) -> list[Action]:
@@ -146,11 +154,11 @@ def view_uses(acts: list[Action]) -> list[tuple[int, int]]:
     """(index, unit) of every action of a stage's list that reads its unit's view: F,
     RECOMPUTE, and B of any unit but the embedding (`reads_view`, inlined: this scan runs
     over every action of the step)."""
-    f, rc, b = Op.F, Op.RECOMPUTE, Op.B  # locals: no enum class lookups per action
+    f, rc, b, bi = Op.F, Op.RECOMPUTE, Op.B, Op.B_IN  # locals: no enum class lookups
     return [
         (i, a.units[0])
         for i, a in enumerate(acts)
-        if (op := a.op) is f or op is rc or (op is b and a.units[0] != 0)
+        if (op := a.op) is f or op is rc or ((op is b or op is bi) and a.units[0] != 0)
     ]
 
 

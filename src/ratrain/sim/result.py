@@ -11,6 +11,7 @@ __all__ = ["SimEvent", "SimResult", "busy_s", "stage_metrics", "stage_metrics_fl
 
 RESOURCES = tuple(r.value for r in Resource if r is not Resource.NONE)
 _CHECKS = (Op.GRAD_NORM, Op.OVERFLOW)
+_BACKWARD = (Op.B, Op.B_IN, Op.B_W)  # what ends before the tail
 
 
 class SimEvent(NamedTuple):
@@ -184,8 +185,8 @@ def stage_metrics_flat(stages, step_s: float, *, ops=None):
 
 def _exposed(ops, start, end, issue, compute) -> dict[str, float]:
     """Split the tail after the stage's last backward by what the compute resource waits on."""
-    b, sync_op, upd = Op.B, Op.GRAD_SYNC, Op.UPDATE
-    backs = [e for op, e in zip(ops, end, strict=True) if op is b]
+    sync_op, upd = Op.GRAD_SYNC, Op.UPDATE
+    backs = [e for op, e in zip(ops, end, strict=True) if op in _BACKWARD]
     last = max(end, default=0.0)
     lo = max(backs, default=last)
     syncs = [(t0, t1) for op, t0, t1 in zip(ops, start, end, strict=True) if op is sync_op]

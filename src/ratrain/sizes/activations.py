@@ -88,6 +88,8 @@ __all__ = [
     "forward_workspace_bytes",
     "backward_workspace_bytes",
     "update_workspace_bytes",
+    "weight_grad_bytes",
+    "weight_workspace_bytes",
 ]
 
 _ID_BYTES = 8  # int64 token ids / targets
@@ -222,6 +224,54 @@ def activation_bytes(
     if eager_kernels and spec.position == "rope" and policy != "full":
         out += _rope_tables_bytes(spec, plan.seq)
     return out
+
+
+def weight_grad_bytes(
+    spec: ModelSpec, plan: Plan, unit: int, *, flash: bool = True, eager_kernels: bool = False
+) -> tuple[int, int]:
+    """What a split backward keeps for the deferred B_W of one (unit, mb), from the end of
+    its B_IN to the end of its B_W (`ratrain.schedule.zerobubble`): (inputs, out_grads).
+
+    derived: a linear layer Y = X·Wᵀ has dW = dYᵀ·X, so B_W needs, per linear layer, its
+    input X (a tensor of the activation table above, kept from the forward) and the
+    gradient of its output dY (produced by B_IN). Per token, c bytes each:
+
+        block  inputs    attn_norm_out (q/k/v in, h), attn_out (o_proj in, h),
+                         mlp_norm_out (gate/up in, h), swiglu_out (down in, ffn)
+                         = 3h + ffn
+               out_grads dQ (h), dK (kv), dV (kv), d o_proj out (h), d gate (ffn),
+                         d up (ffn), d down out (h)                 = 3h + 2kv + 2ffn
+        head   inputs    final norm output (h); out_grads dlogits (V)
+               chunked loss: the fp32 dL/dw (4·V·h, per microbatch) its forward kept,
+               no out_grads
+        embed  inputs    the token ids (8 B); out_grads the output gradient (h)
+
+    The norms' weights are left out (their gradient is a per-token reduction of tensors B_IN
+    already holds: assumed computed in B_IN, a few h-sized vectors). `inputs` is part of
+    `activation_bytes` under policy none (recompute is refused with zb-h1), so a ledger
+    keeps act - (act - inputs) + out_grads after B_IN.
+    """
+    tokens, c = _tokens(plan), DTYPE_BYTES[plan.compute_dtype]
+    h = spec.hidden
+    if unit == 0:
+        return tokens * _ID_BYTES, tokens * c * h
+    if unit == head_unit(spec):
+        if plan.loss_chunk_tokens:
+            return 4 * spec.vocab * h, 0
+        return tokens * c * h, tokens * c * spec.vocab
+    assert is_block(spec, unit), unit
+    kv, f = spec.kv_dim, spec.ffn
+    return tokens * c * (3 * h + f), tokens * c * (3 * h + 2 * kv + 2 * f)
+
+
+def weight_workspace_bytes(spec: ModelSpec, plan: Plan, unit: int, *, eager_kernels: bool) -> int:
+    """Transient bytes while B_W(unit) runs: with eager kernels each weight's gradient is
+    computed into a new tensor before it is added to the gradient buffer (the unit's largest
+    weight at the compute dtype, as in `backward_workspace_bytes`); fused, nothing."""
+    if not eager_kernels:
+        return 0
+    c, h = DTYPE_BYTES[plan.compute_dtype], spec.hidden
+    return c * h * (spec.vocab if unit in (0, head_unit(spec)) else spec.ffn)
 
 
 def _chunked_head_bytes(spec: ModelSpec, tokens: int, c: int) -> int:

@@ -1,0 +1,246 @@
+"""ZB-H1 (`pipeline: zb-h1`): the split backward in the IR, the checker, the ledger, the
+simulator, and the refusals (issue 25)."""
+
+import dataclasses
+
+import pytest
+
+from ratrain.config import Plan
+from ratrain.cost import CostModel
+from ratrain.cost.compute import unit_kernels
+from ratrain.cost.model import ActionCost
+from ratrain.errors import RatrainError
+from ratrain.memory import replay
+from ratrain.models.counts import is_block
+from ratrain.models.presets import get_preset
+from ratrain.models.spec import ModelSpec
+from ratrain.platforms import load
+from ratrain.schedule import build_schedule, check_schedule, find_problems
+from ratrain.schedule.ir import Action, Op, parse_action
+from ratrain.schedule.zerobubble import pass_order
+from ratrain.sim import simulate_schedule
+
+UNIFORM = ModelSpec("uniform", 8, 256, 4, 4, 512, 1000, max_seq=64)
+UNSHARED = dataclasses.replace(load("cpu-local"), cores_per_node=None, rank_speed=())
+SCHEDULES = ["baseline", "gpu-style", "ratrain"]
+
+
+def _plan(pp, m, pipeline="zb-h1", **kw):
+    base = dict(pp=pp, dp=2, micro_batch=1, global_batch=2 * m, seq=64, pipeline=pipeline)
+    return Plan(**{**base, **kw})
+
+
+def test_split_ops_parse_and_format():
+    for text in ("1BI3@5", "0BW0@2", "2B1@7"):
+        assert str(parse_action(text)) == text
+    assert Action(Op.B_IN, 0, (1,), 0).resource is Action(Op.B, 0, (1,), 0).resource
+
+
+def test_plan_field_round_trips_and_is_validated():
+    p = _plan(2, 4)
+    assert Plan.from_dict(p.to_dict()) == p
+    assert Plan().pipeline == "1f1b"
+    with pytest.raises(RatrainError, match="pipeline must be one of 1f1b, zb-h1"):
+        _plan(2, 4, pipeline="zb-h2")
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("m", [4, 8])
+def test_pass_order_keeps_at_most_pp_in_flight(pp, m):
+    for s in range(pp):
+        order = pass_order(pp, m, s)
+        held = peak = 0
+        for op, _ in order:
+            held += (op is Op.F) - (op is Op.B_W)
+            peak = max(peak, held)
+        assert peak <= pp
+        assert sorted(mb for op, mb in order if op is Op.B_W) == list(range(m))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("m", [2, 4, 8])
+def test_checker_accepts_zb_h1(schedule, pp, m):
+    spec = get_preset("tiny")
+    plan = _plan(pp, m, schedule=schedule, sync_bucket_bytes=0)
+    sch = build_schedule(spec, plan)
+    assert not any(a.op is Op.B for a in sch.actions())
+    check_schedule(sch, spec, plan)
+
+
+def test_checker_accepts_zb_h1_with_buckets_sharding_and_fp16():
+    spec = get_preset("tiny")
+    for kw in (dict(sync_bucket_bytes=1), dict(shard_optimizer=True), dict(compute_dtype="fp16")):
+        plan = _plan(2, 4, **kw)
+        check_schedule(build_schedule(spec, plan), spec, plan)
+
+
+def _broken(sch, s, fn):
+    sch.stages[s] = fn(list(sch.stages[s]))
+    return sch
+
+
+def test_checker_rejects_b_w_before_b_in():
+    spec = get_preset("tiny")
+    plan = _plan(2, 4)
+    sch = build_schedule(spec, plan)
+    bi, bw = Action(Op.B_IN, 1, (3,), 0), Action(Op.B_W, 1, (3,), 0)
+
+    def swap(acts):
+        i, j = acts.index(bi), acts.index(bw)
+        acts[i], acts[j] = acts[j], acts[i]
+        return acts
+
+    problems = find_problems(_broken(sch, 1, swap), spec, plan)
+    assert any("1BW0@3 before its B_IN" in p for p in problems), problems
+
+
+def test_checker_rejects_sync_before_the_last_b_w():
+    spec = get_preset("tiny")
+    plan = _plan(2, 4, schedule="ratrain")
+    sch = build_schedule(spec, plan)
+    sync = next(a for a in sch.stages[0] if a.op is Op.GRAD_SYNC and a.units == (1,))
+    last_w = Action(Op.B_W, 0, (1,), 3)
+
+    def move(acts):
+        acts.remove(sync)
+        acts.insert(acts.index(last_w), sync)
+        return acts
+
+    problems = find_problems(_broken(sch, 0, move), spec, plan)
+    assert any("0SYNC@1 is issued before the last BW of unit 1" in p for p in problems), problems
+
+
+def test_checker_rejects_a_missing_or_doubled_half():
+    spec = get_preset("tiny")
+    plan = _plan(2, 4)
+    sch = build_schedule(spec, plan)
+    bw = Action(Op.B_W, 1, (4,), 2)
+    sch.stages[1].remove(bw)
+    sch.stages[1].append(Action(Op.B, 1, (4,), 2))
+    problems = find_problems(sch, spec, plan)
+    assert any("stage 1 has 1 B, 1 BI and 0 BW of (4, 2)" in p for p in problems), problems
+
+
+def test_split_kernels_are_the_backward():
+    spec = get_preset("llama2-7b")
+    for u in (0, 1, spec.n_layers + 1):
+        b = unit_kernels(spec, u, 1, 4096, "B")
+        bi = unit_kernels(spec, u, 1, 4096, "BI")
+        bw = unit_kernels(spec, u, 1, 4096, "BW")
+        assert sorted(bi + bw, key=repr) == sorted(b, key=repr)
+    f = sum(k.flops for k in unit_kernels(spec, 1, 1, 4096, "F") if k.kind == "gemm")
+    w = sum(k.flops for k in unit_kernels(spec, 1, 1, 4096, "BW") if k.kind == "gemm")
+    assert w == f  # derived: dW is one GEMM of the forward's size per linear layer
+    assert not any(k.kind == "attention" for k in unit_kernels(spec, 1, 1, 4096, "BW"))
+
+
+class _EqualTimes(CostModel):
+    """Blocks: F = B_IN = B_W = 1 s (B = 2 s); everything else free."""
+
+    def action(self, a):
+        t = 0.0
+        if a.op in (Op.F, Op.B_IN, Op.B_W, Op.B) and is_block(self.spec, a.units[0]):
+            t = 2.0 if a.op is Op.B else 1.0
+        return ActionCost(t, "compute")
+
+    def stolen_compute_s(self, a):
+        return 0.0
+
+
+def _idle(spec, plan):
+    r = simulate_schedule(build_schedule(spec, plan), _EqualTimes(spec, plan, UNSHARED))
+    return r.bubble_fraction * r.step_time_s, r
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_zb_h1_bubble_is_a_third_of_1f1b(schedule):
+    """pp=4, m=8, equal F/B_in/B_w times T (2 blocks a stage): ZB-H1 idles (p-1)·T per
+    stage, 1F1B 3(p-1)·T (Qi et al. 2024, §3.1)."""
+    one, r1 = _idle(UNIFORM, _plan(4, 8, "1f1b", schedule=schedule))
+    zb, rz = _idle(UNIFORM, _plan(4, 8, schedule=schedule))
+    assert one == pytest.approx(3 * 3 * 2)
+    assert zb == pytest.approx(3 * 2)
+    assert zb <= 0.4 * one  # idle time per stage: exactly a third
+    # As a fraction of the (shorter) step: 6/54 against 18/66, 0.41x.
+    assert rz.bubble_fraction == pytest.approx(6 / 54)
+    assert r1.bubble_fraction == pytest.approx(18 / 66)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("pp, m", [(2, 4), (2, 8), (4, 4), (4, 8)])
+def test_zb_h1_ledger_peak_within_5_percent_of_1f1b(schedule, pp, m):
+    spec = get_preset("llama2-7b")
+    kw = dict(schedule=schedule, seq=4096)
+    peaks = {}
+    for pipe in ("1f1b", "zb-h1"):
+        plan = _plan(pp, m, pipe, **kw)
+        peaks[pipe] = replay(build_schedule(spec, plan), spec, plan).peak_bytes
+    assert peaks["zb-h1"] <= 1.05 * peaks["1f1b"]
+
+
+def test_zb_h1_ledger_keeps_what_b_w_needs_then_frees_it():
+    spec = get_preset("tiny")
+    plan = _plan(2, 4)
+    sch = build_schedule(spec, plan)
+    led = replay(sch, spec, plan)
+    end = led.stages[0].rows[-1][1]
+    assert end[4] == 0  # activation class: nothing left at the step's end
+    # The gradient starts at the first B_W, not at the first B_IN.
+    acts = sch.stages[1]
+    trace = dict(led.stages[1].rows)
+    first_bi = next(i for i, a in enumerate(acts) if a.op is Op.B_IN)
+    first_bw = next(i for i, a in enumerate(acts) if a.op is Op.B_W)
+    assert trace[first_bi][3] == 0 and trace[first_bw][3] > 0
+
+
+def test_realistic_simulation_is_faster_and_checked():
+    from ratrain.sim import simulate
+
+    spec = get_preset("llama2-7b")
+    r = {
+        pipe: simulate(
+            spec, _plan(4, 8, pipe, seq=4096, dp=1, global_batch=8), "a100-80g", check=True
+        )
+        for pipe in ("1f1b", "zb-h1")
+    }
+    assert r["zb-h1"].step_time_s < r["1f1b"].step_time_s
+    assert r["zb-h1"].bubble_fraction < r["1f1b"].bubble_fraction
+
+
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        (dict(schedule="fsdp-pp", shard_optimizer=True), "schedule fsdp-pp"),
+        (dict(offload_activations=True), "offload_activations"),
+        (dict(view_policy="transient"), "view_policy transient"),
+        (dict(recompute="selective"), "recompute"),
+    ],
+)
+def test_unsupported_features_are_refused_in_one_line(kw, name):
+    spec = get_preset("tiny")
+    with pytest.raises(RatrainError, match=f"pipeline zb-h1 does not support {name}") as e:
+        build_schedule(spec, _plan(2, 4, **kw))
+    assert "\n" not in str(e.value)
+
+
+def test_runtime_refuses_zb_h1_in_one_line():
+    pytest.importorskip("torch")
+    from ratrain.runtime.executor import StageExecutor
+
+    spec = get_preset("tiny")
+    plan = _plan(2, 4)
+    sch = build_schedule(spec, plan)
+    with pytest.raises(RatrainError, match="pipeline zb-h1 is simulated and planned but not yet"):
+        StageExecutor(None, None, None, sch, None, spec, plan, None)
+
+
+def test_train_refuses_zb_h1_before_any_rank_starts(tmp_path, capsys):
+    from _cli import one_line_error
+    from ratrain.config import save_plan
+
+    path = tmp_path / "zb.yaml"
+    save_plan(_plan(2, 4, model="tiny"), path)
+    err = one_line_error(capsys, ["train", "--plan", str(path), "--steps", "1"])
+    assert "pipeline zb-h1 is simulated and planned but not yet executed" in err
+    assert capsys.readouterr().out == ""  # nothing started: no header
