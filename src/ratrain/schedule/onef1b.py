@@ -21,6 +21,8 @@ stage s sends ``SEND_B(mb)@u_first(s)`` and stage s-1 receives ``RECV_B(mb)@u_fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ratrain.config import Plan
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Schedule
@@ -64,8 +66,11 @@ def _forward_pass(s: int, pp: int, units: range, last_prev: int | None, mb: int,
     return acts
 
 
-def _backward_pass(s: int, pp: int, units: range, first_next: int | None, fwd: list, deps: dict):
-    """`fwd`: the forward pass of the same microbatch (its F actions are reused)."""
+def _backward_pass(
+    s: int, pp: int, units: range, first_next: int | None, fwd: list, deps: dict, op_b: Op = Op.B
+):
+    """RECV_B, `op_b` (B, or ZB's B_IN) over the units in reverse, SEND_B; `fwd`: the forward
+    pass of the same microbatch (its F actions are reused)."""
     acts: list[Action] = []
     mb = fwd[0].mb
     op_f = Op.F
@@ -75,7 +80,6 @@ def _backward_pass(s: int, pp: int, units: range, first_next: int | None, fwd: l
         prev = Action(Op.RECV_B, s, (first_next,), mb)
         deps[prev] = (Action(Op.SEND_B, s + 1, (first_next,), mb),)
         acts.append(prev)
-    op_b = Op.B  # a local: no enum class lookup per unit
     for u in reversed(units):
         b = Action(op_b, s, (u,), mb)
         f = f_of[u]
@@ -89,8 +93,21 @@ def _backward_pass(s: int, pp: int, units: range, first_next: int | None, fwd: l
     return acts
 
 
-def build_1f1b(spec: ModelSpec, plan: Plan, kind: str = "1f1b") -> Schedule:
-    """Compute and stage-boundary transfers of one step, with their dependencies."""
+def _weight_pass(s: int, units: range, mb: int, deps: dict) -> list[Action]:
+    """ZB's B_W over the units in reverse; each depends on its B_IN only."""
+    acts = []
+    for u in reversed(units):
+        w = Action(Op.B_W, s, (u,), mb)
+        deps[w] = (Action(Op.B_IN, s, (u,), mb),)
+        acts.append(w)
+    return acts
+
+
+def build_passes(
+    spec: ModelSpec, plan: Plan, kind: str, order: Callable[[int, int, int], list]
+) -> Schedule:
+    """Compute and stage-boundary transfers of one step, with their dependencies, each
+    stage's passes in `order(pp, m, stage)`: (Op.F | Op.B | Op.B_IN | Op.B_W, microbatch)."""
     pp, m = plan.pp, plan.microbatches
     units = [plan.stage_units(spec, s) for s in range(pp)]
     sch = Schedule(stages=[], kind=kind)
@@ -99,16 +116,24 @@ def build_1f1b(spec: ModelSpec, plan: Plan, kind: str = "1f1b") -> Schedule:
         first_next = units[s + 1][0] if s < pp - 1 else None
         acts: list[Action] = []
         forward: dict[int, list[Action]] = {}
-        for op, mb in pass_order(pp, m, s):
+        for op, mb in order(pp, m, s):
             if op is Op.F:
                 forward[mb] = _forward_pass(s, pp, units[s], last_prev, mb, sch.deps)
                 acts += forward[mb]
+            elif op is Op.B_W:
+                acts += _weight_pass(s, units[s], mb, sch.deps)
             else:
-                acts += _backward_pass(s, pp, units[s], first_next, forward.pop(mb), sch.deps)
+                fwd = forward.pop(mb)
+                acts += _backward_pass(s, pp, units[s], first_next, fwd, sch.deps, op)
         sch.stages.append(acts)
     sch.meta["microbatches"] = m
     sch.meta["stage_units"] = [tuple(u) for u in units]
     return sch
+
+
+def build_1f1b(spec: ModelSpec, plan: Plan, kind: str = "1f1b") -> Schedule:
+    """Compute and stage-boundary transfers of one 1F1B step, with their dependencies."""
+    return build_passes(spec, plan, kind, pass_order)
 
 
 def splice(

@@ -28,8 +28,8 @@ from __future__ import annotations
 from ratrain.config import Plan
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
-from ratrain.schedule.ir import Action, Op, Schedule
-from ratrain.schedule.onef1b import _forward_pass, warmup_passes
+from ratrain.schedule.ir import Op, Schedule
+from ratrain.schedule.onef1b import build_passes, warmup_passes
 
 __all__ = ["pass_order", "build_zb_h1", "refuse_unsupported", "inflight_limit"]
 
@@ -63,60 +63,10 @@ def pass_order(pp: int, m: int, stage: int) -> list[tuple[Op, int]]:
     return order
 
 
-def _input_pass(s: int, pp: int, units: range, first_next: int | None, fwd: list, deps: dict):
-    """RECV_B, B_IN over the units in reverse, SEND_B; `fwd`: the forward pass of the mb."""
-    acts: list[Action] = []
-    mb = fwd[0].mb
-    f_of = {a.units[0]: a for a in fwd if a.op is Op.F}
-    prev: Action | None = None
-    if s < pp - 1:
-        prev = Action(Op.RECV_B, s, (first_next,), mb)
-        deps[prev] = (Action(Op.SEND_B, s + 1, (first_next,), mb),)
-        acts.append(prev)
-    for u in reversed(units):
-        b = Action(Op.B_IN, s, (u,), mb)
-        f = f_of[u]
-        deps[b] = (f,) if prev is None else (f, prev)
-        acts.append(b)
-        prev = b
-    if s > 0:
-        send = Action(Op.SEND_B, s, (units[0],), mb)
-        deps[send] = (prev,)
-        acts.append(send)
-    return acts
-
-
-def _weight_pass(s: int, units: range, mb: int, deps: dict) -> list[Action]:
-    acts = []
-    for u in reversed(units):
-        w = Action(Op.B_W, s, (u,), mb)
-        deps[w] = (Action(Op.B_IN, s, (u,), mb),)
-        acts.append(w)
-    return acts
-
-
 def build_zb_h1(spec: ModelSpec, plan: Plan, kind: str = "zb-h1") -> Schedule:
     """Compute and stage-boundary transfers of one ZB-H1 step, with their dependencies
-    (the counterpart of `ratrain.schedule.onef1b.build_1f1b`)."""
-    pp, m = plan.pp, plan.microbatches
-    units = [plan.stage_units(spec, s) for s in range(pp)]
-    sch = Schedule(stages=[], kind=kind)
-    for s in range(pp):
-        last_prev = units[s - 1][-1] if s > 0 else None
-        first_next = units[s + 1][0] if s < pp - 1 else None
-        acts: list[Action] = []
-        forward: dict[int, list[Action]] = {}
-        for op, mb in pass_order(pp, m, s):
-            if op is Op.F:
-                forward[mb] = _forward_pass(s, pp, units[s], last_prev, mb, sch.deps)
-                acts += forward[mb]
-            elif op is Op.B_IN:
-                acts += _input_pass(s, pp, units[s], first_next, forward.pop(mb), sch.deps)
-            else:
-                acts += _weight_pass(s, units[s], mb, sch.deps)
-        sch.stages.append(acts)
-    sch.meta["microbatches"] = m
-    sch.meta["stage_units"] = [tuple(u) for u in units]
+    (`ratrain.schedule.onef1b.build_passes` in this module's `pass_order`)."""
+    sch = build_passes(spec, plan, kind, pass_order)
     sch.meta["pipeline"] = "zb-h1"
     return sch
 
