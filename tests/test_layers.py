@@ -24,10 +24,11 @@ DEPENDS: dict[str, set[str]] = {
     "deadline": set(),
     "gcpause": set(),
     "yaml_io": {"errors"},
+    "ranks": set(),
     # pure: specs and platform data, the plan, the bytes of each training state
     "models": {"errors"},
     "platforms": {"yaml_io"},
-    "config": {"models", "yaml_io"},
+    "config": {"models", "yaml_io", "ranks"},
     "sizes": {"config"},
     # pure: the schedule IR and its three torch-free readers, then the planner
     "schedule": {"sizes", "deadline", "gcpause"},
@@ -39,7 +40,7 @@ DEPENDS: dict[str, set[str]] = {
     "kernels": {"cost"},
     "nn": {"kernels", "models"},
     "data": {"models"},
-    "launch": {"errors"},
+    "launch": {"errors", "ranks"},
     "observe": {"sim"},
     # torch: step execution, its checkpoint component, then whole jobs
     "runtime": {"nn", "data", "launch", "observe", "schedule"},
@@ -59,6 +60,7 @@ PURE = {
     "deadline",
     "gcpause",
     "yaml_io",
+    "ranks",
     "models",
     "platforms",
     "config",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
+from ratrain.ranks import RANK_LAYOUTS
 
 __all__ = [
     "SCHEDULES",
@@ -27,6 +28,7 @@ __all__ = [
     "MAX_STAGES",
     "MAX_RANKS",
     "MAX_MICROBATCHES",
+    "RANK_LAYOUTS",
 ]
 
 SCHEDULES = ("baseline", "gpu-style", "ratrain", "fsdp-pp")
@@ -136,7 +138,13 @@ class Plan:
     pipeline: str = "1f1b"
     """1f1b | zb-h1: the per-stage pass order. zb-h1 (Qi et al. 2024, "Zero Bubble
     Pipeline Parallelism", H1) splits each backward into B_in and a deferred B_w
-    (`ratrain.schedule.zerobubble`); simulated and planned, not yet run by the runtime."""
+    (`ratrain.schedule.zerobubble`; the runtime's split backward is
+    `ratrain.runtime.split_backward`)."""
+    rank_layout: str = "pp-inner"
+    """pp-inner | dp-inner: which global rank holds (stage, replica), consecutive ranks
+    filling a node (`ratrain.ranks`): a pipeline's stages are neighbours (pp-inner), or a
+    stage's DP peers are (dp-inner). Decides which of the two crosses slow inter-node
+    links; the runtime's grid, the cost model and the simulator all follow it."""
 
     def __post_init__(self) -> None:
         self._check_numbers()
@@ -188,6 +196,11 @@ class Plan:
         if self.pipeline not in PIPELINES:
             raise RatrainError(
                 f"plan: pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}"
+            )
+        if self.rank_layout not in RANK_LAYOUTS:
+            raise RatrainError(
+                f"plan: rank_layout must be one of {', '.join(RANK_LAYOUTS)}, "
+                f"got {self.rank_layout!r}"
             )
         for f in ("shard_optimizer", "offload_activations"):
             if not isinstance(getattr(self, f), bool):

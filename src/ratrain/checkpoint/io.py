@@ -30,6 +30,7 @@ from ratrain.errors import RatrainError
 from ratrain.launch.faults import JobFailed, disk_fault, fault_hook
 from ratrain.models.counts import total_params
 from ratrain.models.spec import ModelSpec
+from ratrain.ranks import RANK_LAYOUTS, rank_of
 
 __all__ = [
     "save_checkpoint",
@@ -263,9 +264,9 @@ def load_checkpoint(ckpt: str | Path, *, grid, model, spec: ModelSpec, plan: Pla
     # full-shape buffers that are then sliced (sharded) or copied to the device.
     in_place = not model.sharded and model.device.type == "cpu"
     state = io.tensors() if in_place else io.empty()
-    same_world = meta.get("world_size") == grid.world_size
-    if same_world:
-        state[f"rng/rank{grid.rank}"] = torch.get_rng_state()
+    rng_key = _rng_key(meta, grid)
+    if rng_key is not None:
+        state[rng_key] = torch.get_rng_state()
     try:
         dcp.load(state, checkpoint_id=str(ckpt))
     except (Exception, CheckpointException) as e:  # a BaseException, per rank
@@ -276,6 +277,19 @@ def load_checkpoint(ckpt: str | Path, *, grid, model, spec: ModelSpec, plan: Pla
         io.refresh_views()
     else:
         io.apply(state)
-    if same_world:
-        torch.set_rng_state(state[f"rng/rank{grid.rank}"])
+    if rng_key is not None:
+        torch.set_rng_state(state[rng_key])
     return meta
+
+
+def _rng_key(meta: dict, grid) -> str | None:
+    """The saved RNG state this rank continues: that of the rank which held the same
+    (stage, replica) when the checkpoint's pp x dp is this run's (whatever either rank
+    layout), else this rank's own number in a world of the same size; None otherwise."""
+    if meta.get("world_size") != grid.world_size:
+        return None
+    p = meta.get("plan") if isinstance(meta.get("plan"), dict) else {}
+    layout = p.get("rank_layout", "pp-inner")  # checkpoints from before the field
+    if (p.get("pp"), p.get("dp")) == (grid.pp, grid.dp) and layout in RANK_LAYOUTS:
+        return f"rng/rank{rank_of(grid.stage, grid.replica, grid.pp, grid.dp, layout)}"
+    return f"rng/rank{grid.rank}"

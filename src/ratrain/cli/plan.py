@@ -447,6 +447,10 @@ def _save(best, req, args) -> None:
     }
     if args.model not in PRESETS:
         extra["model_path"] = args.model
+    if getattr(args, "memory_cap", None) is not None:
+        from ratrain.cli.common import PLAN_FILE_CAP
+
+        extra[PLAN_FILE_CAP] = args.memory_cap  # train --plan holds the plan to it
     save_plan(best.plan, args.output, **extra)
 
 

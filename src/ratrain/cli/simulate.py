@@ -21,7 +21,6 @@ from ratrain.cli.common import (
     with_memory_cap,
 )
 from ratrain.cli.outputs import PLOT_SUFFIXES, prepare_output_file
-from ratrain.cost.comm import RANK_LAYOUTS
 from ratrain.models.presets import resolve_model
 from ratrain.platforms import PLATFORM_PRESETS, Platform, load
 
@@ -47,13 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"a preset ({', '.join(PLATFORM_PRESETS)}) or a path to a platform YAML file "
         "(default: the plan file's platform, else mt3000)",
     )
-    add_plan_args(p, defaults=_HELP_DEFAULTS)
-    p.add_argument(
-        "--rank-layout",
-        choices=RANK_LAYOUTS,
-        default="pp-inner",
-        help="how ranks fill nodes (default pp-inner, the runtime's layout)",
-    )
+    add_plan_args(p, defaults=_HELP_DEFAULTS)  # with --rank-layout, the plan's field
     add_memory_cap_arg(p)
     p.add_argument("--check", action="store_true", help="validate the schedule before simulating")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
@@ -120,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     platform = with_memory_cap(load(plan_platform(args, default=_DEFAULT_PLATFORM)), args)
     _set_defaults(args, platform)
     spec, plan = plan_from_args(args, default_model=_MODEL)
-    r = simulate(spec, plan, platform, check=args.check, rank_layout=args.rank_layout)
+    r = simulate(spec, plan, platform, check=args.check)
     if args.trace:
         write_trace(r, args.trace)
     if args.plot:

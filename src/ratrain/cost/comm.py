@@ -14,12 +14,14 @@ ring and tree algorithms, nccl-tests' bus bandwidth):
                            S/k (k ranks per node, all nodes' ranks in parallel), all-gather
                            within each node
 
-Rank layouts (`RANK_LAYOUTS`); consecutive ranks fill a node:
+Rank layouts (`RANK_LAYOUTS`, `rank_of`: defined once in `ratrain.ranks`, which the
+runtime's grid places ranks by too; a plan's `rank_layout` picks one); consecutive ranks
+fill a node:
 
-- ``"pp-inner"`` (the default, what `ratrain.launch.grid` launches):
-  ``rank = replica · pp + stage`` (picotron's ``arange(world).view(dp, pp)``): a pipeline's
-  stages are neighbours, so stage-to-stage links stay in a node where it holds a pipeline,
-  and each stage's DP group strides across nodes;
+- ``"pp-inner"`` (the default): ``rank = replica · pp + stage`` (picotron's
+  ``arange(world).view(dp, pp)``): a pipeline's stages are neighbours, so stage-to-stage
+  links stay in a node where it holds a pipeline, and each stage's DP group strides across
+  nodes;
 - ``"dp-inner"``: ``rank = stage · dp + replica``, Megatron-LM's order (data-parallel inside
   pipeline-parallel): a stage's DP peers share a node whenever it can hold them, and
   pipeline neighbours sit ``dp`` ranks apart.
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 
 from ratrain.cost.measured import measured_collective_s
 from ratrain.platforms import Link, Platform
+from ratrain.ranks import RANK_LAYOUTS, rank_of
 
 __all__ = [
     "RANK_LAYOUTS",
@@ -59,15 +62,6 @@ __all__ = [
 ]
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
-RANK_LAYOUTS = ("pp-inner", "dp-inner")
-
-
-def rank_of(stage: int, replica: int, pp: int, dp: int, layout: str = "pp-inner") -> int:
-    """The global rank of (stage, replica) under a layout of `RANK_LAYOUTS`."""
-    if layout == "pp-inner":
-        return replica * pp + stage
-    assert layout == "dp-inner", layout
-    return stage * dp + replica
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ a forward).
 Bytes come from `ratrain.schedule.action_bytes`, the sizes the memory ledger also uses.
 
 The rank layout (`ratrain.cost.comm.RANK_LAYOUTS`) decides which links a DP group and a
-stage boundary use; the default is the runtime's.
+stage boundary use; the default is the plan's `rank_layout`, the one the runtime runs.
 
 `scale` multiplies the cost of whole categories (see `COST_CATEGORIES`), for what-if
 studies and analytical checks: ``scale={"p2p": 0, "collective": 0}`` removes
@@ -130,10 +130,12 @@ class CostModel:
         platform: Platform,
         *,
         scale: dict[str, float] | None = None,
-        rank_layout: str = "pp-inner",
+        rank_layout: str | None = None,
         speed: str = "busy",
     ) -> None:
         self.spec, self.plan, self.platform = spec, plan, platform
+        if rank_layout is None:
+            rank_layout = plan.rank_layout
         if rank_layout not in comm.RANK_LAYOUTS:
             raise RatrainError(
                 f"unknown rank layout {rank_layout!r}; choose one of {', '.join(comm.RANK_LAYOUTS)}"

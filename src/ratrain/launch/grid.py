@@ -1,9 +1,12 @@
 """The process grid: pp x dp ranks, their layout, validation and process groups.
 
-Layout: `rank = replica * pp + stage`, i.e. `arange(world).view(dp, pp)` (picotron's
-order). The stages of one pipeline replica are neighbouring ranks, so the stage-to-stage
-links of a replica stay inside a node when a node holds a whole pipeline, and each DP group
-(one per stage) strides across replicas.
+Layout: the plan's `rank_layout` (`ratrain.ranks.rank_of`, the one definition the cost
+model and the simulator use too). pp-inner, the default: `rank = replica * pp + stage`,
+i.e. `arange(world).view(dp, pp)` (picotron's order): the stages of one pipeline replica
+are neighbouring ranks, so the stage-to-stage links of a replica stay inside a node when a
+node holds a whole pipeline, and each DP group (one per stage) strides across replicas.
+dp-inner: `rank = stage * dp + replica` (Megatron-LM's order): a stage's DP group is
+neighbouring ranks, inside a node when a node holds it, and the pipelines stride.
 
 One `ParallelGrid` owns the degrees, the rank's coordinates and every process group; the
 executor and the trainer receive it explicitly (no global state besides torch.distributed's
@@ -28,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ratrain.errors import RatrainError
+from ratrain.ranks import RANK_LAYOUTS, coords_of, rank_of
 
 __all__ = [
     "Rendezvous",
@@ -43,9 +47,10 @@ hanging it (torch's own default is 30 minutes). It bounds every single wait, so 
 exceed the longest legitimate one: a stage waiting a pipeline's fill or drain."""
 
 
-def rank_layout(pp: int, dp: int) -> list[list[int]]:
-    """mesh[replica][stage] -> global rank (`arange(pp * dp).view(dp, pp)`)."""
-    return [[r * pp + s for s in range(pp)] for r in range(dp)]
+def rank_layout(pp: int, dp: int, layout: str = "pp-inner") -> list[list[int]]:
+    """mesh[replica][stage] -> global rank under `layout` (`ratrain.ranks.rank_of`;
+    pp-inner: `arange(pp * dp).view(dp, pp)`)."""
+    return [[rank_of(s, r, pp, dp, layout) for s in range(pp)] for r in range(dp)]
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,19 @@ def _pick_device(local_rank: int, device: str | None) -> torch.device:
 class ParallelGrid:
     """pp x dp ranks; this rank's (stage, replica); the DP groups and neighbours."""
 
-    def __init__(self, pp: int, dp: int, rank: int, world_size: int, device: torch.device):
+    def __init__(
+        self,
+        pp: int,
+        dp: int,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        layout: str = "pp-inner",
+    ):
+        if layout not in RANK_LAYOUTS:
+            raise RatrainError(
+                f"rank layout must be one of {', '.join(RANK_LAYOUTS)}, got {layout!r}"
+            )
         if pp * dp != world_size:
             raise RatrainError(
                 f"world size {world_size} != pp x dp = {pp} x {dp} = {pp * dp}; "
@@ -117,8 +134,9 @@ class ParallelGrid:
         assert 0 <= rank < world_size, (rank, world_size)
         self.pp, self.dp, self.rank, self.world_size = pp, dp, rank, world_size
         self.device = device
-        self.mesh = rank_layout(pp, dp)
-        self.replica, self.stage = divmod(rank, pp)
+        self.layout = layout
+        self.mesh = rank_layout(pp, dp, layout)
+        self.stage, self.replica = coords_of(rank, pp, dp, layout)
         self.dp_group: dist.ProcessGroup | None = None
         self.pp_group: dist.ProcessGroup | None = None
         """This replica's pipeline (its stages' ranks); the executor's p2p needs no group,
@@ -156,7 +174,7 @@ class ParallelGrid:
     def __repr__(self) -> str:
         return (
             f"ParallelGrid(pp={self.pp}, dp={self.dp}, rank={self.rank}, stage={self.stage}, "
-            f"replica={self.replica}, device={self.device})"
+            f"replica={self.replica}, layout={self.layout}, device={self.device})"
         )
 
     # -- process groups -------------------------------------------------------------------
@@ -169,10 +187,12 @@ class ParallelGrid:
         *,
         device: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        layout: str = "pp-inner",
     ) -> ParallelGrid:
-        """Join the job's default group (rendezvous) and build the DP and pipeline groups."""
+        """Join the job's default group (rendezvous) and build the DP and pipeline groups,
+        ranks placed by `layout` (a plan's `rank_layout`)."""
         dev = _pick_device(rdzv.local_rank, device)
-        grid = cls(pp, dp, rdzv.rank, rdzv.world_size, dev)  # validates before connecting
+        grid = cls(pp, dp, rdzv.rank, rdzv.world_size, dev, layout)  # validates first
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         if not dist.is_initialized():
@@ -182,7 +202,8 @@ class ParallelGrid:
         return grid
 
     def _build_groups(self, timeout_s: float) -> None:
-        # Every rank creates every group, in the same order (torch.distributed requires it).
+        # Every rank creates every group, in the same order (torch.distributed requires it):
+        # stage by stage, then replica by replica, whatever the layout.
         timeout = datetime.timedelta(seconds=timeout_s)
         for s in range(self.pp):
             ranks = [self.mesh[r][s] for r in range(self.dp)]

@@ -92,7 +92,7 @@ class Evaluator:
         if self.shortcut and not pf.sends_held_until_waited:
             m = memory_microbatches(plan)
             plan = plan.replace(global_batch=plan.micro_batch * plan.dp * m)
-        key = _freeze(plan)
+        key = _memory_key(plan)  # one replay for every rank layout
         hit = self._mem.get(key)
         if hit is not None:
             return hit
@@ -133,7 +133,7 @@ class Evaluator:
                 return None
         if res is not None:
             pass
-        elif self._schedule and self._schedule[0] == key:
+        elif self._schedule and self._schedule[0] == _memory_key(plan):
             # The step just replayed in full: time it with the same schedule and ledger.
             _, schedule, ledger = self._schedule
             cost = CostModel(self.req.spec, plan, self.req.platform)
@@ -200,6 +200,11 @@ def simulated_microbatches(plan: Plan, steady: bool = True) -> int:
     limits = steady_state.MIN_SAVING, steady_state.MIN_MICROBATCHES
     m2 = one_point(plan, 0, 0, *limits) if steady else None
     return m2 or plan.microbatches
+
+
+def _memory_key(plan: Plan) -> tuple:
+    """`_freeze` with the rank layout left out: it moves communication, never memory."""
+    return tuple(kv for kv in _freeze(plan) if kv[0] != "rank_layout")
 
 
 def _freeze(plan: Plan) -> tuple:

@@ -180,14 +180,15 @@ def simulate(
     schedule: Schedule | None = None,
     check: bool = False,
     cost_scale: dict[str, float] | None = None,
-    rank_layout: str = "pp-inner",
+    rank_layout: str | None = None,
     memory_timeline: bool = True,
 ) -> SimResult:
     """Simulate one step of `plan` for `spec` on `platform` (a `Platform`, preset name or path).
 
     `schedule` defaults to `build_schedule(spec, plan)`; `check` validates it first;
     `cost_scale` scales cost categories (see `ratrain.cost.model.COST_CATEGORIES`);
-    `rank_layout` places ranks on nodes (see `ratrain.cost.comm.RANK_LAYOUTS`);
+    `rank_layout` places ranks on nodes (see `ratrain.ranks`; default: the plan's
+    `rank_layout`, the layout the runtime places its ranks by);
     the ledger counts eager norms' tensors where the platform says its runtime runs them
     (`Platform.eager_kernels`); `memory_timeline=False` keeps the memory peaks and breakdowns but not memory over time
     (faster, for searches).

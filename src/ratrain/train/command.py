@@ -108,7 +108,6 @@ def _job(
     own = dict(
         timeout_s=request.timeout_s or DEFAULT_TIMEOUT_S,
         trace_steps=(cfg.steps - 1,) if request.trace_path else (),
-        memory_cap_label="--memory-cap",
         resume_from=str(resume_from) if resume_from else None,
         fault=os.environ.get("RATRAIN_FAULT"),
         stop_on_signal=True,

@@ -66,6 +66,7 @@ from ratrain.models.spec import ModelSpec
 from ratrain.observe.memory import PeakMemory
 from ratrain.observe.profile import StepProfile
 from ratrain.observe.trace import Recorder, write_measured_trace
+from ratrain.ranks import coords_of
 from ratrain.runtime.comm import Comm
 from ratrain.runtime.compiled import compile_stage
 from ratrain.runtime.executor import StageExecutor
@@ -242,15 +243,15 @@ def run_job(job: Job) -> list[RankResult]:
     )
 
 
-def cores_of(rank: int, world: int, pp: int, cpus: list[int]) -> set[int]:
+def cores_of(rank: int, world: int, pp: int, cpus: list[int], layout: str = "pp-inner") -> set[int]:
     """The cores a local rank is pinned to (`Job.pin_cores`): an equal share each while
     there are enough (its threads stay on them); otherwise one, (stage + replica) mod the
     cores, so that each core mixes stages and one rank's pipeline waits can be filled by
-    another stage's work."""
+    another stage's work (the rank's coordinates under the plan's `layout`)."""
     if world <= len(cpus):
         k = len(cpus) // world
         return set(cpus[rank * k : (rank + 1) * k])
-    stage, replica = rank % pp, rank // pp
+    stage, replica = coords_of(rank, pp, world // pp, layout)
     return {cpus[(stage + replica) % len(cpus)]}
 
 
@@ -258,7 +259,8 @@ def _local_rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
     """A rank `run_job` spawned on this machine: pinned first when the job asks."""
     if job.pin_cores and hasattr(os, "sched_setaffinity"):
         cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, cores_of(rdzv.rank, rdzv.world_size, job.plan.pp, cpus))
+        pp, layout = job.plan.pp, job.plan.rank_layout
+        os.sched_setaffinity(0, cores_of(rdzv.rank, rdzv.world_size, pp, cpus, layout))
     return rank_main(rdzv, job)
 
 
@@ -269,7 +271,12 @@ def rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
     # before the rank's first tensor: blocks already in the heap stay there
     fix_mmap_threshold(job.malloc_mmap_threshold_bytes)
     grid = ParallelGrid.init(
-        job.plan.pp, job.plan.dp, rdzv, device=job.device, timeout_s=job.timeout_s
+        job.plan.pp,
+        job.plan.dp,
+        rdzv,
+        device=job.device,
+        timeout_s=job.timeout_s,
+        layout=job.plan.rank_layout,
     )
     try:
         comm = Comm(grid)

@@ -44,6 +44,8 @@ class TrainRequest:
     """Show the progress bar (`--quiet` turns it off)."""
     memory_cap_bytes: int | None = None
     """Usable memory per rank: a plan whose ledger peak exceeds it is refused."""
+    memory_cap_label: str = "--memory-cap"
+    """Where the cap came from, as the refusal names it (a flag, or the plan file's)."""
     save_dir: str | None = None
     """Write checkpoints here (`--save`)."""
     save_every: int | None = None
