@@ -160,8 +160,13 @@ def test_bench_paper_writes_table_json_and_plot(tmp_path, capsys):
     assert row["speedup"]["best_baseline"] > 0
     assert set(row["baselines"]) == {"gpu-style", "zero1-pp", "fsdp-pp"}
     (abl,) = data["ablation"]
-    assert abl["model"] == "llama2-7b" and len(abl["relative"]) == 5
+    assert abl["model"] == "llama2-7b" and len(abl["relative"]) == 6
     assert "Where RATrain's gain comes from" in md
+    (zb,) = data["zero_bubble"]  # what ZB-H1 adds: the ablation's 1F1B-only plan beside it
+    assert zb["ratrain_1f1b_tokens_per_s"] == pytest.approx(
+        abl["full_tokens_per_s"] * abl["relative"]["ratrain-no-zb-h1"]
+    )
+    assert "What zero-bubble ZB-H1 adds" in md and "ratrain + zb-h1 tokens/s" in md
     assert [p["clusters"] for p in data["scaling"]] == [512, 1024]
     assert data["scaling"][0]["efficiency"] == pytest.approx(1.0)
     assert (tmp_path / "paper_eval.png").stat().st_size > 0

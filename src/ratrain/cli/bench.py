@@ -55,12 +55,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the ablation of RATrain's lifecycle mechanisms (faster)",
     )
+    p.add_argument(
+        "--zb-only",
+        action="store_true",
+        help="only what zero-bubble ZB-H1 adds to RATrain per model (no baselines, ablation "
+        "or scaling curve; writes the Markdown and JSON files)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ratrain.cli.bench_ablation import ablation_json
-    from ratrain.planner.paper import PAPER_MODELS, ablate, compare_models, scaling_curve
+    from ratrain.cli.bench_ablation import ablation_json, zb_json
+    from ratrain.planner.paper import (
+        PAPER_MODELS,
+        ablate,
+        compare_models,
+        scaling_curve,
+        zero_bubble,
+    )
     from ratrain.platforms import load
 
     out = Path(args.out)
@@ -79,17 +91,41 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
+    if args.zb_only:
+        return _zb_only(platform, models, files, progress, t0)
     rows = compare_models(platform, models, progress=progress)
     ablations = [] if args.no_ablation else ablate(platform, rows, progress=progress)
+    zbs = zero_bubble(platform, rows, ablations, progress=progress)
     points = scaling_curve(platform, clusters=clusters, weak=args.weak, progress=progress)
-    md = _markdown(rows, points, platform.name, args.weak, time.perf_counter() - t0, ablations)
+    elapsed = time.perf_counter() - t0
+    md = _markdown(rows, points, platform.name, args.weak, elapsed, ablations, zbs)
     files[0].write_text(md)
     data = _json(rows, points, platform.name)
     data["ablation"] = ablation_json(ablations)
+    data["zero_bubble"] = zb_json(zbs)
     files[1].write_text(json.dumps(data, indent=2))
     _plot(rows, points, files[2], platform.name)
     print(md)
     print(f"written: {', '.join(map(str, files))}")
+    return 0
+
+
+def _zb_only(platform, models, files: list[Path], progress, t0: float) -> int:
+    """`--zb-only`: RATrain with the pipeline searched, with 1F1B only, and with zb-h1
+    pinned, per model."""
+    from ratrain.cli.bench_ablation import zb_json, zb_markdown
+    from ratrain.planner.paper import compare_models, zero_bubble
+
+    rows = compare_models(platform, models, progress=progress, baselines=())
+    zbs = zero_bubble(platform, rows, progress=progress)
+    md = "\n".join(zb_markdown(zbs, platform.name)[1:])
+    md += f"\n\nTook {time.perf_counter() - t0:.0f} s.\n"
+    files[0].write_text(md)
+    files[1].write_text(
+        json.dumps({"platform": platform.name, "zero_bubble": zb_json(zbs)}, indent=2)
+    )
+    print(md)
+    print(f"written: {files[0]}, {files[1]}")
     return 0
 
 
@@ -123,8 +159,10 @@ def _plan(c) -> str:
     return "none fits" if c is None else describe(c.plan)
 
 
-def _markdown(rows, points, platform: str, weak: bool, elapsed_s: float, ablations=()) -> str:
-    from ratrain.cli.bench_ablation import ablation_markdown
+def _markdown(
+    rows, points, platform: str, weak: bool, elapsed_s: float, ablations=(), zbs=()
+) -> str:
+    from ratrain.cli.bench_ablation import ablation_markdown, zb_markdown
     from ratrain.planner.paper import PAPER
 
     lines = [
@@ -158,6 +196,7 @@ def _markdown(rows, points, platform: str, weak: bool, elapsed_s: float, ablatio
         for fam, c in r.baselines.items():
             lines.append(f"  - {fam}: `{_plan(c)}`")
     lines += ablation_markdown(ablations, platform)
+    lines += zb_markdown(zbs, platform)
     kind = (
         "weak scaling, one 4096-token sequence per cluster per step"
         if weak

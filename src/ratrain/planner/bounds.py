@@ -76,6 +76,16 @@ class UnitTimes:
     """Recomputing one block's forward."""
     rc_selective: float
     """Recomputing one block's attention core."""
+    bi_emb: float = 0.0
+    bi_block: float = 0.0
+    bi_head: float = 0.0
+    """The input-gradient halves (B_IN) of a split backward (`pipeline: zb-h1`): what the
+    gradient sent back waits for. 0.0 (no more than the truth) where not computed."""
+    bw_emb: float = 0.0
+    bw_block: float = 0.0
+    bw_head: float = 0.0
+    """Its weight-gradient halves (B_W). B_IN + B_W is not B's time on every platform (a
+    calibrated one times B as measured, the halves from its kernels)."""
 
 
 _UNIT_TIMES: Memo[tuple[Platform, UnitTimes]] = Memo(None)
@@ -125,6 +135,12 @@ def _unit_times(
         b_head=t(Op.B, head),
         rc_full=full.time_s(rc),
         rc_selective=sel.time_s(rc),
+        bi_emb=t(Op.B_IN, emb),
+        bi_block=t(Op.B_IN, 1),
+        bi_head=t(Op.B_IN, head),
+        bw_emb=t(Op.B_W, emb),
+        bw_block=t(Op.B_W, 1),
+        bw_head=t(Op.B_W, head),
     )
 
 
@@ -152,6 +168,10 @@ def peak_unit_times(
         b_head=t(head, "B"),
         rc_full=t(1, "RC:full"),
         rc_selective=t(1, "RC:selective"),
+        bi_block=t(1, "BI"),
+        bi_head=t(head, "BI"),
+        bw_block=t(1, "BW"),
+        bw_head=t(head, "BW"),
     )
 
 
@@ -393,13 +413,26 @@ def step_time_lower_bound_s(
     recompute: tuple[str, ...] | None = None,
     over: Overheads | None = None,
     load_policies: tuple | None = None,
+    pipeline: str = "1f1b",
 ) -> float:
     """The bound above; no recompute and no overheads when not given. `load_policies`
     (per stage, the recompute policies left) bounds the resource loads below all of them;
-    by default they are `recompute`'s."""
+    by default they are `recompute`'s.
+
+    With `pipeline` zb-h1 (`ratrain.schedule.zerobubble`), a bound of the split backward's
+    step (a search bounding both pipelines takes the smaller of the two): the gradient a stage sends back waits for the input-
+    gradient passes (B_IN) alone, the weight passes (B_W) may follow the last of them, so
+    the paths back (microbatch 0's round trip, the last microbatch's drain to stage 0)
+    count B_IN's seconds, and a stage s > 0 is only known to have run its forwards and
+    input-gradient passes when the last gradient leaves it. Every stage still runs all its
+    compute (its backward as B_IN's and B_W's seconds), and stage 0's last action is
+    B_W(embedding, m - 1), which its last sync and update wait for."""
     m, pp = microbatches, len(split)
+    zb = pipeline == "zb-h1"
     over = over or Overheads.none(pp)
     fb = stage_times(split, ut)
+    if zb:
+        fb = [(f, bi + bw) for (f, _), bi, bw in zip(fb, *_split_times(split, ut), strict=True)]
     if over.forward_pass_s:  # a pass that waits for its fetches lasts longer than its F's
         fb = [
             (max(f, x + ut.f_block) if x else f, b)
@@ -411,11 +444,13 @@ def step_time_lower_bound_s(
     rcp = [max(0.0, r - (ut.rc_full if r else 0.0)) for r in rc]
     sf = (*over.send_f_s, 0.0)  # sf[s]: s -> s+1
     sb = (0.0, *over.send_b_s)  # sb[s]: s -> s-1
+    # What a gradient sent back waits for on each stage: B, or B_IN under zb-h1.
+    back = _split_times(split, ut)[0] if zb else [b for _, b in fb]
     # Microbatch 0's round trip from stage s: forward to the last stage and back to s + 1.
     trip = [0.0] * pp
     for s in range(pp - 2, -1, -1):
-        f1, b1 = fb[s + 1]
-        trip[s] = trip[s + 1] + sf[s] + f1 + b1 + rcp[s + 1] + sb[s + 1]
+        f1 = fb[s + 1][0]
+        trip[s] = trip[s + 1] + sf[s] + f1 + back[s + 1] + rcp[s + 1] + sb[s + 1]
     best = last_b0 = drain = 0.0
     fill = over.start_s
     for s, (f, b) in enumerate(fb):
@@ -424,14 +459,36 @@ def step_time_lower_bound_s(
         # Its first backward needs w + 1 forwards of its own and microbatch 0's round trip.
         first_b = fill + max((w + 1) * f, f + trip[s])
         end_b = max(fill + m * (f + b + r), first_b + (m - w - 1) * f + m * (b + r) - (r - rcp[s]))
-        last_b0 = max(last_b0, end_b + drain)
+        if zb and s > 0:  # its last gradient sent back: after its forwards and B_IN's only
+            bi = back[s]
+            last_in = max(
+                fill + m * (f + bi + r), first_b + (m - w - 1) * f + m * (bi + r) - (r - rcp[s])
+            )
+            last_b0 = max(last_b0, last_in + drain)
+        else:
+            last_b0 = max(last_b0, end_b + drain)
         best = max(best, end_b + over.update_s[s])
         if over.loads:
             pols = load_policies[s] if load_policies else (recompute[s] if recompute else "full",)
             best = max(best, over.loads[s].busiest_s(pols))
         fill += f + sf[s]
-        drain += b + rcp[s] + (sb[s + 1] if s + 1 < pp else 0.0)
+        drain += back[s] + rcp[s] + (sb[s + 1] if s + 1 < pp else 0.0)
     return max(best, last_b0 + over.tail_s)
+
+
+def _split_times(split: tuple[int, ...], ut: UnitTimes) -> tuple[list[float], list[float]]:
+    """(B_IN, B_W) seconds of one microbatch on each stage (`stage_times`' backward, split)."""
+    pp = len(split)
+    ins, ws = [], []
+    for s, n in enumerate(split):
+        bi, bw = n * ut.bi_block, n * ut.bw_block
+        if s == 0:
+            bi, bw = bi + ut.bi_emb, bw + ut.bw_emb
+        if s == pp - 1:
+            bi, bw = bi + ut.bi_head, bw + ut.bw_head
+        ins.append(bi)
+        ws.append(bw)
+    return ins, ws
 
 
 def persistent_lower_bound_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, ...]:
@@ -560,6 +617,12 @@ class MemoryBound:
     buffers, and other transient bytes, only add. With `eager_kernels`, the activations
     and backward workspaces of the runtime's eager kernels, as the ledger counts them on
     such a platform (`Platform.eager_kernels`).
+
+    Under `pipeline` zb-h1 the same moments are B_IN(u, mb)'s (`ratrain.schedule.
+    zerobubble`: 1F1B's warm-up and steady pairing of F and B_IN, so as many microbatches
+    in flight, each holding all its activations until its B_IN; B_IN holds B's workspace),
+    without the gradients, which exist only from a unit's first B_W, and which B_W may
+    defer past any of them.
     """
 
     def __init__(
@@ -581,6 +644,8 @@ class MemoryBound:
         tables = _TABLES.get_or(tkey, _unit_tables, spec, plan, kinds, eager_kernels)
         self.keep, self.bws, self.params, boundary = tables
         self.gbp, vbp = grad_bytes_per_param(plan), view_bytes_per_param(plan)
+        if plan.pipeline == "zb-h1":  # no gradient is sure to exist at any moment counted
+            self.gbp = 0
         self.transient = _transient_views(plan) and vbp > 0
         self.prefetch = self.transient and prefetched_views_of(
             plan.schedule, plan.view_policy, plan.view_lookahead
@@ -623,6 +688,7 @@ class MemoryBound:
             plan.grad_dtype,
             plan.offload_activations,
             prefetched_views_of(plan.schedule, plan.view_policy, plan.view_lookahead),
+            plan.pipeline,
         )
 
     def stage_key(self, stage: int) -> tuple[int, bool, bool, int]:

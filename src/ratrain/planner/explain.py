@@ -50,6 +50,7 @@ _SAVING_PINS = (
     "dp",
     "layer_split",
     "schedule",
+    "pipeline",
 )
 _MAX_CLUSTER_FACTOR = 1024
 _SCAN_REPLAYS = 3
@@ -188,6 +189,7 @@ def _saving_order(kn: Knobs) -> tuple:
         kn.view_lookahead,
         kn.grad_dtype == "fp32",
         not kn.offload_activations,
+        kn.pipeline == "zb-h1",  # no recomputation: it saves no more than its 1F1B twin
     )
 
 
@@ -240,13 +242,13 @@ def find_feasible(
             if first_overflow_bytes(req, st, kn) is not None:
                 ruled.setdefault(st, []).append(kn)
                 continue
-            plan = make_plan(req, st, kn, ("full",) * st.pp)
             opts = options(req, st, kn, None)
             if not opts.feasible(True):
                 ruled.setdefault(st, []).append(kn)
                 continue
-            if not confirm:
-                return plan, None
+            if not confirm:  # zb-h1 supports no recomputation
+                rec = "none" if kn.pipeline == "zb-h1" else "full"
+                return make_plan(req, st, kn, (rec,) * st.pp), None
             allowed.append((max(opts.bound_bytes), len(allowed), st, kns[0], opts, fam))
     # The most room under the cap by the bound first: the likeliest to fit by the ledger,
     # so a scan of sizes rarely pays for a rejected replay.
@@ -404,6 +406,7 @@ _PIN_CHANGE = {
     "view_policy": "allow transient views",
     "offload_activations": "allow activation offload",
     "grad_dtype": "allow 16-bit gradients",
+    "pipeline": "allow 1F1B with recomputation",
 }
 
 

@@ -25,6 +25,9 @@ class Family:
     """(view_policy, view_lookahead) pairs."""
     offload: tuple[bool, ...]
     split_modes: tuple[str, ...]
+    pipelines: tuple[str, ...] = ("1f1b",)
+    """Pass orders (`Plan.pipeline`) searched where the pipeline has a bubble
+    (`ratrain.planner.space.pipelines`); zb-h1 only with the knobs it supports."""
 
 
 _ALL_VIEWS = (("persistent", 1), ("transient", 1), ("transient", 2))
@@ -42,6 +45,8 @@ FAMILIES: dict[str, Family] = {
             views=_ALL_VIEWS,
             offload=(False, True),
             split_modes=(*_SPLITS, "memory"),
+            # The baselines keep the 1F1B of the systems they stand for.
+            pipelines=("1f1b", "zb-h1"),
         ),
         Family(
             "gpu-style",

@@ -40,6 +40,7 @@ __all__ = [
     "structure_bound",
     "options",
     "time_bound_s",
+    "zb_policies",
     "per_stage_choices",
     "beaten_by",
 ]
@@ -115,6 +116,7 @@ def structure_bound(req: Request, st: Structure, kn: Knobs) -> MemoryBound:
             kn.grad_dtype,
             kn.offload_activations,
             prefetched_views_of(kn.schedule, kn.view_policy, kn.view_lookahead),
+            kn.pipeline,
         ),
     )
     mb = _BOUNDS.get(key)
@@ -128,14 +130,16 @@ def first_overflow_bytes(req: Request, st: Structure, kn: Knobs) -> int | None:
     under every policy, or None when each stage has a policy whose bound fits (then
     `options` is feasible for per-stage families). A stage fits under some policy iff it
     fits under none, selective or full (`_fitting`: first:K is no smaller than full).
-    Stages are tried deepest warmup first, where the most microbatches are in flight."""
+    Stages are tried deepest warmup first, where the most microbatches are in flight.
+    Knobs of pipeline zb-h1 have the policy none alone (`zb_policies`)."""
     mb = structure_bound(req, st, kn)
     limit = usable_bytes(req)
     pp, split, m = st.pp, st.layer_split, mb.m
+    policies = zb_policies(kn) or ("full", "selective", "none")  # the likeliest to fit first
     for s in dict.fromkeys((0, pp - 1, *range(1, pp - 1))):
         least = None
         key = (split[s], s == 0, s == pp - 1, min(pp - s - 1, m))  # `stage_key`
-        for o in ("full", "selective", "none"):  # the likeliest to fit first
+        for o in policies:
             b = mb.stage_at(key, o)
             if b <= limit:
                 break
@@ -159,6 +163,11 @@ def options(req: Request, st: Structure, kn: Knobs, ut: UnitTimes | None) -> Opt
         fits.append(set(ok))
         lows.append(low)
         most.append(best)
+
+    only = zb_policies(kn)
+    if only:  # zb-h1: nothing but the policies it supports
+        per_stage = [[o for o in ok if o in only] for ok in per_stage]
+        fits = [f & set(only) for f in fits]
 
     def bottleneck(o: str) -> float:
         return max(recompute_time_s(o, n, ut) for n in st.layer_split) if ut else 0.0
@@ -224,20 +233,31 @@ def _same_as_full(opt: str, n_blocks: int) -> bool:
     return opt.startswith("first:") and int(opt.split(":")[1]) >= n_blocks
 
 
-def time_bound_s(fam: Family, st: Structure, m: int, ut: UnitTimes, opts: Options, over) -> float:
-    """Step-time lower bound over every policy choice the memory bound leaves."""
+def zb_policies(kn: Knobs) -> tuple[str, ...]:
+    """The recompute policies a zb-h1 knob combination may use: none (the search's bounds
+    of the split backward, `MemoryBound` and `step_time_lower_bound_s`, are checked against
+    the ledger and the simulator without recomputation); () for 1F1B, whose policies are
+    all of them."""
+    return ("none",) if kn.pipeline == "zb-h1" else ()
+
+
+def time_bound_s(
+    fam: Family, st: Structure, m: int, ut: UnitTimes, opts: Options, over, pipeline="1f1b"
+) -> float:
+    """Step-time lower bound over every policy choice the memory bound leaves (of the
+    knobs' `pipeline`)."""
     # The resource loads (offload traffic) shrink with recomputation: bounded per stage by
     # the least of every policy left.
     if fam.per_stage_recompute:
         rec = tuple(o[0] for o in opts.per_stage)
         left = tuple(tuple(o) for o in opts.per_stage)
-        return step_time_lower_bound_s(st.layer_split, m, ut, rec, over, left)
+        return step_time_lower_bound_s(st.layer_split, m, ut, rec, over, left, pipeline)
     # Per stage the cheapest of the uniform policies left: one bound below all of them.
     rec = tuple(
         min(opts.uniform, key=lambda o, n=n: recompute_time_s(o, n, ut)) for n in st.layer_split
     )
     left = (tuple(opts.uniform),) * st.pp
-    return step_time_lower_bound_s(st.layer_split, m, ut, rec, over, left)
+    return step_time_lower_bound_s(st.layer_split, m, ut, rec, over, left, pipeline)
 
 
 def per_stage_choices(opts: Options, over_stages: list[int], idx: list[int]) -> bool:

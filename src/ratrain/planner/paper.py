@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ratrain.models.presets import get_preset
 from ratrain.planner.families import BASELINE_FAMILIES
-from ratrain.planner.search import Candidate, search
+from ratrain.planner.search import Candidate, Near, search
 from ratrain.planner.space import Request
 from ratrain.platforms import Platform
 
@@ -26,9 +26,11 @@ __all__ = [
     "AblationRow",
     "ModelRow",
     "ScalePoint",
+    "ZbRow",
     "ablate",
     "compare_models",
     "scaling_curve",
+    "zero_bubble",
 ]
 
 PAPER = {
@@ -84,6 +86,7 @@ def compare_models(
     models: tuple[str, ...] = PAPER_MODELS,
     clusters: int = 1024,
     progress: Callable[[str], None] | None = None,
+    baselines: tuple[str, ...] = BASELINE_FAMILIES,
 ) -> list[ModelRow]:
     """Per model: the best RATrain plan and the best plan of each baseline family."""
     rows = []
@@ -93,7 +96,7 @@ def compare_models(
         best = search(_req(model, platform, clusters, gb, ("ratrain",)), top=1).best
         bases = {
             fam: search(_req(model, platform, clusters, gb, (fam,)), top=1).best
-            for fam in BASELINE_FAMILIES
+            for fam in baselines
         }
         rows.append(ModelRow(model, best, bases, time.perf_counter() - t0))
         if progress:
@@ -137,6 +140,66 @@ def ablate(
         out.append(AblationRow(r.model, r.ratrain, off))
         if progress:
             progress(f"{r.model}: ablations")
+    return out
+
+
+@dataclass
+class ZbRow:
+    """What the zero-bubble pass order (ZB-H1, `ratrain.schedule.zerobubble`) adds to
+    RATrain for one model under the same cap."""
+
+    model: str
+    onef1b: Candidate | None
+    """RATrain's best plan with the 1F1B pass order only (`ratrain-no-zb-h1`)."""
+    best: Candidate | None
+    """RATrain's best plan with the pipeline searched (1f1b or zb-h1)."""
+    zb: Candidate | None
+    """RATrain's best zb-h1 plan (pinned: no recomputation, and only the knobs ZB-H1
+    supports), whether or not it wins."""
+    zb_near: Near | None = None
+    """When no zb-h1 plan fits: the one that came closest (`SearchResult.near`)."""
+
+    def gain(self) -> float | None:
+        """tokens/s with the pipeline searched over tokens/s with 1F1B only."""
+        return _ratio(self.best, self.onef1b)
+
+    def zb_ratio(self) -> float | None:
+        """tokens/s of the best zb-h1 plan over the best 1F1B plan."""
+        return _ratio(self.zb, self.onef1b)
+
+
+def _ratio(a: Candidate | None, b: Candidate | None) -> float | None:
+    return None if a is None or b is None else a.tokens_per_s / b.tokens_per_s
+
+
+def zero_bubble(
+    platform: Platform,
+    rows: list[ModelRow],
+    ablations: list[AblationRow] = (),
+    clusters: int = 1024,
+    progress: Callable[[str], None] | None = None,
+) -> list[ZbRow]:
+    """Per model of `rows` (from `compare_models`, whose RATrain search tries zb-h1):
+    RATrain with 1F1B only (from `ablations` when they have it) and with zb-h1 pinned."""
+    out = []
+    gb = BATCH_TOKENS // SEQ
+    done = {
+        a.model: a.off.get("ratrain-no-zb-h1") for a in ablations if "ratrain-no-zb-h1" in a.off
+    }
+    for r in rows:
+        if r.model in done:
+            onef1b = done[r.model]
+        else:
+            onef1b = search(
+                _req(r.model, platform, clusters, gb, ("ratrain-no-zb-h1",)), top=1
+            ).best
+        pinned = _req(r.model, platform, clusters, gb, ("ratrain",)).with_(
+            pins={"pipeline": "zb-h1"}
+        )
+        zb = search(pinned, top=1)
+        out.append(ZbRow(r.model, onef1b, r.ratrain, zb.best, zb.near))
+        if progress:
+            progress(f"{r.model}: zb-h1")
     return out
 
 

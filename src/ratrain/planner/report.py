@@ -21,6 +21,7 @@ _KNOBS = (
     ("view_lookahead", "view lookahead"),
     ("grad_dtype", "gradient dtype"),
     ("offload_activations", "offload"),
+    ("pipeline", "pipeline"),
 )
 
 
@@ -48,6 +49,8 @@ def describe(p: Plan) -> str:
         f"split={_runs(p.layer_split or ())} recompute={_rec(p)} "
         f"shard={'yes' if p.shard_optimizer else 'no'} views={views} grad={p.grad_dtype} "
         f"offload={'yes' if p.offload_activations else 'no'}"
+        + (f" layout={p.rank_layout}" if p.rank_layout != "pp-inner" else "")
+        + (f" pipeline={p.pipeline}" if p.pipeline != "1f1b" else "")
     )
 
 

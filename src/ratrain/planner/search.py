@@ -207,7 +207,12 @@ def _signature(c: Candidate) -> tuple:
 def _tie(c: Candidate) -> tuple:
     """Equal steps: the plan that keeps more memory free, then the one with fewer features."""
     p = c.plan
-    features = (p.offload_activations, p.view_policy == "transient", p.shard_optimizer)
+    features = (
+        p.offload_activations,
+        p.view_policy == "transient",
+        p.shard_optimizer,
+        p.pipeline != "1f1b",
+    )
     return (max(c.peak_memory_bytes), sum(features), p.view_lookahead, str(p.to_dict()))
 
 
@@ -271,14 +276,28 @@ def _tasks(req: Request, families: tuple[str, ...], state: _State) -> tuple[list
             known[st.micro_batch] = peak_unit_times(
                 req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype
             )
-        lb = seen.get(st)
+        zb = _has_zb(kept or kns)
+        lb = seen.get((st, zb))
         if lb is None:  # families share structures: bound each once
             m = st.microbatches(req.global_batch)
-            lb = seen[st] = step_time_lower_bound_s(st.layer_split, m, known[st.micro_batch])
+            lb = seen[st, zb] = _structure_bound_s(st, m, known[st.micro_batch], zb)
         mark = None if kept is None else _PASSED
         out.append((lb, order, len(out), _PEAK, st, fam, kept or kns, mark))
     heapq.heapify(out)
     return out, total
+
+
+def _has_zb(kns) -> bool:
+    return any(kn.pipeline == "zb-h1" for kn in kns)
+
+
+def _structure_bound_s(st: Structure, m: int, ut, zb: bool) -> float:
+    """A structure's step-time bound with no recompute and no overheads, below every
+    pipeline its knobs try: the smaller of 1F1B's and zb-h1's where some try zb-h1."""
+    lb = step_time_lower_bound_s(st.layer_split, m, ut)
+    if zb:
+        lb = min(lb, step_time_lower_bound_s(st.layer_split, m, ut, pipeline="zb-h1"))
+    return lb
 
 
 _PASSED = "passed"
@@ -398,7 +417,7 @@ def _refine(req: Request, tasks: list, entry: tuple, state: _State) -> None:
             kns = _memory_pass(req, st, fam, kns, state)
         if kns:
             ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
-            lb = step_time_lower_bound_s(st.layer_split, st.microbatches(req.global_batch), ut)
+            lb = _structure_bound_s(st, st.microbatches(req.global_batch), ut, _has_zb(kns))
             heapq.heappush(tasks, (lb, order, seq, _KERNELS, st, fam, kns, None))
         return
     ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
@@ -508,7 +527,11 @@ class _State:
         for over, _, plan, st, kn, fam in sorted(self.misses, key=lambda x: x[:2])[:_NEAR_TRIES]:
             if not _may_be_closer(near, over):
                 break
-            if plan is _STATES:
+            if kn.pipeline == "zb-h1":  # no recomputation: its bound under none
+                plan = make_plan(req, st, kn, ("none",) * st.pp)
+                floor = tuple(memory_bound(req, plan).stage(s, "none") for s in range(plan.pp))
+                miss = Near(plan, fam.name, floor, limit, measured=False)
+            elif plan is _STATES:
                 plan = make_plan(req, st, kn, ("full",) * st.pp)
                 floor = tuple(memory_bound(req, plan).stage(s, "full") for s in range(plan.pp))
                 miss = Near(plan, fam.name, floor, limit, measured=False)
@@ -524,8 +547,25 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
     """The knob combinations of a structure that the quick memory bounds do not rule out
     (no kernel model needed): the model states fit, and every stage fits under some
     policy. The others are recorded as misses. With a combination that saves no less
-    memory than every other: none if the bounds rule it out, else all of them."""
+    memory than every other: none if the bounds rule it out, else all of them.
+
+    zb-h1 combinations are bounded one by one, under no recomputation and without the
+    gradients B_W defers (`MemoryBound`): the lead's bound says nothing of theirs. Their
+    misses are recorded only where no 1F1B combination is searched (its twins' are)."""
     limit = usable_bytes(req)
+    zbs = [kn for kn in kns if kn.pipeline == "zb-h1"]
+    if zbs:
+        ones = [kn for kn in kns if kn.pipeline != "zb-h1"]
+        out = _memory_pass(req, st, fam, ones, state) if ones else []
+        for kn in zbs:
+            state.evaluated += 1
+            if ones:
+                n_states = max(states_lower_bound_bytes(req, st, kn))
+                if n_states <= limit and first_overflow_bytes(req, st, kn) is None:
+                    out.append(kn)
+            elif not _ruled_out(req, st, fam, kn, limit, state):
+                out.append(kn)
+        return out
     lead = _dominant_of(tuple(kns))
     if lead is not None:
         state.evaluated += len(kns)
@@ -640,12 +680,15 @@ def _bound_knobs(req, st, fam, kns, ut, state: _State) -> list[tuple]:
     for kn in kns:
         opts = options(req, st, kn, ut)
         if not opts.feasible(fam.per_stage_recompute):  # no one policy fits every stage
+            if kn.pipeline == "zb-h1":  # no recomputation to name: `_memory_pass` records
+                continue
             plan = make_plan(req, st, kn, opts.most_saving)
             near = Near(plan, fam.name, opts.bound_bytes, limit, measured=False)
             state.near = _closer(state.near, near)
             continue
         over = overheads(req.spec, make_plan(req, st, kn, ("none",) * st.pp), req.platform)
-        queue.append((time_bound_s(fam, st, m, ut, opts, over), len(queue), kn, opts, over))
+        lb = time_bound_s(fam, st, m, ut, opts, over, kn.pipeline)
+        queue.append((lb, len(queue), kn, opts, over))
     queue.sort(key=lambda q: (q[0], q[1]))
     return queue
 
@@ -712,7 +755,9 @@ class _Ctx:
         if self.state.past_hard_deadline() and not self.best.items:
             self.state.stopped = True
             return "stop"
-        lb = step_time_lower_bound_s(self.st.layer_split, self.m, self.ut, rec, self.over)
+        lb = step_time_lower_bound_s(
+            self.st.layer_split, self.m, self.ut, rec, self.over, pipeline=self.kn.pipeline
+        )
         if self.prune and self.best.beaten(lb):
             return "pruned"
         rep = self.ev.memory(plan)  # the ledger first: a simulation costs several replays

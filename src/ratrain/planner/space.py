@@ -19,10 +19,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
-from ratrain.config import DTYPES, SCHEDULES, Plan, even_split
+from ratrain.config import DTYPES, PIPELINES, SCHEDULES, Plan, even_split
 from ratrain.errors import RatrainError
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
@@ -30,6 +30,7 @@ from ratrain.planner.ablation import ABLATIONS
 from ratrain.planner.cache import Memo
 from ratrain.planner.families import ALL_FAMILIES, FAMILIES, Family
 from ratrain.platforms import Platform
+from ratrain.ranks import RANK_LAYOUTS, layouts_differ
 
 __all__ = [
     "Knobs",
@@ -41,6 +42,8 @@ __all__ = [
     "knobs_key",
     "parse_pins",
     "pick_compute_dtype",
+    "pipelines",
+    "rank_layouts",
     "structures",
 ]
 
@@ -153,6 +156,14 @@ def parse_pins(items: list[str] | None) -> dict[str, object]:
     for f in ("compute_dtype", "grad_dtype"):
         if f in pins and pins[f] not in DTYPES:
             raise RatrainError(f"pin {f}={pins[f]!r}: choose one of {', '.join(DTYPES)}")
+    if "rank_layout" in pins and pins["rank_layout"] not in RANK_LAYOUTS:
+        raise RatrainError(
+            f"pin rank_layout={pins['rank_layout']!r}: choose one of {', '.join(RANK_LAYOUTS)}"
+        )
+    if "pipeline" in pins and pins["pipeline"] not in PIPELINES:
+        raise RatrainError(
+            f"pin pipeline={pins['pipeline']!r}: choose one of {', '.join(PIPELINES)}"
+        )
     return pins
 
 
@@ -334,6 +345,23 @@ class Knobs:
     compute_dtype: str
     grad_dtype: str
     offload_activations: bool
+    rank_layout: str = "pp-inner"
+    """Which dimension's neighbours share a node (`ratrain.ranks`): searched only where the
+    layouts differ (`rank_layouts`); it moves communication only, never memory."""
+    pipeline: str = "1f1b"
+    """The pass order (`Plan.pipeline`): zb-h1 only with pp > 1 and the knobs it supports
+    (`pipelines`, `zb_supported`), and then with no recomputation."""
+
+
+def rank_layouts(req: Request, st: Structure) -> tuple[str, ...]:
+    """The rank layouts to try for a structure: both where they place it differently on
+    the platform's nodes (more ranks than a node holds, with pp > 1 and dp > 1), else
+    pp-inner alone (on one node they cost the same); a pin decides."""
+    if "rank_layout" in req.pins:
+        return (str(req.pins["rank_layout"]),)
+    if layouts_differ(st.pp, st.dp, req.platform.units_per_node):
+        return RANK_LAYOUTS
+    return RANK_LAYOUTS[:1]
 
 
 def _offload_matters(pp: int, microbatches: int) -> bool:
@@ -341,10 +369,15 @@ def _offload_matters(pp: int, microbatches: int) -> bool:
     return pp > 1 and microbatches > 1
 
 
-def knobs_key(req: Request, st: Structure) -> tuple[bool, bool]:
+def knobs_key(req: Request, st: Structure) -> tuple:
     """All that `knob_combos` reads of a structure: equal keys, equal combinations (for
     one request and family)."""
-    return (st.dp == 1, _offload_matters(st.pp, st.microbatches(req.global_batch)))
+    return (
+        st.dp == 1,
+        _offload_matters(st.pp, st.microbatches(req.global_batch)),
+        rank_layouts(req, st),
+        st.pp > 1,  # `pipelines`
+    )
 
 
 def knob_combos(req: Request, family: Family, st: Structure) -> list[Knobs]:
@@ -380,8 +413,52 @@ def knob_combos(req: Request, family: Family, st: Structure) -> list[Knobs]:
     if not _offload_matters(pp, microbatches) and "offload_activations" not in pins:
         offload = [False]
     out = []
-    for sh, (vp, la), gd, off in itertools.product(shard, views, grads, offload):
-        out.append(Knobs(family.name, family.schedule, sh, vp, la, cdt, gd, off))
+    layouts = rank_layouts(req, st)
+    for sh, (vp, la), gd, off, rl in itertools.product(shard, views, grads, offload, layouts):
+        out.append(Knobs(family.name, family.schedule, sh, vp, la, cdt, gd, off, rl))
+    return _with_pipelines(req, family, st, out)
+
+
+def pipelines(req: Request, family: Family, st: Structure) -> tuple[str, ...]:
+    """The pass orders to try for a structure: the family's (`Family.pipelines`) where the
+    pipeline has a bubble (pp > 1; on one stage zb-h1's order is 1F1B's with each backward
+    split in two: nothing to gain); a pin decides."""
+    if "pipeline" in req.pins:
+        return (str(req.pins["pipeline"]),)
+    return family.pipelines if st.pp > 1 else ("1f1b",)
+
+
+def zb_supported(req: Request, kn: Knobs) -> bool:
+    """Whether the search tries zb-h1 with a knob combination: with no recomputation only
+    (`ratrain.planner.fit.zb_policies`: its bounds are the split backward's without it),
+    and where `ratrain.schedule.zerobubble.refuse_unsupported` allows the knobs."""
+    from ratrain.schedule.zerobubble import refuse_unsupported
+
+    rec = req.pins.get("recompute", "none")
+    if any(r != "none" for r in ((rec,) if isinstance(rec, str) else rec)):
+        return False
+    try:
+        refuse_unsupported(
+            Plan(
+                schedule=kn.schedule,
+                shard_optimizer=kn.shard_optimizer,
+                view_policy=kn.view_policy,
+                view_lookahead=kn.view_lookahead,
+                offload_activations=kn.offload_activations,
+                pipeline="zb-h1",
+            )
+        )
+    except RatrainError:
+        return False
+    return True
+
+
+def _with_pipelines(req: Request, family: Family, st: Structure, kns: list[Knobs]) -> list[Knobs]:
+    """`kns` under each pass order of `pipelines` (zb-h1 where `zb_supported`)."""
+    pipes = pipelines(req, family, st)
+    out = list(kns) if "1f1b" in pipes else []
+    if "zb-h1" in pipes:
+        out += [replace(kn, pipeline="zb-h1") for kn in kns if zb_supported(req, kn)]
     return out
 
 
@@ -414,6 +491,8 @@ def _make_plan(req: Request, st: Structure, kn: Knobs, recompute, extra) -> Plan
         compute_dtype=kn.compute_dtype,
         grad_dtype=kn.grad_dtype,
         offload_activations=kn.offload_activations,
+        rank_layout=kn.rank_layout,
+        pipeline=kn.pipeline,
         model=req.spec.name,
         **extra,
     )

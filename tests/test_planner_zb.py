@@ -1,0 +1,199 @@
+"""The planner's pipeline knob (issue 25): zb-h1 is searched beside 1F1B where it is
+supported and the pipeline has a bubble, kept where the simulator finds it faster and the
+ledger finds it fits; its bounds stay below what the simulator and the ledger say."""
+
+from dataclasses import replace
+
+import pytest
+
+from ratrain.cli import main
+from ratrain.config import Plan, load_plan
+from ratrain.cost.model import CostModel
+from ratrain.errors import RatrainError
+from ratrain.memory import replay
+from ratrain.models.presets import get_preset
+from ratrain.planner import Request, search
+from ratrain.planner.bounds import (
+    overheads,
+    peak_unit_times,
+    step_time_lower_bound_s,
+    unit_times,
+)
+from ratrain.planner.evaluate import Evaluator, usable_bytes
+from ratrain.planner.fit import memory_bound
+from ratrain.planner.paper import AblationRow, ZbRow
+from ratrain.planner.space import family_of, knob_combos, make_plan, structures
+from ratrain.platforms import load
+from ratrain.schedule import build_schedule, check_schedule
+from ratrain.schedule.zerobubble import refuse_unsupported
+from ratrain.sim import simulate_schedule
+from ratrain.sim.simulate import memory_microbatches, platform_ledger
+
+TINY = get_preset("tiny")
+A100 = load("a100-80g")
+
+
+def _req(pins=None, families=("ratrain",), platform=A100, clusters=8, gb=32):
+    return Request(TINY, platform, clusters, gb, 128, pins=pins or {}, families=families)
+
+
+def _unsupported(p: Plan) -> bool:
+    """What zb-h1 is never combined with: recomputation (the planner's bounds of it are
+    without), and what `refuse_unsupported` refuses."""
+    try:
+        refuse_unsupported(p.replace(pipeline="zb-h1"))
+    except RatrainError:
+        return True
+    return any(r != "none" for r in p.recompute)
+
+
+def test_picks_zb_h1_where_the_simulator_finds_it_faster_and_it_fits():
+    req = _req()
+    best = search(req, top=3).best
+    one = search(req.with_(families=("ratrain-no-zb-h1",)), top=1).best
+    assert best.plan.pipeline == "zb-h1" and best.plan.pp > 1
+    assert one.plan.pipeline == "1f1b"
+    assert best.tokens_per_s > one.tokens_per_s
+    # The same plan with 1F1B's pass order is slower in the simulator.
+    ev = Evaluator(req)
+    assert ev.simulate(best.plan.replace(pipeline="1f1b")).step_time_s > best.step_time_s
+    # It passes the schedule checker, and the ledger's full replay fits the cap.
+    sch = build_schedule(TINY, best.plan)
+    check_schedule(sch, TINY, best.plan)
+    led = platform_ledger(sch, TINY, best.plan, A100, keep_trace=False)
+    assert max(s.peak_bytes for s in led.stages) <= usable_bytes(req)
+
+
+def test_pruned_search_equals_exhaustive_with_zb_h1():
+    req = _req({"pp": 2}, clusters=4, gb=8)
+    got = search(req, top=3)
+    want = search(req, top=3, prune=False)
+    assert got.best.plan.pipeline == "zb-h1"
+    assert [c.plan for c in got.ranked] == [c.plan for c in want.ranked]
+
+
+@pytest.mark.parametrize(
+    "pins, families",
+    [
+        ({"pp": 2, "recompute": "full"}, ("ratrain",)),
+        ({"pp": 2}, ("fsdp-pp",)),
+        ({"pp": 1}, ("ratrain",)),
+    ],
+)
+def test_1f1b_where_zb_h1_is_unsupported_or_has_no_bubble(pins, families):
+    res = search(_req(pins, families=families), top=5)
+    assert res.ranked
+    assert all(c.plan.pipeline == "1f1b" for c in res.ranked)
+
+
+def test_zb_h1_knobs_only_where_supported():
+    req = _req({"pipeline": "zb-h1"}, families=("ratrain", "gpu-style", "fsdp-pp"))
+    seen = 0
+    for name in req.families:
+        fam = family_of(name)
+        for st in structures(req, fam):
+            kns = knob_combos(req, fam, st)
+            if name == "fsdp-pp":
+                assert kns == []
+            for kn in kns:
+                assert kn.pipeline == "zb-h1"
+                assert not _unsupported(make_plan(req, st, kn, ("none",) * st.pp))
+                seen += 1
+    assert seen
+    # Never combined with what it does not support, whatever is ranked.
+    for pins in ({}, {"pp": 2}, {"pp": 3, "micro_batch": 1}):
+        for c in search(_req(pins, families=("ratrain", "gpu-style", "fsdp-pp")), top=8).ranked:
+            assert c.plan.pipeline == "1f1b" or not _unsupported(c.plan)
+            assert c.plan.pipeline == "1f1b" or c.plan.pp > 1
+    # A pin asking for both finds no candidate at all.
+    res = search(_req({"pipeline": "zb-h1", "recompute": "full"}), top=1)
+    assert res.candidates_total == 0 and not res.feasible
+
+
+_CASES = [
+    (platform, model, schedule, pp, m)
+    for platform in ("mt3000", "a100-80g", "cpu-local")
+    for model in ("tiny", "llama2-7b")
+    for schedule in ("ratrain", "gpu-style", "baseline")
+    for pp, m in ((2, 1), (2, 5), (3, 4), (4, 9))
+]
+
+
+@pytest.mark.parametrize("platform, model, schedule, pp, m", _CASES[::5])
+def test_zb_bounds_stay_below_the_simulator_and_the_ledger(platform, model, schedule, pp, m):
+    pf, spec = load(platform), get_preset(model)
+    dt = "fp32" if platform == "cpu-local" else "bf16"
+    seq = min(512, spec.max_seq)
+    kw = dict(pp=pp, dp=2, micro_batch=1, global_batch=2 * m, seq=seq, schedule=schedule)
+    plan = Plan(**kw, compute_dtype=dt, pipeline="zb-h1", model=spec.name)
+    split = plan.blocks_per_stage(spec)
+    sch = build_schedule(spec, plan)
+    step = simulate_schedule(sch, CostModel(spec, plan, pf)).step_time_s
+    ut = unit_times(spec, pf, 1, seq, dt)
+    over = overheads(spec, plan, pf)
+    for lb in (
+        step_time_lower_bound_s(split, m, ut, ("none",) * pp, over, pipeline="zb-h1"),
+        step_time_lower_bound_s(split, m, peak_unit_times(spec, pf, 1, seq, dt), pipeline="zb-h1"),
+    ):
+        assert lb <= step * (1 + 1e-9)
+    # The memory bound of no recomputation: below the ledger's peak of every stage.
+    led = platform_ledger(sch, spec, plan, pf, keep_trace=False)
+    mb = memory_bound(Request(spec, pf, 2 * pp, 2 * m, seq), plan)
+    for s in range(pp):
+        assert mb.stage(s, "none") <= led.stages[s].peak_bytes
+
+
+@pytest.mark.parametrize("schedule", ["ratrain", "gpu-style", "baseline"])
+@pytest.mark.parametrize("pp", [2, 4])
+def test_the_shortened_memory_step_holds_for_zb_h1(schedule, pp):
+    spec = get_preset("llama2-7b")
+    base = Plan(pp=pp, dp=2, micro_batch=1, global_batch=2, seq=512, schedule=schedule)
+    peaks = set()
+    for m in (memory_microbatches(base.replace(global_batch=200)), 3 * pp + 5):
+        plan = base.replace(global_batch=2 * m, pipeline="zb-h1")
+        peaks.add(
+            tuple(s.peak_bytes for s in replay(build_schedule(spec, plan), spec, plan).stages)
+        )
+    assert len(peaks) == 1
+
+
+def test_plan_writes_and_reports_zb_h1(tmp_path, capsys):
+    out = tmp_path / "zb.yaml"
+    argv = ["plan", "--model", "tiny", "--platform", "a100-80g", "--clusters", "8"]
+    argv += ["--global-batch", "32", "--seq", "128", "--family", "ratrain", "--pin", "pp=4"]
+    assert main([*argv, "-o", str(out)]) == 0
+    assert "pipeline=zb-h1" in capsys.readouterr().out
+    plan, extra = load_plan(out)
+    assert plan.pipeline == "zb-h1" and "pipeline: zb-h1" in out.read_text()
+    assert Plan.from_dict(plan.to_dict()) == plan
+    check_schedule(build_schedule(TINY, plan), TINY, plan)
+
+
+def test_bench_tables_show_what_zb_h1_adds():
+    from ratrain.cli.bench_ablation import ablation_json, ablation_markdown, zb_json, zb_markdown
+
+    req = _req()
+    best = search(req, top=1).best
+    one = search(req.with_(families=("ratrain-no-zb-h1",)), top=1).best
+    zb = search(req.with_(pins={"pipeline": "zb-h1"}), top=1).best
+    row = ZbRow("tiny", one, best, zb)
+    md = "\n".join(zb_markdown([row], "a100-80g"))
+    assert "ratrain (1f1b) tokens/s" in md and "ratrain + zb-h1 tokens/s" in md
+    assert f"{row.gain():.3f}x" in md and row.gain() > 1.0
+    assert f"| {best.tokens_per_s:,.0f} |" in md and f"| {one.tokens_per_s:,.0f} |" in md
+    (j,) = zb_json([row])
+    assert j["chosen_pipeline"] == "zb-h1" and j["gain"] == pytest.approx(row.gain())
+    # The ablation has its column: RATrain with the 1F1B pass order only.
+    abl = AblationRow("tiny", best, {"ratrain-no-zb-h1": one})
+    assert "no zb-h1" in "\n".join(ablation_markdown([abl], "a100-80g"))
+    assert ablation_json([abl])[0]["relative"]["ratrain-no-zb-h1"] == pytest.approx(1 / row.gain())
+    # Where no zb-h1 plan fits (no recomputation, no offload) the search keeps 1F1B with
+    # pp > 1, and the table says so and names the nearest miss (a zb-h1 plan, unrecomputed).
+    tight = replace(A100, usable_memory_bytes=1_800_000, workspace_bytes=100_000)
+    res = search(_req({"pipeline": "zb-h1"}, platform=tight), top=1)
+    assert res.best is None and res.near.plan.pipeline == "zb-h1"
+    assert set(res.near.plan.recompute) == {"none"}
+    kept = search(_req(platform=tight), top=1).best
+    assert kept.plan.pipeline == "1f1b" and kept.plan.pp > 1
+    miss = "\n".join(zb_markdown([ZbRow("tiny", kept, kept, None, res.near)], "x"))
+    assert "| none fits | — |" in miss and "none fits; nearest miss found" in miss
