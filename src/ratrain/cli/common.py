@@ -9,7 +9,7 @@ import argparse
 import math
 import sys
 
-from ratrain.config import DTYPES, SCHEDULES, Plan, load_plan
+from ratrain.config import DTYPES, PIPELINES, RANK_LAYOUTS, SCHEDULES, Plan, load_plan
 from ratrain.errors import RatrainError
 from ratrain.models.presets import resolve_model
 from ratrain.models.spec import ModelSpec
@@ -30,6 +30,8 @@ __all__ = [
     "MAX_INT",
     "add_memory_cap_arg",
     "with_memory_cap",
+    "memory_cap",
+    "PLAN_FILE_CAP",
 ]
 
 MAX_INT = 2**63 - 1
@@ -148,11 +150,38 @@ def add_memory_cap_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+PLAN_FILE_CAP = "memory_cap_gib"
+"""The plan file's entry (beside `plan`) that `ratrain plan --memory-cap GIB -o` writes."""
+
+
+def memory_cap(args: argparse.Namespace) -> tuple[float | None, str]:
+    """The usable memory per rank in GiB and what to call it: --memory-cap, else the cap
+    the plan file (--plan) was planned under (`PLAN_FILE_CAP`), else None."""
+    flag = getattr(args, "memory_cap", None)
+    recorded = None
+    if getattr(args, "plan", None):
+        _, extras = load_plan(args.plan)
+        recorded = extras.get(PLAN_FILE_CAP)
+        if recorded is not None:
+            try:
+                recorded = positive_float(str(recorded))
+            except argparse.ArgumentTypeError as e:
+                raise RatrainError(f"plan file {args.plan}: {PLAN_FILE_CAP}: {e}") from None
+    if flag is not None:
+        if recorded is not None and flag != recorded:
+            _note(f"--memory-cap {flag:g} overrides the plan file's {recorded:g} GiB")
+        return flag, "--memory-cap"
+    if recorded is not None:
+        return recorded, f"the cap {args.plan} was planned for (--memory-cap overrides it)"
+    return None, "--memory-cap"
+
+
 def with_memory_cap(platform, args: argparse.Namespace):
-    """`platform` with its usable memory replaced by --memory-cap, when given."""
+    """`platform` with its usable memory replaced by --memory-cap, or by the cap the plan
+    file was planned under (`memory_cap`), when either is given."""
     import dataclasses
 
-    cap = getattr(args, "memory_cap", None)
+    cap, _ = memory_cap(args)
     if cap is None:
         return platform
     return dataclasses.replace(platform, usable_memory_bytes=int(cap * 2**30))
@@ -198,6 +227,18 @@ def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -
     )
     p.add_argument("--seq", type=positive_int, help=f"sequence length (default {d['seq']})")
     p.add_argument("--schedule", choices=SCHEDULES, help=f"default {d['schedule']}")
+    p.add_argument(
+        "--pipeline",
+        choices=PIPELINES,
+        help=f"pass order: 1f1b, or zb-h1 (zero bubble: each backward split into its input "
+        f"and weight gradients, the weight passes deferred; default {d['pipeline']})",
+    )
+    p.add_argument(
+        "--rank-layout",
+        choices=RANK_LAYOUTS,
+        help="how ranks fill nodes: pp-inner (a pipeline's stages on neighbouring ranks) or "
+        f"dp-inner (a stage's DP peers on neighbouring ranks; default {d['rank_layout']})",
+    )
     p.add_argument(
         "--recompute",
         type=nonempty,
@@ -252,6 +293,8 @@ _FIELDS = (
     "global_batch",
     "seq",
     "schedule",
+    "pipeline",
+    "rank_layout",
     "layer_split",
     "shard_optimizer",
     "view_policy",

@@ -31,6 +31,7 @@ from ratrain.launch.host_memory import (
 )
 from ratrain.models.counts import total_params
 from ratrain.models.spec import ModelSpec
+from ratrain.schedule.zerobubble import refuse_unsupported
 from ratrain.train.request import TrainRequest
 from ratrain.train.summary import summary_line
 
@@ -328,10 +329,16 @@ def train_request_from_args(args: argparse.Namespace) -> TrainRequest:
         run_steps=0 if args.steps == 0 else None,  # --steps 0: save the starting state
         eval_every=args.eval_every,
         eval_tokens=args.eval_tokens,
-        memory_cap_bytes=(
-            int(args.memory_cap * 2**30) if getattr(args, "memory_cap", None) else None
-        ),
+        **_memory_cap_of(args),
     )
+
+
+def _memory_cap_of(args: argparse.Namespace) -> dict:
+    """--memory-cap, else the cap the plan file was planned for (`memory_cap`)."""
+    from ratrain.cli.common import memory_cap
+
+    cap, label = memory_cap(args)
+    return {"memory_cap_bytes": int(cap * 2**30) if cap else None, "memory_cap_label": label}
 
 
 def data_source(args: argparse.Namespace, spec: ModelSpec, plan: Plan):
@@ -352,11 +359,7 @@ def data_source(args: argparse.Namespace, spec: ModelSpec, plan: Plan):
 def run(args: argparse.Namespace) -> int:
     cfg = _check_flags(args)
     spec, plan = plan_from_args(args, default_model=_default_model(args))
-    if plan.pipeline != "1f1b":  # before any rank starts (the executor refuses it too)
-        raise RatrainError(
-            f"pipeline {plan.pipeline} is simulated and planned but not yet executed by the "
-            "runtime; use pipeline 1f1b"
-        )
+    refuse_unsupported(plan)  # before any rank starts (building the schedule refuses it too)
     _check_processes(args, plan)
     distributed = plan.pp * plan.dp > 1 or args.nproc is not None
     if distributed or args.save or args.resume or args.init_from or args.eval_every:

@@ -1,5 +1,6 @@
 """`ratrain verify`: the reference trainer, Baseline-1F1B and RATrain on the same seed and
-data, and the maximum relative loss deviation between each pair.
+data, and the maximum relative loss deviation between each pair. RATrain runs the plan's
+pipeline (`--pipeline zb-h1`: zero bubble); Baseline-1F1B is always 1F1B.
 
 Default: the tiny model, pp=2 x dp=2 on 4 local gloo ranks (CPU), fp32. The two
 distributed schedules run in one job on the same ranks, each from the initial weights; the
@@ -21,6 +22,7 @@ import time
 from ratrain.cli.common import (
     add_model_arg,
     add_plan_args,
+    memory_cap,
     nonempty,
     nonneg_float,
     nonneg_int,
@@ -123,17 +125,22 @@ def run(args: argparse.Namespace) -> int:
     cfg = _config(args, plan)
     source = functools.partial(make_source, args.data, spec, plan.seq, cfg.seed)
     source()  # a data error is one line here, not one per rank
+    cap, cap_label = memory_cap(args)  # --memory-cap, else the plan file's
     job = Job(
         spec,
         plan,
         cfg,
         source,
-        schedules=("baseline", "ratrain"),
+        # Baseline-1F1B is 1F1B whatever the plan's pipeline; RATrain runs the plan's
+        variants=(
+            ("baseline", {"schedule": "baseline", "pipeline": "1f1b"}),
+            ("ratrain", {"schedule": "ratrain"}),
+        ),
         device=args.device,
         timeout_s=args.timeout,
         progress=not args.quiet,
-        memory_cap_bytes=int(args.memory_cap * 2**30) if args.memory_cap else None,
-        memory_cap_label="--memory-cap",
+        memory_cap_bytes=int(cap * 2**30) if cap else None,
+        memory_cap_label=cap_label,
         fault=os.environ.get("RATRAIN_FAULT"),
     )
     losses: dict[str, list[float]] = {}
@@ -178,7 +185,8 @@ def _text(r: dict, ok: bool) -> str:
     p = r["plan"]
     lines = [
         f"verify {r['model']}: pp={p['pp']} dp={p['dp']} micro-batch {p['micro_batch']} "
-        f"global-batch {p['global_batch']} seq {p['seq']} {p['compute_dtype']}, "
+        f"global-batch {p['global_batch']} seq {p['seq']} {p['compute_dtype']}"
+        f"{', pipeline ' + p['pipeline'] if p['pipeline'] != '1f1b' else ''}, "
         f"{r['steps']} steps ({r['tokens']:,} tokens)",
     ]
     for k, v in r["final_loss"].items():

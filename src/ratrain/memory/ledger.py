@@ -248,6 +248,9 @@ class _StageReplay:
             self.wws = {
                 u: weight_workspace_bytes(spec, plan, u, eager_kernels=eager) for u in units
             }
+        # The fused chunked loss is one autograd Function: the head's B_IN is its whole
+        # backward, gradient included (`ratrain.runtime.split_backward`).
+        self.unsplit = {spec.n_layers + 1} & set(units) if plan.loss_chunk_tokens else set()
         self.uws = {u: update_workspace_bytes(spec, plan, u) if eager else 0 for u in units}
         # The global checks run over every unit of the stage, one tensor/unit at a time.
         self.nws = max(norm_workspace_bytes(spec, plan, u) for u in units) if eager else 0
@@ -335,14 +338,15 @@ class _StageReplay:
 
     def _split_backward(self, a: Action) -> list[tuple[int, int]]:
         """B_IN: B's boundary buffers and workspace, the linear layers' output gradients
-        from its start; at its end all but what B_W needs is freed. B_W: the gradient
-        buffer at the unit's first, its workspace; at its end what B_IN kept is freed."""
+        from its start (and, of a unit it runs whole, the gradient buffer at its first); at
+        its end all but what B_W needs is freed. B_W: the gradient buffer at the unit's
+        first, its workspace; at its end what B_IN kept is freed."""
         st, u, key = self.state, a.units[0], (a.units[0], a.mb)
+        if (a.op is _B_W or u in self.unsplit) and u not in self.grad:
+            for v in self.bucket_of.get(u, (u,)):
+                self.grad[v] = self.grad_full[v]
+                st[_GRAD] += self.grad_full[v]
         if a.op is _B_W:
-            if u not in self.grad:
-                for v in self.bucket_of.get(u, (u,)):
-                    self.grad[v] = self.grad_full[v]
-                    st[_GRAD] += self.grad_full[v]
             st[_WS] += self.wws[u]
             return [(_WS, self.wws[u]), (_ACT, self.act.pop(key))]
         if u == self.first_unit and self.recv_input:

@@ -64,6 +64,7 @@ from ratrain.runtime.lifecycle import CheckpointedAttention, Stash
 from ratrain.runtime.lr import lr_at
 from ratrain.runtime.optim import clip_coefficient
 from ratrain.runtime.precision import LossScaler
+from ratrain.runtime.split_backward import SavedActivations, backward_input, backward_weight
 from ratrain.runtime.stage import StageModel
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
 
@@ -113,6 +114,8 @@ class _StepState:
     graph: dict = field(default_factory=dict)  # (u, mb) -> (input leaf, output)
     ckpt: dict = field(default_factory=dict)  # (u, mb) -> unit input (full recompute)
     grad_in: dict = field(default_factory=dict)  # (u, mb) -> gradient of u's input
+    weight_work: dict = field(default_factory=dict)  # (u, mb) -> what B_IN left for B_W
+    saved: dict = field(default_factory=dict)  # (u, mb) -> SavedActivations (split backward)
     recv: dict = field(default_factory=dict)  # (op, mb) -> received buffer
     stash: dict = field(default_factory=dict)  # (u, mb) -> Stash (offload)
     losses: dict = field(default_factory=dict)  # mb -> loss tensor (detached)
@@ -137,10 +140,10 @@ class StageExecutor:
         cfg: TrainConfig,
         recorder: Recorder | None = None,
     ):
-        if plan.pipeline == "zb-h1" or schedule.meta.get("pipeline") == "zb-h1":
+        if schedule.meta.get("pipeline", "1f1b") != plan.pipeline:
             raise RatrainError(
-                "pipeline zb-h1 is simulated and planned but not yet executed by the runtime; "
-                "use pipeline 1f1b"
+                f"the schedule's pipeline {schedule.meta.get('pipeline', '1f1b')} differs from "
+                f"the plan's {plan.pipeline}; build both from the same plan"
             )
         self.grid, self.comm, self.model, self.batches = grid, comm, model, batches
         self.spec, self.plan, self.cfg = spec, plan, cfg
@@ -166,6 +169,7 @@ class StageExecutor:
         self.checks = set(schedule.meta.get("global_checks", ()))
         self.recompute = {u: plan.recompute_of(spec, grid.stage, u) for u in self.units}
         self.offloaded = {(a.unit, a.mb) for a in self.acts if a.op is Op.OFFLOAD}
+        self.split = any(a.op is Op.B_IN for a in self.acts)
         self.host = torch.device("cpu")
         self.copy_stream = torch.cuda.Stream(grid.device) if grid.device.type == "cuda" else None
         self.boundary_shape = (plan.micro_batch, plan.seq, spec.hidden)  # (B, T, H)
@@ -179,6 +183,8 @@ class StageExecutor:
         self._handlers: dict[Op, Callable[[Action], _Pending | None]] = {
             Op.F: self._forward,
             Op.B: self._backward,
+            Op.B_IN: self._backward_input,
+            Op.B_W: self._backward_weight,
             Op.RECOMPUTE: self._recompute,
             Op.UPDATE: self._update,
             Op.SEND_F: self._send_f,
@@ -333,7 +339,11 @@ class StageExecutor:
         s.graph[(u, mb)] = (x, y)
 
     def _saving(self, u: int, mb: int):
-        """Where autograd keeps what (u, mb) saves: a movable stash if it is offloaded."""
+        """Where autograd keeps what (u, mb) saves: a movable stash if it is offloaded;
+        under a split backward, a holder B_IN can release what B_W does not read."""
+        if self.split:
+            held = self.s.saved[(u, mb)] = SavedActivations(self.model.units[u].module_params)
+            return held.hooks()
         if (u, mb) not in self.offloaded:
             return contextlib.nullcontext()
         stash = self.s.stash[(u, mb)] = Stash(self.model.units[u].module.parameters())
@@ -347,23 +357,51 @@ class StageExecutor:
         if isinstance(x, Stash):  # offloaded and reloaded
             x = x.unpack((True, 0))
         x = x.detach().requires_grad_()
-        y = self.model.units[u].module(x)
+        with self._saving(u, mb) if self.split else contextlib.nullcontext():
+            y = self.model.units[u].module(x)
         self.s.graph[(u, mb)] = (x, y)
+
+    def _output_grad(self, u: int, mb: int) -> torch.Tensor | None:
+        """The gradient of (u, mb)'s output: the next unit's input gradient, the received
+        one, or none for the head's loss."""
+        s = self.s
+        if u == self.head:
+            return None
+        if u == self.units[-1]:
+            return s.recv.pop((Op.RECV_B, mb))
+        return s.grad_in.pop((u + 1, mb))
 
     def _backward(self, a: Action) -> None:
         u, mb, s = a.unit, a.mb, self.s
         x, y = s.graph.pop((u, mb))
-        if u == self.head:
-            grad = None
-        elif u == self.units[-1]:
-            grad = s.recv.pop((Op.RECV_B, mb))
-        else:
-            grad = s.grad_in.pop((u + 1, mb))
+        grad = self._output_grad(u, mb)
         self.model.prepare_grads(u)
         torch.autograd.backward(y, grad)
         s.stash.pop((u, mb), None)
         if u > 0:
             s.grad_in[(u, mb)] = x.grad
+
+    def _backward_input(self, a: Action) -> None:
+        """B_IN: the input gradient now (`ratrain.runtime.split_backward`); the weights'
+        gradients are left for B_W. A unit that cannot be split runs its whole backward
+        here, into the flat gradient as B does."""
+        u, mb, s = a.unit, a.mb, self.s
+        x, y = s.graph.pop((u, mb))
+        grad = self._output_grad(u, mb)
+        params = self.model.units[u].module_params
+        held = s.saved.pop((u, mb), None)
+        dx, work = backward_input(y, grad, x, params, lambda: self.model.prepare_grads(u), held)
+        if work is not None:
+            s.weight_work[(u, mb)] = work
+        if u > 0:
+            s.grad_in[(u, mb)] = dx
+
+    def _backward_weight(self, a: Action) -> None:
+        work = self.s.weight_work.pop((a.unit, a.mb), None)
+        if work is None:  # unsplit: B_IN accumulated the weights' gradients
+            return
+        self.model.prepare_grads(a.unit)
+        backward_weight(work)
 
     # -- gradients, global checks, update --------------------------------------------------
     def _grad_sync(self, a: Action) -> _Pending:

@@ -74,8 +74,6 @@ def build_zb_h1(spec: ModelSpec, plan: Plan, kind: str = "zb-h1") -> Schedule:
 _UNSUPPORTED = (
     (lambda p: p.schedule == "fsdp-pp", "schedule fsdp-pp"),
     (lambda p: p.offload_activations, "offload_activations"),
-    (lambda p: p.view_policy == "transient", "view_policy transient"),
-    (lambda p: any(r != "none" for r in p.recompute), "recompute"),
 )
 
 

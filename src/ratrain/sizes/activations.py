@@ -234,7 +234,8 @@ def weight_grad_bytes(
 
     derived: a linear layer Y = X·Wᵀ has dW = dYᵀ·X, so B_W needs, per linear layer, its
     input X (a tensor of the activation table above, kept from the forward) and the
-    gradient of its output dY (produced by B_IN). Per token, c bytes each:
+    gradient of its output dY (produced by B_IN). Per token, c bytes each (what the
+    runtime keeps, `ratrain.runtime.split_backward`):
 
         block  inputs    attn_norm_out (q/k/v in, h), attn_out (o_proj in, h),
                          mlp_norm_out (gate/up in, h), swiglu_out (down in, ffn)
@@ -242,14 +243,14 @@ def weight_grad_bytes(
                out_grads dQ (h), dK (kv), dV (kv), d o_proj out (h), d gate (ffn),
                          d up (ffn), d down out (h)                 = 3h + 2kv + 2ffn
         head   inputs    final norm output (h); out_grads dlogits (V)
-               chunked loss: the fp32 dL/dw (4·V·h, per microbatch) its forward kept,
-               no out_grads
+               chunked loss: nothing: the fused loss is one autograd Function that
+               computes both gradients, so B_IN runs the head's whole backward
         embed  inputs    the token ids (8 B); out_grads the output gradient (h)
 
-    The norms' weights are left out (their gradient is a per-token reduction of tensors B_IN
-    already holds: assumed computed in B_IN, a few h-sized vectors). `inputs` is part of
-    `activation_bytes` under policy none (recompute is refused with zb-h1), so a ledger
-    keeps act - (act - inputs) + out_grads after B_IN.
+    The one-dimensional weights (norms, biases) are left out: B_IN computes their gradients
+    (reductions over tokens of tensors it holds) and keeps them, a few h-sized vectors, for
+    B_W to accumulate. Under recompute, RECOMPUTE rebuilt the inputs before B_IN, so a
+    ledger keeps act - (act - inputs) + out_grads after B_IN whatever the policy.
     """
     tokens, c = _tokens(plan), DTYPE_BYTES[plan.compute_dtype]
     h = spec.hidden
@@ -257,7 +258,7 @@ def weight_grad_bytes(
         return tokens * _ID_BYTES, tokens * c * h
     if unit == head_unit(spec):
         if plan.loss_chunk_tokens:
-            return 4 * spec.vocab * h, 0
+            return 0, 0
         return tokens * c * h, tokens * c * spec.vocab
     assert is_block(spec, unit), unit
     kv, f = spec.kv_dim, spec.ffn
