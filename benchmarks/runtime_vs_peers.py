@@ -1,7 +1,9 @@
-"""ratrain vs torch.distributed.pipelining vs DeepSpeed's PipelineEngine, interleaved.
+"""ratrain vs torch.distributed.pipelining's schedules vs DeepSpeed's PipelineEngine, interleaved.
 
     python benchmarks/runtime_vs_peers.py [--quick] [--json out.json] [--layouts 2x1,2x2]
-        [--repeats 3] [--steps 6] [--warmup 2] [--systems ratrain,torch-1f1b,deepspeed]
+        [--repeats 3] [--steps 6] [--warmup 2]
+        [--systems ratrain,ratrain-zb,torch-1f1b,torch-interleaved-1f1b,torch-izb,torch-zbv,
+                   torch-dualpipev,deepspeed (the default)]
         [--compile | --no-compile] [--loss-chunk-tokens 256] [--platform FILE]
         [--malloc-mmap-threshold 131072 (ratrain-lowrss's)]
         [--model bench-512] [--ratrain-split planner|same|even|balanced|5,3]
@@ -14,28 +16,42 @@ gradient clipping (the peers' schedules have no global-norm step). Layouts are p
 Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as given),
 `ratrain-eager` (no compile, plain loss: the runtime before these two),
 `ratrain-compiled` (`ratrain` with compile forced on, to measure compile),
+`ratrain-zb` (`ratrain` with the zero-bubble pass order, `--pipeline zb-h1`; when the
+runtime refuses it, reported as "skipped: <its one-line refusal>"),
 `ratrain-tcmalloc`, `ratrain-jemalloc`, `ratrain-malloc` (`ratrain` with its ranks on that
 host allocator, `--host-allocator`; skipped when it is not installed: `ratrain` itself
 runs on `auto`, the first of tcmalloc, jemalloc found, else glibc's malloc),
 `ratrain-lowrss` (`ratrain` on glibc's malloc with its mmap threshold fixed at
-`--malloc-mmap-threshold`: less RSS, more page faults), `torch-1f1b`, `deepspeed`
-(skipped when not importable); see `peers.py`. The peers' ranks run on glibc's malloc,
-their default. (Figures in docs/runtime.md taken before the host allocator call
+`--malloc-mmap-threshold`: less RSS, more page faults); the peers, see `peers.py`:
+torch.distributed.pipelining's `torch-1f1b` (Schedule1F1B), `torch-interleaved-1f1b`
+(ScheduleInterleaved1F1B), `torch-izb` (ScheduleInterleavedZeroBubble), `torch-zbv`
+(ScheduleZBVZeroBubble), `torch-dualpipev` (ScheduleDualPipeV), all with the same
+end-of-step DP all-reduce for dp > 1, and `deepspeed` (skipped when not importable). The
+peers' ranks run on glibc's malloc, their default. (Figures in docs/runtime.md taken before the host allocator call
 `ratrain-caching` the runtime on its former home-made caching allocator and
 `ratrain-malloc` the runtime on glibc's malloc.)
 
 Splits: ratrain (all its variants) runs the split `ratrain plan` picks for the job on
 `--split-platform` (cpu-local); the peers run `--layer-split` (their own default, even) and,
 when ratrain's differs, once more on ratrain's (`torch-1f1b@5,3`, `deepspeed@5,3`): "the
-better peer" is the fastest of all of them.
+better peer" is the fastest of all of them (torch's schedules and DeepSpeed), named in the
+report. torch's multi-stage schedules run 2 chunks per rank (2·pp pipeline stages;
+interleaved: rank r holds chunks r and r+pp, V-shaped: r and 2pp-1-r): with the even split,
+the layers split evenly into 2·pp chunks; with a given split (blocks per rank), each rank's
+blocks halved between its two chunks (`peers.chunk_split`); a split that cannot be cut so
+skips that peer, in one line.
+
+Correctness (the first step of the first repeat, cheap): every torch peer's first-step
+loss (same model, weights and data) must equal torch-1f1b's within 1e-5 relative, else it
+is reported as wrong and excluded (a mis-split model).
 
 Per layout, the systems run one after the other, A B C C B A A B C ..., `--repeats`
 times (the order reversed every other repeat, so a drifting load favours none), each on
 fresh local gloo ranks (`ratrain.launch.spawn.spawn`). Reported per system:
 
-- tokens/s: global-batch tokens / the median step period on the last stage's first
-  replica, over the steps after `--warmup` (warm-up and compilation excluded); the median
-  over repeats, and the range;
+- tokens/s: global-batch tokens / the median step period on the last pipeline rank of
+  the first replica, over the steps after `--warmup` (warm-up and compilation excluded);
+  the median over repeats, and the range;
 - ratios against the better peer, per repeat (interleaved pairs) and of the medians;
 - MFU: model FLOPs (`ratrain.models.counts.model_flops_per_token`: 6 x parameters +
   attention) per second against the machine's measured fp32 matmul peak for the same
@@ -63,10 +79,18 @@ import json
 import os
 import statistics
 
-from peers import deepspeed_available, deepspeed_rank, matmul_probe_rank, torch_1f1b_rank
+from peers import (
+    TORCH_SCHEDULES,
+    chunk_split,
+    deepspeed_available,
+    deepspeed_rank,
+    matmul_probe_rank,
+    torch_pipelining_rank,
+)
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
+from ratrain.errors import RatrainError
 from ratrain.launch.host_memory import (
     DEBIAN_PACKAGES,
     LOW_RSS_MMAP_THRESHOLD_BYTES,
@@ -86,6 +110,23 @@ _DEADLINE_S = 3600.0
 
 HOST_SYSTEMS = {f"ratrain-{a}": a for a in ("tcmalloc", "jemalloc", "malloc")}
 """`ratrain` on each host allocator (`--host-allocator`)."""
+
+KNOWN_SYSTEMS = (
+    "ratrain",
+    "ratrain-zb",
+    "ratrain-eager",
+    "ratrain-compiled",
+    "ratrain-lowrss",
+    *HOST_SYSTEMS,
+    *TORCH_SCHEDULES,
+    "deepspeed",
+)
+
+DEFAULT_SYSTEMS = ",".join(["ratrain", "ratrain-zb", *TORCH_SCHEDULES, "deepspeed"])
+
+LOSS_RTOL = 1e-5
+"""A torch peer whose first-step loss differs from torch-1f1b's by more (relative) is
+wrong (a mis-split model) and excluded."""
 
 
 def _spec(name: str) -> ModelSpec:
@@ -196,15 +237,46 @@ def run_ratrain(
     return out
 
 
-def run_peer(fn, spec, plan, cfg, source, profile: bool) -> dict:
-    res = spawn(fn, plan.pp * plan.dp, spec, plan, cfg, source, profile, deadline_s=_DEADLINE_S)
+def run_peer(system: str, spec, plan, cfg, source, profile: bool) -> dict:
+    """A peer (`system` without its "@split" suffix), timed on the last pipeline rank of
+    the first replica."""
+    args = (spec, plan, cfg, source, profile)
+    if system in TORCH_SCHEDULES:
+        fn = functools.partial(torch_pipelining_rank, system=system)
+    else:
+        fn = deepspeed_rank
+    res = spawn(fn, plan.pp * plan.dp, *args, deadline_s=_DEADLINE_S)
     last = min((r for r in res if r["stage"] == plan.pp - 1), key=lambda r: r["rank"])
+    losses = [r["loss"] for r in res if r.get("loss") is not None]
     return {
         "times": last["times"],
         "rss": {r["rank"]: r["rss"] for r in res},
         "profile": {r["rank"]: r["profile"] for r in res if r["profile"]},
         "compile_s": {},
+        # the first step's loss, the mean over replicas (torch peers only)
+        "loss": statistics.fmean(losses) if losses else None,
     }
+
+
+def _base(system: str) -> str:
+    return system.split("@")[0]
+
+
+def check_losses(runs: dict[str, list[dict]]) -> dict[str, str]:
+    """The torch peers whose first-step loss is not torch-1f1b's (within `LOSS_RTOL`): a
+    one-line reason each. Same model, weights and data: only a mis-split model differs."""
+    ref = next((rs[0]["loss"] for s, rs in runs.items() if _base(s) == "torch-1f1b"), None)
+    torch_peers = [s for s in runs if _base(s) in TORCH_SCHEDULES and _base(s) != "torch-1f1b"]
+    if ref is None:
+        if torch_peers:
+            print("  no torch-1f1b run: the torch peers' first-step losses are not checked")
+        return {}
+    wrong = {}
+    for s in torch_peers:
+        loss = runs[s][0]["loss"]
+        if loss is None or abs(loss - ref) > LOSS_RTOL * abs(ref):
+            wrong[s] = f"first-step loss {loss} != torch-1f1b's {ref}"
+    return wrong
 
 
 def probe_peak_flops(world: int, platform: str | None, seconds: float) -> tuple[float, str]:
@@ -233,6 +305,9 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
     cfg = TrainConfig(steps=a.steps, warmup_steps=1)
     source = functools.partial(make_source, "synthetic", spec, plan.seq, cfg.seed)
     systems = [s for s in a.systems.split(",") if s]
+    unknown = [s for s in systems if s not in KNOWN_SYSTEMS]
+    if unknown:
+        raise SystemExit(f"unknown system(s): {', '.join(unknown)}")
     if "deepspeed" in systems and not deepspeed_available():
         print("  deepspeed is not importable: skipped (pip install deepspeed torch==<yours>)")
         systems.remove("deepspeed")
@@ -252,7 +327,26 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             name = f"{s}@{_fmt(own_split)}"
             systems.append(name)
             plans[name] = own
+    # torch's multi-stage schedules: two chunks per rank (`peers.chunk_split`)
+    skipped: dict[str, str] = {}
+    chunks: dict[str, tuple[int, ...]] = {}
+    for s in list(systems):
+        style = TORCH_SCHEDULES.get(_base(s), (None, None))[1]
+        if style is not None:
+            try:
+                chunks[s] = chunk_split(spec, plans[s], style)
+            except ValueError as e:
+                skipped[s] = str(e)
+                systems.remove(s)
+                print(f"  {s}: skipped: {e}", flush=True)
+    if chunks:
+        print(
+            "  chunks (blocks, 2 per rank): "
+            + "; ".join(f"{s} {_fmt(c)}" for s, c in chunks.items()),
+            flush=True,
+        )
     runs: dict[str, list[dict]] = {s: [] for s in systems}
+    wrong: dict[str, str] = {}
     fast = own.replace(loss_chunk_tokens=a.loss_chunk_tokens or None)
     probes = []
     for rep in range(a.repeats):
@@ -260,9 +354,19 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         peak, peak_src = probe_peak_flops(pp * dp, a.platform, a.probe_seconds)
         probes.append(peak)
         # A B C, then C B A: a load that drifts during a repeat favours no system
-        for s in systems if rep % 2 == 0 else systems[::-1]:
+        for s in list(systems) if rep % 2 == 0 else systems[::-1]:
             prof = rep == 0 and a.profile
-            if s == "ratrain":
+            if s == "ratrain-zb":  # `ratrain` with the zero-bubble pass order (--pipeline zb-h1)
+                try:
+                    zb = fast.replace(pipeline="zb-h1")
+                    r = run_ratrain(spec, zb, cfg, source, a.compile, prof, 0)
+                except RatrainError as e:  # the runtime refuses it: one line
+                    skipped[s] = str(e).splitlines()[0]
+                    systems.remove(s)
+                    del runs[s]
+                    print(f"  repeat {rep}: {s:<26} skipped: {skipped[s]}", flush=True)
+                    continue
+            elif s == "ratrain":
                 r = run_ratrain(spec, fast, cfg, source, a.compile, prof, 0)
             elif s == "ratrain-compiled":  # ratrain with --compile whatever the flag says
                 r = run_ratrain(spec, fast, cfg, source, True, prof, 0)
@@ -277,11 +381,17 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
                 alloc = HOST_SYSTEMS[s]
                 r = run_ratrain(spec, fast, cfg, source, a.compile, prof, 0, host_allocator=alloc)
             else:
-                fn = torch_1f1b_rank if s.startswith("torch-1f1b") else deepspeed_rank
-                r = run_peer(fn, spec, plans[s], cfg, source, profile=rep == 0 and a.profile)
+                r = run_peer(_base(s), spec, plans[s], cfg, source, profile=prof)
             r["tokens_per_s"] = plan.tokens_per_step / _median_tail(r["times"], a.warmup)
             runs[s].append(r)
-            print(f"  repeat {rep}: {s:<16} {r['tokens_per_s']:>9,.0f} tokens/s", flush=True)
+            loss = f"  (first-step loss {r['loss']:.6f})" if r.get("loss") is not None else ""
+            print(f"  repeat {rep}: {s:<26} {r['tokens_per_s']:>9,.0f} tokens/s{loss}", flush=True)
+        if rep == 0:  # the first step of the first repeat: a mis-split torch peer is excluded
+            for s, why in check_losses(runs).items():
+                wrong[s] = why
+                systems.remove(s)
+                del runs[s]
+                print(f"  {s}: wrong: {why}; excluded", flush=True)
     flops_tok = model_flops_per_token(spec, plan.seq)
     peak = statistics.median(probes)
     rows = {}
@@ -291,6 +401,8 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         rss = [max(r["rss"].values()) for r in rs]
         rows[s] = {
             "layer_split": list(plans[s].blocks_per_stage(spec)),
+            **({"chunk_split": list(chunks[s])} if s in chunks else {}),
+            "first_step_loss": rs[0].get("loss"),
             "tokens_per_s": med,
             "tokens_per_s_runs": tps,
             "mfu": med * flops_tok / peak,
@@ -310,6 +422,7 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             for i in range(a.repeats)
         ]
         ratios = {
+            "peers": peers,
             "better_peer_speed": best_speed,
             "speed_vs_better_peer": rows["ratrain"]["tokens_per_s"]
             / rows[best_speed]["tokens_per_s"],
@@ -318,6 +431,10 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             "rss_vs_better_peer": rows["ratrain"]["peak_rss_bytes_max"]
             / rows[best_rss]["peak_rss_bytes_max"],
         }
+        if "ratrain-zb" in rows:
+            ratios["ratrain_zb_speed_vs_better_peer"] = (
+                rows["ratrain-zb"]["tokens_per_s"] / rows[best_speed]["tokens_per_s"]
+            )
     if "ratrain" in rows:  # interleaved pairs: ratrain / system, repeat by repeat
         ratios["ratrain_over_system_per_repeat"] = {
             s: [
@@ -336,6 +453,8 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         "model_flops_per_token": flops_tok,
         "rows": rows,
         "ratios": ratios,
+        "skipped": skipped,
+        "wrong": wrong,
     }
 
 
@@ -349,7 +468,7 @@ def print_layout(name: str, res: dict, warmup: int) -> None:
         f"{res['model_flops_per_token'] / 1e6:.0f} MFLOP/token; median of steps {warmup}.."
     )
     print(
-        f"{'system':<16} {'tokens/s':>9} {'range':>15} {'MFU':>6}  "
+        f"{'system':<26} {'tokens/s':>9} {'range':>15} {'MFU':>6}  "
         "peak RSS MiB per rank (median of repeats)"
     )
     for s, r in res["rows"].items():
@@ -358,17 +477,30 @@ def print_layout(name: str, res: dict, warmup: int) -> None:
         rss = " ".join(f"{statistics.median(b) / 2**20:,.0f}" for b in per_rank)
         extra = f"  (compile {r['compile_s']:.1f} s)" if r.get("compile_s") else ""
         print(
-            f"{s:<16} {r['tokens_per_s']:>9,.0f} {lo:>7,.0f}-{hi:<7,.0f} "
+            f"{s:<26} {r['tokens_per_s']:>9,.0f} {lo:>7,.0f}-{hi:<7,.0f} "
             f"{100 * r['mfu']:>5.1f}%  {rss}{extra}"
         )
+    for s, why in res.get("skipped", {}).items():
+        print(f"{s:<26} skipped: {why}")
+    for s, why in res.get("wrong", {}).items():
+        print(f"{s:<26} wrong, excluded: {why}")
     q = res["ratios"]
     if "speed_vs_better_peer" in q:
         reps = " ".join(f"{x:.2f}" for x in q["speed_vs_better_peer_per_repeat"])
         print(
-            f"ratrain / {q['better_peer_speed']} tokens/s: {q['speed_vs_better_peer']:.3f} "
-            f"(per repeat: {reps}); ratrain / {q['better_peer_rss']} peak RSS: "
-            f"{q['rss_vs_better_peer']:.3f}"
+            f"better peer: {q['better_peer_speed']} (the fastest of {len(q['peers'])}: "
+            f"{', '.join(q['peers'])})"
         )
+        print(
+            f"ratrain / {q['better_peer_speed']} tokens/s: {q['speed_vs_better_peer']:.3f} "
+            f"(per repeat, against the fastest peer of each: {reps}); "
+            f"ratrain / {q['better_peer_rss']} peak RSS: {q['rss_vs_better_peer']:.3f}"
+        )
+        if "ratrain_zb_speed_vs_better_peer" in q:
+            print(
+                f"ratrain-zb / {q['better_peer_speed']} tokens/s: "
+                f"{q['ratrain_zb_speed_vs_better_peer']:.3f}"
+            )
     for other, xs in q.get("ratrain_over_system_per_repeat", {}).items():
         print(f"ratrain / {other} tokens/s per repeat: " + " ".join(f"{x:.3f}" for x in xs))
     for name, row in res["rows"].items():
@@ -418,7 +550,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="per rank")
-    ap.add_argument("--systems", default="ratrain,torch-1f1b,deepspeed")
+    ap.add_argument("--systems", default=DEFAULT_SYSTEMS)
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
     ap.add_argument(
         "--loss-chunk-tokens", type=int, default=256, help="ratrain's chunked loss; 0: plain"
