@@ -159,10 +159,13 @@ def _split(arg: str, spec: ModelSpec, pp: int, seq: int) -> tuple[int, ...] | No
     return best[1]
 
 
-def planner_split(spec: ModelSpec, plan: Plan, platform: str) -> tuple[int, ...]:
+def planner_split(
+    spec: ModelSpec, plan: Plan, platform: str, pipeline: str = "1f1b"
+) -> tuple[int, ...]:
     """The layer split ratrain's planner picks for this job (its pp, dp, micro-batch, seq,
-    dtype, schedule and no recompute pinned) on `platform`: uneven splits are one of the
-    planner's mechanisms, so the benchmark's ratrain runs what `ratrain plan` would hand it."""
+    dtype, schedule, pipeline and no recompute pinned) on `platform`: uneven splits are one
+    of the planner's mechanisms, so the benchmark's ratrain runs what `ratrain plan` would
+    hand it."""
     from ratrain.planner import search
     from ratrain.planner.space import Request
     from ratrain.platforms import load
@@ -177,6 +180,7 @@ def planner_split(spec: ModelSpec, plan: Plan, platform: str) -> tuple[int, ...]
         "recompute": "none",
         "shard_optimizer": False,
         "view_policy": "persistent",
+        "pipeline": pipeline,
     }
     req = Request(
         spec,
@@ -320,7 +324,11 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
     peer_split = plan.blocks_per_stage(spec)
     own = plan.replace(layer_split=_ratrain_split(a, spec, plan))
     own_split = own.blocks_per_stage(spec)
-    print(f"  split: ratrain {_fmt(own_split)}, peers {_fmt(peer_split)}", flush=True)
+    zb_split = own.layer_split
+    if a.ratrain_split == "planner" and "ratrain-zb" in systems:  # its own planned split
+        zb_split = planner_split(spec, plan, a.split_platform, "zb-h1")
+    zb_note = f", ratrain-zb {_fmt(zb_split)}" if zb_split != own.layer_split else ""
+    print(f"  split: ratrain {_fmt(own_split)}{zb_note}, peers {_fmt(peer_split)}", flush=True)
     plans = {s: own if s.startswith("ratrain") else plan for s in systems}
     if own_split != peer_split and a.peers_on_ratrain_split:
         for s in [s for s in systems if not s.startswith("ratrain")]:
@@ -358,7 +366,7 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             prof = rep == 0 and a.profile
             if s == "ratrain-zb":  # `ratrain` with the zero-bubble pass order (--pipeline zb-h1)
                 try:
-                    zb = fast.replace(pipeline="zb-h1")
+                    zb = fast.replace(pipeline="zb-h1", layer_split=zb_split)
                     r = run_ratrain(spec, zb, cfg, source, a.compile, prof, 0)
                 except RatrainError as e:  # the runtime refuses it: one line
                     skipped[s] = str(e).splitlines()[0]

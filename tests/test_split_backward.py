@@ -151,3 +151,27 @@ def test_b_w_keeps_exactly_what_the_ledger_counts(u):
     }
     assert (sum(kept.values()), sum(grads.values())) == weight_grad_bytes(SPEC, plan, u)
     backward_weight(work)
+
+
+def test_nothing_outlives_the_weight_pass():
+    """B_IN retains the graph for B_W; once B_W has run and the step drops its references,
+    the graph and everything held for it are freed (no reference cycle through the saved
+    tensors' holder, which would keep every microbatch's activations alive)."""
+    import gc
+    import weakref
+
+    from ratrain.runtime.split_backward import SavedActivations
+
+    unit = build_unit(SPEC, 1, "torch", seed=3)
+    params = list(unit.parameters())
+    x = _inputs(SPEC, 1, 11).requires_grad_()
+    held = SavedActivations(params)
+    with held.hooks():
+        y = unit(x)
+    out = weakref.ref(y)
+    _, work = backward_input(y, torch.randn(B, T, SPEC.hidden), x, params, lambda: None, held)
+    backward_weight(work)
+    gone = weakref.ref(held)
+    del y, work, held
+    gc.collect()
+    assert gone() is None and out() is None

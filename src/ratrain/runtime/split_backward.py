@@ -115,7 +115,9 @@ class SavedActivations:
         if id(t) in self.skip or isinstance(t, torch.nn.Parameter) or id(base) in self.skip:
             return (False, t)
         key = len(self.tensors)
-        self.tensors[key] = t
+        # detached: a saved output keeps no grad_fn here, else node -> hook -> this holder
+        # -> tensor -> node would be a cycle that outlives the step (B_IN retains the graph)
+        self.tensors[key] = t.detach()
         return (True, key)
 
     def _unpack(self, handle):
