@@ -50,6 +50,10 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys, m
         "compute.unit_time_factor.block.bwd.fp32",
         "compute.unit_time_factor.head.fwd.fp32",
         "compute.unit_time_factor.head.bwd.fp32",
+        "compute.unit_time_factor.block.bin.fp32",
+        "compute.unit_time_factor.block.bw.fp32",
+        "compute.unit_time_factor.head.bin.fp32",
+        "compute.unit_time_factor.head.bw.fp32",
     ):
         assert key in measured, key
     # what could not be measured here says so
@@ -88,7 +92,16 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys, m
 
     tiny = get_preset("tiny")
     fast, charged = peak_unit_times(tiny, p, 2, 64, "fp32"), unit_times(tiny, p, 2, 64, "fp32")
-    for f in ("f_block", "b_block", "f_head", "b_head"):
+    for f in (
+        "f_block",
+        "b_block",
+        "f_head",
+        "b_head",
+        "bi_block",
+        "bw_block",
+        "bi_head",
+        "bw_head",
+    ):
         assert getattr(fast, f) <= getattr(charged, f), f
     assert p.overhead_s("F") > 0 and p.collectives["all_reduce"][0][0] == 2
     # The speed probe, timed at calibration's start and end, for validate to compare with.

@@ -215,6 +215,74 @@ def test_unit_time_factor_scales_blocks_and_head_not_the_embedding(tmp_path):
     assert fwd == pytest.approx(plain)  # the embedding is a gather: no factor
 
 
+def test_split_backward_halves_take_their_own_factors_else_the_backwards(tmp_path):
+    """B_IN's kernels take the "bin" factor and B_W's the "bw" factor where the platform
+    measured them; a half without one takes "bwd"'s, as both did before they were
+    measured; 1F1B's F and B are untouched by them."""
+    plan = Plan(pp=1, global_batch=4, seq=64, compute_dtype="fp32", pipeline="zb-h1")
+    one = CostModel(TINY, plan, _with(tmp_path))
+    head = TINY.n_layers + 1
+    bwd = {"block.bwd.fp32": 1.2, "head.bwd.fp32": 0.8}
+    halves = {"block.bin.fp32": 1.5, "block.bw.fp32": 0.7, "head.bin.fp32": 1.1}
+    old = CostModel(TINY, plan, _with(tmp_path, unit_time_factor=bwd))
+    new = CostModel(TINY, plan, _with(tmp_path, unit_time_factor={**bwd, **halves}))
+
+    def kernels_s(cm, op, unit):
+        a = Action(op, 0, (unit,), 0)
+        return cm.time_s(a) - cm.platform.overhead_s(op.value)
+
+    for unit, kind in ((1, "block"), (head, "head")):
+        for op, half in ((Op.B_IN, "bin"), (Op.B_W, "bw")):
+            plain = kernels_s(one, op, unit)
+            assert plain > 0
+            assert kernels_s(old, op, unit) == pytest.approx(bwd[f"{kind}.bwd.fp32"] * plain)
+            want = halves.get(f"{kind}.{half}.fp32", bwd[f"{kind}.bwd.fp32"])  # head.bw: bwd's
+            assert kernels_s(new, op, unit) == pytest.approx(want * plain), (kind, half)
+        for op in (Op.F, Op.B):  # what 1F1B runs: the same with or without the halves
+            assert kernels_s(new, op, unit) == pytest.approx(kernels_s(old, op, unit))
+    # the embedding takes no factor: its B_W (the scatter-add) is the kernels' time
+    assert kernels_s(new, Op.B_W, 0) == pytest.approx(kernels_s(one, Op.B_W, 0))
+    # a half without even a "bwd" factor: 1
+    only_fwd = CostModel(TINY, plan, _with(tmp_path, unit_time_factor={"block.fwd.fp32": 2.0}))
+    assert kernels_s(only_fwd, Op.B_IN, 1) == pytest.approx(kernels_s(one, Op.B_IN, 1))
+
+
+@pytest.mark.parametrize("name", ["cpu-local", "a100-80g", "mt3000"])
+def test_shipped_platform_files_cost_as_before(tmp_path, name):
+    """A platform file as shipped (no "bin"/"bw" factors) loads, and every action of a 1F1B
+    schedule costs its kernels times the file's "fwd"/"bwd" factor, as before the halves
+    were measured; adding halves to it changes no 1F1B cost nor the simulated step."""
+    from dataclasses import replace
+
+    from ratrain.cost.compute import kernels_time_s
+
+    p = load(name)
+    assert not any(k.split(".")[1] in ("bin", "bw") for k in p.unit_time_factor)
+    plan = Plan(pp=2, micro_batch=2, global_batch=8, seq=64, compute_dtype="fp32")
+    cm = CostModel(TINY, plan, p)
+    sched = build_schedule(TINY, plan)
+    seen = set()
+    for a in (x for stage in sched.stages for x in stage):
+        if a.op not in (Op.F, Op.B):
+            continue
+        seen.add(a.op)
+        want = 0.0
+        for u in a.units:
+            t, _ = kernels_time_s(cm.kernels(Action(a.op, a.stage, (u,), a.mb)), "fp32", p)
+            kind = "head" if u == TINY.n_layers + 1 else "block"
+            d = "fwd" if a.op is Op.F else "bwd"
+            f = p.unit_time_factor.get(f"{kind}.{d}.fp32", 1.0) if u else 1.0
+            want += t * f / cm.speed
+        assert cm.time_s(a) == pytest.approx(want + p.overhead_s(a.op.value), rel=1e-12)
+    assert seen == {Op.F, Op.B}
+    halves = {f"{kind}.{d}.fp32": 3.0 for kind in ("block", "head") for d in ("bin", "bw")}
+    more = replace(p, unit_time_factor={**p.unit_time_factor, **halves})
+    assert simulate(TINY, plan, more).step_time_s == simulate(TINY, plan, p).step_time_s
+    zb = plan.replace(pipeline="zb-h1")
+    if p.unit_time_factor:  # the halves do reach a zero-bubble plan
+        assert simulate(TINY, zb, more).step_time_s > simulate(TINY, zb, p).step_time_s
+
+
 def test_norm_pays_the_slowest_stage_sum_of_squares(tmp_path):
     from ratrain.models.counts import unit_params
 

@@ -28,10 +28,15 @@ def _v(value, note: str) -> dict:
     return {"value": value, "note": note}
 
 
-def _win(ctx: dict, prefix: str) -> str:
+def _win(ctx: dict, prefix: str, split: bool | None = None) -> str:
     """What the windows of the measurements whose label starts with `prefix` say: '' when
-    the caller did not window them (`ratrain.calibrate.windows`)."""
-    ws = [w for lab, w in (ctx.get("windows") or {}).items() if lab.startswith(prefix)]
+    the caller did not window them (`ratrain.calibrate.windows`). `split` (unit labels):
+    only those of the split backward (True), or only the others (False)."""
+    ws = [
+        w
+        for lab, w in (ctx.get("windows") or {}).items()
+        if lab.startswith(prefix) and (split is None or lab.endswith(" split") == split)
+    ]
     if not ws:
         return ""
     if len(ws) == 1:
@@ -411,38 +416,64 @@ def _raise_peaks(compute: dict, speedup: float) -> None:
         entry["value"] = [[f, float(f"{e / scale:.4g}")] for f, e in entry["value"]]
 
 
+_KERNEL_GROUP = {"fwd": "F", "bwd": "B", "bin": "BI", "bw": "BW"}
+"""A `unit_time_factor` direction -> the cost model's kernels it scales
+(`ratrain.cost.compute.unit_kernels`): forward, backward, and a split backward's B_IN and
+B_W."""
+
+_HOW = {
+    "fwd": "autograd",
+    "bwd": "autograd",
+    "bin": "B_IN: the runtime's backward_input after a forward under SavedActivations",
+    "bw": "B_W: the runtime's backward_weight after that B_IN",
+}
+"""How each direction was timed, as its note says."""
+
+
 def _unit_factors(data: dict, units: dict, timer: str, on: str, ctx: dict) -> dict:
     """`compute.unit_time_factor` from the whole-unit timings (`ratrain.calibrate.units`):
     per kind, direction and dtype, the median over shapes of the measured time beyond the
     tiny shape's over the cost model's kernel sum beyond the tiny shape's, on the platform
-    built from this calibration's own kernel measurements."""
+    built from this calibration's own kernel measurements. Directions "fwd" and "bwd" from
+    the forward and the unsplit backward; "bin" and "bw" from the split backward's B_IN and
+    B_W, over the cost model's B_IN and B_W kernels, where the rows carry them (older raw
+    measurements do not) and the runtime split the unit (where it did not, B_IN ran the
+    whole backward and B_W nothing: no factor, and the cost model charges both halves the
+    "bwd" factor, `ratrain.cost.measured.unit_factor`)."""
     plat = _parse(data, "calibration")
     tiny_spec, tiny_mb, tiny_seq = TINY_SHAPE
 
     def kernel_s(spec, kind, direction, mb, seq, dt):
         unit = 1 if kind == "block" else spec.n_layers + 1
-        ks = unit_kernels(spec, unit, mb, seq, "F" if direction == "fwd" else "B", dtype=dt)
+        ks = unit_kernels(spec, unit, mb, seq, _KERNEL_GROUP[direction], dtype=dt)
         return kernels_time_s(ks, dt, plat)[0]
 
     ratios: dict[str, list[float]] = {}
     shapes: dict[str, list[str]] = {}
     for dt, rows in units.items():
-        for fields, mb, seq, kind, t_f, t_b, tiny_f, tiny_b in rows:
+        for fields, mb, seq, kind, t_f, t_b, tiny_f, tiny_b, *halves in rows:
             spec = ModelSpec.from_dict(fields)
-            for direction, t, t0 in (("fwd", t_f, tiny_f), ("bwd", t_b, tiny_b)):
+            timed = [("fwd", t_f, tiny_f), ("bwd", t_b, tiny_b)]
+            # halves: (t_bin, t_bw, tiny_bin, tiny_bw, split), split the windows' median of
+            # 1.0 (the runtime split the unit) or 0.0 (it ran B_IN whole)
+            if halves and halves[4] > 0.5:
+                t_in, t_w, tiny_in, tiny_w, _ = halves
+                timed += [("bin", t_in, tiny_in), ("bw", t_w, tiny_w)]
+            for direction, t, t0 in timed:
                 k = kernel_s(spec, kind, direction, mb, seq, dt)
                 k0 = kernel_s(tiny_spec, kind, direction, tiny_mb, tiny_seq, dt)
                 if k > k0 and t > t0:
                     key = f"{kind}.{direction}.{dt}"
                     ratios.setdefault(key, []).append((t - t0) / (k - k0))
                     shapes[key] = shapes.get(key, []) + [f"h{spec.hidden} b{mb} s{seq}"]
-    return {
-        key: _v(
+    out = {}
+    for key, r in sorted(ratios.items()):
+        kind, direction, dt = key.split(".")
+        out[key] = _v(
             float(f"{statistics.median(r):.4g}"),
-            f"measured: the model's {key.split('.')[0]} unit {key.split('.')[1]} (autograd), "
-            f"one thread, {timer}, minus the tiny shape's, over the cost model's kernel sum "
-            f"for it minus the tiny shape's; median of {len(r)} shapes "
-            f"({', '.join(shapes[key])}), {on}" + _win(ctx, f"units {key.split('.')[2]} "),
+            f"measured: the model's {kind} unit {direction} ({_HOW[direction]}), one thread, "
+            f"{timer}, minus the tiny shape's, over the cost model's kernel sum for it minus "
+            f"the tiny shape's; median of {len(r)} shapes ({', '.join(shapes[key])}), {on}"
+            + _win(ctx, f"units {dt} ", split=direction in ("bin", "bw")),
         )
-        for key, r in sorted(ratios.items())
-    }
+    return out

@@ -20,6 +20,27 @@ kind, direction and dtype, the median over the shapes of
 the measured time the kernels take inside the unit over the cost model's sum for them,
 with the fixed dispatch taken out (the runtime's fixed cost per action, measured apart,
 already counts it).
+
+The split backward of a zero-bubble pipeline (`pipeline: zb-h1`) is measured as the
+runtime runs it, by its own code (`ratrain.runtime.split_backward`, as the executor's
+`_saving`, `_backward_input` and `_backward_weight` call it): the forward under
+`SavedActivations.hooks()`, then `backward_input` (B_IN) and `backward_weight` (B_W),
+each timed apart, at the same shapes, on the same copies cycled the same way. These are
+items of their own (`unit_items`, marked "split"), so that the forward and the unsplit
+backward are measured exactly as before; `platform_file` turns them into the factors of
+directions "bin" and "bw" over the cost model's B_IN and B_W kernels
+(`ratrain.cost.compute.unit_kernels` "BI"/"BW"). A unit the runtime cannot split (a
+weight's branch leaves the input's path at a custom autograd Function, e.g. the 16-bit
+linear of a CPU without 16-bit GEMM units: B_IN runs the whole backward, B_W nothing) is
+reported as such (`measure_unit`'s third value 0), and no "bin"/"bw" factor is derived
+from it. The head is timed with the plain loss, as its unsplit backward is; under the
+fused chunked loss (`Plan.loss_chunk_tokens`) the runtime runs the head's whole backward
+in B_IN, which these timings do not measure.
+
+As in the unsplit backward, every timed pass starts with the weights' `.grad` unset, so
+autograd writes the gradients rather than adding them into a buffer (the runtime's
+`prepare_grads` points `.grad` at the flat buffer); B_W runs right after its B_IN, on the
+copy B_IN just used.
 """
 
 from __future__ import annotations
@@ -30,6 +51,7 @@ from ratrain.calibrate.shapes import TINY_SHAPE, UNIT_SHAPES
 from ratrain.calibrate.timing import Timer
 from ratrain.models.spec import ModelSpec
 from ratrain.nn.llama import build_unit
+from ratrain.runtime.split_backward import SavedActivations, backward_input, backward_weight
 
 __all__ = [
     "unit_plan",
@@ -38,6 +60,7 @@ __all__ = [
     "measure_unit",
     "assemble_units",
     "label",
+    "SPLIT",
 ]
 
 
@@ -56,10 +79,9 @@ _COLD_BYTES = 64 * 2**20
 unit's weights come from main memory, as in a step that runs every unit in turn."""
 
 
-def _time_unit(timer: Timer, dev, dtype, spec: ModelSpec, kind: str, mb: int, seq: int):
-    """(forward s, backward s) of one unit: forward with autograd recording, backward as
-    (forward + backward) - forward. Calls cycle through copies of the unit (and inputs) of
-    together more than `_COLD_BYTES`, so that no call finds its weights in cache."""
+def _copies(dev, dtype, spec: ModelSpec, kind: str, mb: int, seq: int):
+    """(copies of the unit, an input for each, targets): copies of together more than
+    `_COLD_BYTES`, so that calls cycling through them find no weights in cache."""
     unit = 1 if kind == "block" else spec.n_layers + 1
     one = build_unit(spec, unit, dtype=dtype).to(dev)
     nbytes = sum(p.numel() * p.element_size() for p in one.parameters())
@@ -72,6 +94,14 @@ def _time_unit(timer: Timer, dev, dtype, spec: ModelSpec, kind: str, mb: int, se
         for _ in copies
     ]
     targets = torch.randint(0, spec.vocab, (mb, seq), device=dev)
+    return copies, xs, targets
+
+
+def _time_unit(timer: Timer, dev, dtype, spec: ModelSpec, kind: str, mb: int, seq: int):
+    """(forward s, backward s) of one unit: forward with autograd recording, backward as
+    (forward + backward) - forward. Calls cycle through copies of the unit (and inputs) of
+    together more than `_COLD_BYTES`, so that no call finds its weights in cache."""
+    copies, xs, targets = _copies(dev, dtype, spec, kind, mb, seq)
     turn = [0]
 
     def fwd():
@@ -101,15 +131,67 @@ def _time_unit(timer: Timer, dev, dtype, spec: ModelSpec, kind: str, mb: int, se
     return t_f, max(t_b, 0.05 * t_f)
 
 
+def _time_split(timer: Timer, dev, dtype, spec: ModelSpec, kind: str, mb: int, seq: int):
+    """(B_IN s, B_W s, 1.0 if the runtime splits the unit else 0.0) of one unit's split
+    backward, run as the executor runs it under `pipeline: zb-h1`: the forward (untimed)
+    under `SavedActivations(params).hooks()`, then `backward_input` (timed), then
+    `backward_weight` on what it left (timed apart; nothing to do when the unit could not
+    be split). Copies, inputs and their cycling as `_time_unit`'s."""
+    copies, xs, targets = _copies(dev, dtype, spec, kind, mb, seq)
+    params = [list(m.parameters()) for m in copies]  # the executor's `module_params`
+    turn = [0]
+    held: dict = {}
+
+    def forward():  # untimed: the executor's F with a split backward (`_saving`)
+        i = turn[0] = (turn[0] + 1) % len(copies)
+        m, x = copies[i], xs[i]
+        x.grad = None
+        for p in params[i]:
+            p.grad = None
+        saved = SavedActivations(params[i])
+        with saved.hooks():
+            y = m.loss(x, targets) if kind == "head" else m(x)
+        held.clear()
+        held.update(i=i, x=x, y=y, saved=saved, work=None)
+        held["grad"] = None if y.ndim == 0 else torch.ones_like(y)
+
+    def b_in():  # the executor's `_backward_input`; `.grad` is already unset
+        h = held
+        _, h["work"] = backward_input(
+            h["y"], h["grad"], h["x"], params[h["i"]], lambda: None, h["saved"]
+        )
+
+    def forward_b_in():  # untimed, before each timed B_W
+        forward()
+        b_in()
+
+    def b_w():  # the executor's `_backward_weight`: nothing left when B_IN ran it whole
+        work = held["work"]
+        if work is not None:
+            backward_weight(work)
+
+    t_in = timer.time_s(b_in, setup=forward)
+    t_w = timer.time_s(b_w, setup=forward_b_in)
+    split = 1.0 if held["work"] is not None else 0.0
+    held.clear()
+    return t_in, t_w, split
+
+
 def unit_items(dtypes: tuple[str, ...], quick: bool) -> list[tuple]:
     """The windowed measurements: ("tiny", dtype, kind) for each dtype measured, and
-    (dtype, shape index, kind) for each planned shape; kind "block" or "head"."""
+    (dtype, shape index, kind) for each planned shape, kind "block" or "head": forward and
+    backward (`_time_unit`); then each of them again with `SPLIT` appended: the split
+    backward's B_IN and B_W (`_time_split`)."""
     plan = unit_plan(dtypes, quick)
     tiny = [("tiny", dt, kind) for dt in dict.fromkeys(d for d, _ in plan) for kind in _KINDS]
-    return tiny + [(dt, i, kind) for dt, i in plan for kind in _KINDS]
+    whole = tiny + [(dt, i, kind) for dt, i in plan for kind in _KINDS]
+    return whole + [(*item, SPLIT) for item in whole]
 
 
 _KINDS = ("block", "head")
+
+SPLIT = "split"
+"""The last element of a split-backward item (`unit_items`)."""
 
 
 def prepare_units(device: torch.device) -> None:
@@ -118,35 +200,50 @@ def prepare_units(device: torch.device) -> None:
     _time_unit(Timer(device, 0.2), device, torch.float32, TINY_SHAPE[0], "block", 1, 16)
 
 
-def measure_unit(item: tuple, device: torch.device, timer: Timer) -> tuple[float, float]:
-    """One window of one `unit_items` item: (forward s, backward s), one thread (the caller
-    sets the threads: the kernel curves' setting)."""
+def measure_unit(item: tuple, device: torch.device, timer: Timer) -> tuple[float, ...]:
+    """One window of one `unit_items` item, one thread (the caller sets the threads: the
+    kernel curves' setting): (forward s, backward s); for a `SPLIT` item (B_IN s, B_W s,
+    1.0 if the runtime split the unit else 0.0)."""
     from ratrain.calibrate.kernels import TORCH_DTYPES
 
+    split = item[-1] == SPLIT
+    time = _time_split if split else _time_unit
+    item = item[:-1] if split else item
     if item[0] == "tiny":
         _, dt, kind = item
-        return _time_unit(timer, device, TORCH_DTYPES[dt], TINY_SHAPE[0], kind, 1, 16)
+        return time(timer, device, TORCH_DTYPES[dt], TINY_SHAPE[0], kind, 1, 16)
     dt, i, kind = item
     spec, mb, seq = UNIT_SHAPES[i]
-    return _time_unit(timer, device, TORCH_DTYPES[dt], spec, kind, mb, seq)
+    return time(timer, device, TORCH_DTYPES[dt], spec, kind, mb, seq)
 
 
 def assemble_units(values: dict[tuple, tuple]) -> dict:
     """{dtype: [(spec fields, micro_batch, seq, kind, t_f, t_b, tiny_t_f, tiny_t_b)]}: the
-    block and the head at each planned shape, with the tiny shape's times beside them."""
+    block and the head at each planned shape, with the tiny shape's times beside them.
+    Where the split backward was measured too, a row goes on with (t_bin, t_bw,
+    tiny_t_bin, tiny_t_bw, split): split 1.0 when the runtime split the unit at both
+    shapes, else 0.0 (`platform_file` then derives no "bin"/"bw" factor from the row)."""
     out: dict = {}
-    for item, (t_f, t_b) in values.items():
-        if item[0] == "tiny":
+    for item, times in values.items():
+        if item[0] == "tiny" or item[-1] == SPLIT:
             continue
-        dt, i, kind = item
+        (dt, i, kind), (t_f, t_b) = item, times
         spec, mb, seq = UNIT_SHAPES[i]
         tiny = values[("tiny", dt, kind)]
-        out.setdefault(dt, []).append((spec.to_dict(), mb, seq, kind, t_f, t_b, *tiny))
+        row = (spec.to_dict(), mb, seq, kind, t_f, t_b, *tiny)
+        halves, tiny_halves = values.get((*item, SPLIT)), values.get(("tiny", dt, kind, SPLIT))
+        if halves is not None and tiny_halves is not None:
+            split = min(halves[2], tiny_halves[2])
+            row += (*halves[:2], *tiny_halves[:2], split)
+        out.setdefault(dt, []).append(row)
     return out
 
 
 def label(item: tuple) -> str:
+    split = item[-1] == SPLIT
+    item = item[:-1] if split else item
+    tail = " split" if split else ""
     if item[0] == "tiny":
-        return f"units {item[1]} tiny {item[2]}"
+        return f"units {item[1]} tiny {item[2]}{tail}"
     spec, mb, _ = UNIT_SHAPES[item[1]]
-    return f"units {item[0]} h{spec.hidden} b{mb} {item[2]}"
+    return f"units {item[0]} h{spec.hidden} b{mb} {item[2]}{tail}"

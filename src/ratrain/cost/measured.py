@@ -34,6 +34,7 @@ __all__ = [
     "threads_per_rank",
     "measured_collective_s",
     "unit_factor",
+    "UNIT_DIRECTIONS",
 ]
 
 MEMORY_BOUND_OPS = (
@@ -156,11 +157,27 @@ def measured_collective_s(kind: str, nbytes: float, n: int, platform: Platform) 
     return alpha_s + nbytes / bytes_per_s
 
 
+UNIT_DIRECTIONS = {"F": "fwd", "B": "bwd", "BI": "bin", "BW": "bw"}
+"""The `unit_time_factor` direction of each compute op, by its IR name (`Op.value`; a
+recomputation is charged as a forward)."""
+
+
 def unit_factor(platform: Platform, spec, unit: int, direction: str, dtype: str) -> float:
     """The measured time of a unit's kernels inside the unit over their sum timed apart
     (`Platform.unit_time_factor`): blocks and the head; 1 for the embedding (a gather, no
-    GEMM) and where the platform did not measure it."""
+    GEMM) and where the platform did not measure it.
+
+    `direction`: "fwd", "bwd", or a split backward's halves "bin" (B_IN's kernels) and
+    "bw" (B_W's), which `ratrain calibrate` measures through the runtime's own split
+    backward (`ratrain.calibrate.units`). A platform without a half's factor (written
+    before the halves were measured, or whose runtime could not split the unit) gives it
+    the unit's "bwd" factor, the one both halves took before: assumed, B_IN's and B_W's
+    kernels run as much slower inside the unit as the whole backward's do."""
     if not platform.unit_time_factor or unit == 0:
         return 1.0
     kind = "head" if unit == spec.n_layers + 1 else "block"
-    return platform.unit_time_factor.get(f"{kind}.{direction}.{dtype}", 1.0)
+    factors = platform.unit_time_factor
+    got = factors.get(f"{kind}.{direction}.{dtype}")
+    if got is None and direction in ("bin", "bw"):
+        got = factors.get(f"{kind}.bwd.{dtype}")
+    return 1.0 if got is None else got

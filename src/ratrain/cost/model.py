@@ -40,7 +40,9 @@ compute actions, UPDATE and casts run at the speed the node's shared cores leave
 rank (`ratrain.cost.measured.compute_speed`), and a block's or the head's kernels take
 the measured factor a whole unit takes over their sum timed apart
 (`Platform.unit_time_factor`, `ratrain.cost.measured.unit_factor`; a recomputation is
-a forward).
+a forward). A split backward's B_IN and B_W take the factors measured for them through
+the runtime's own split backward ("bin", "bw"), or where the platform has none (older
+files, units the runtime ran unsplit when calibrated), the whole backward's ("bwd").
 
 Bytes come from `ratrain.schedule.action_bytes`, the sizes the memory ledger also uses.
 
@@ -60,7 +62,12 @@ from dataclasses import dataclass
 from ratrain.config import Plan
 from ratrain.cost import comm
 from ratrain.cost.compute import Kernel, kernels_time_s, memory_pass_time_s, unit_kernels
-from ratrain.cost.measured import compute_speed, memory_bound_time_s, unit_factor
+from ratrain.cost.measured import (
+    UNIT_DIRECTIONS,
+    compute_speed,
+    memory_bound_time_s,
+    unit_factor,
+)
 from ratrain.cost.sharing import peak_speed
 from ratrain.errors import RatrainError
 from ratrain.models import counts
@@ -301,7 +308,7 @@ class CostModel:
         for u in a.units:
             ks = self.kernels(Action(a.op, a.stage, (u,), a.mb))
             t, b = kernels_time_s(ks, dt, self.platform)
-            direction = "fwd" if a.op is Op.F else "bwd"
+            direction = UNIT_DIRECTIONS[a.op.value]
             t *= unit_factor(self.platform, self.spec, u, direction, dt) / self.speed
             total += t * self.scale["compute" if counts.is_block(self.spec, u) else "edge"]
             flops += sum(k.flops for k in ks)

@@ -33,7 +33,8 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       memory_bound_bytes_per_s:   # the model's memory-bound kernels, per op and dtype
         rmsnorm.fwd.fp32: {value, note}
       unit_time_factor:       # a unit's kernels inside the unit vs timed apart
-        block.fwd.fp32: {value, note}     # also block.bwd.*, head.fwd.*, head.bwd.*
+        block.fwd.fp32: {value, note}     # also block.bwd.*, head.fwd.*, head.bwd.*, and a
+                                          # split backward's halves block/head.bin/bw.*
       rank_speed: {value: [[k, speed], ...], note}   # one of k ranks sharing the node
       shared_rank_speed: {value: [[w, b, speed], ...], note}  # b of w computing, w - b waiting
       collective_compute_s_per_byte: {value, note}   # compute a collective's CPU work takes
@@ -108,7 +109,8 @@ class Platform:
     unit_time_factor: dict[str, float] = field(default_factory=dict)
     """A unit's kernels run inside the unit against their sum timed apart, per unit kind,
     direction and dtype ("block.fwd.fp32", "head.bwd.bf16"; `ratrain.calibrate.units`);
-    absent: 1."""
+    directions "bin" and "bw" are a split backward's B_IN and B_W (absent: "bwd"'s,
+    `ratrain.cost.measured.unit_factor`); absent: 1."""
     cores_per_node: int | None = None
     """Cores shared by the compute of a node's ranks; None: each unit has its own."""
     thread_efficiency: float = 1.0
