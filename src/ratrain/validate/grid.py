@@ -50,7 +50,9 @@ _DEFAULT = (
         "small",
         dict(pp=2, micro_batch=2, compute_dtype="bf16", view_policy="transient"),
     ),
+    ("s-pp2-zb", "small", dict(pp=2, micro_batch=2, compute_dtype="fp32", pipeline="zb-h1")),
     ("m-pp2", "medium", dict(pp=2, micro_batch=2)),
+    ("m-pp2-zb", "medium", dict(pp=2, micro_batch=2, pipeline="zb-h1")),
     ("m-pp2-full-base", "medium", dict(pp=2, micro_batch=2, recompute="full", schedule="baseline")),
     (
         "m-pp2-mb4-sel-gpu",
@@ -112,7 +114,7 @@ def _build(models: dict, plans: list) -> list[GridPlan]:
 
 
 def default_grid(max_ranks: int = 4) -> list[GridPlan]:
-    """The default grid (13 plans, two models), without plans of more than `max_ranks`."""
+    """The default grid (15 plans, two models), without plans of more than `max_ranks`."""
     plans = [
         {"name": n, "model": m, **_COMMON, **f}
         for n, m, f in _DEFAULT
