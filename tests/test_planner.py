@@ -174,9 +174,7 @@ def _exhaustive(req: Request) -> tuple[float, int, int]:
         fam = FAMILIES[name]
         for st in structures(req, fam):
             for kn in knob_combos(req, fam, st):
-                if kn.pipeline == "zb-h1":  # ZB-H1 supports no recomputation
-                    recs = [("none",) * st.pp]
-                elif fam.per_stage_recompute:
+                if fam.per_stage_recompute:
                     recs = itertools.product(*(stage_options(n) for n in st.layer_split))
                 else:
                     recs = ((o,) * st.pp for o in stage_options(max(st.layer_split)))

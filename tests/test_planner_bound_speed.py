@@ -111,8 +111,7 @@ def test_first_overflow_by_key_equals_the_plan_bound():
                     mb = memory_bound(req, plan)
                     assert structure_bound(req, st, kn) is mb
                     want = None
-                    # zb-h1 supports no recomputation: its one policy is none
-                    pols = ("none",) if kn.pipeline == "zb-h1" else ("full", "selective", "none")
+                    pols = ("full", "selective", "none")
                     for s in dict.fromkeys((0, st.pp - 1, *range(1, st.pp - 1))):
                         bounds = [mb.stage(s, o) for o in pols]
                         if min(bounds) > limit:

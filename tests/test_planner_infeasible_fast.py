@@ -50,8 +50,7 @@ def _ledger_fits(req: Request) -> bool:
         for st in structures(req, fam):
             for kn in knob_combos(req, fam, st):
                 fits = {}
-                zb = kn.pipeline == "zb-h1"  # ZB-H1 supports no recomputation
-                for o in ("none",) if zb else stage_options(max(st.layer_split)):
+                for o in stage_options(max(st.layer_split)):
                     rep = ev.memory(make_plan(req, st, kn, (o,) * st.pp))
                     fits[o] = [p <= rep.limit_bytes for p in rep.peak_bytes]
                 if fam.per_stage_recompute:
@@ -130,8 +129,7 @@ def test_bound_breakdown_sums_to_the_bound_and_stays_below_the_ledger(name, seq)
     assert sts
     for st in sts:
         for kn in knob_combos(req, fam, st)[::3]:
-            zb = kn.pipeline == "zb-h1"  # ZB-H1 supports no recomputation
-            for o in ("none",) if zb else ("none", "selective", "first:1", "full"):
+            for o in ("none", "selective", "first:1", "full"):
                 plan = make_plan(req, st, kn, (o,) * st.pp)
                 mb = memory_bound(req, plan)
                 rep = ev.memory(plan)

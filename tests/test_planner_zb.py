@@ -1,7 +1,9 @@
 """The planner's pipeline knob (issue 25): zb-h1 is searched beside 1F1B where it is
-supported and the pipeline has a bubble, kept where the simulator finds it faster and the
-ledger finds it fits; its bounds stay below what the simulator and the ledger say."""
+supported and the pipeline has a bubble, under every recompute policy, kept where the
+simulator finds it faster and the ledger finds it fits; its bounds stay below what the
+simulator and the ledger say, with recomputation and transient views too."""
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -12,7 +14,7 @@ from ratrain.cost.model import CostModel
 from ratrain.errors import RatrainError
 from ratrain.memory import replay
 from ratrain.models.presets import get_preset
-from ratrain.planner import Request, search
+from ratrain.planner import Request, explain, search
 from ratrain.planner.bounds import (
     overheads,
     peak_unit_times,
@@ -38,13 +40,12 @@ def _req(pins=None, families=("ratrain",), platform=A100, clusters=8, gb=32):
 
 
 def _unsupported(p: Plan) -> bool:
-    """What zb-h1 is never combined with: recomputation (the planner's bounds of it are
-    without), and what `refuse_unsupported` refuses."""
+    """What zb-h1 is never combined with: what `refuse_unsupported` refuses."""
     try:
         refuse_unsupported(p.replace(pipeline="zb-h1"))
     except RatrainError:
         return True
-    return any(r != "none" for r in p.recompute)
+    return False
 
 
 def test_picks_zb_h1_where_the_simulator_finds_it_faster_and_it_fits():
@@ -75,7 +76,7 @@ def test_pruned_search_equals_exhaustive_with_zb_h1():
 @pytest.mark.parametrize(
     "pins, families",
     [
-        ({"pp": 2, "recompute": "full"}, ("ratrain",)),
+        ({"pp": 2, "offload_activations": True}, ("ratrain",)),
         ({"pp": 2}, ("fsdp-pp",)),
         ({"pp": 1}, ("ratrain",)),
     ],
@@ -105,9 +106,49 @@ def test_zb_h1_knobs_only_where_supported():
         for c in search(_req(pins, families=("ratrain", "gpu-style", "fsdp-pp")), top=8).ranked:
             assert c.plan.pipeline == "1f1b" or not _unsupported(c.plan)
             assert c.plan.pipeline == "1f1b" or c.plan.pp > 1
-    # A pin asking for both finds no candidate at all.
-    res = search(_req({"pipeline": "zb-h1", "recompute": "full"}), top=1)
+    # A pin asking for both finds no candidate at all, and the explanation names the two.
+    req = _req({"pipeline": "zb-h1", "offload_activations": True})
+    res = search(req, top=1)
     assert res.candidates_total == 0 and not res.feasible
+    (line,) = explain(req, res.near).lines()
+    assert "--pin pipeline=zb-h1 conflicts with --pin offload_activations=true" in line
+
+
+def test_recomputing_candidates_have_their_zb_h1_twins():
+    # Recomputation pinned: zb-h1 is searched with it, and ranked beside 1F1B.
+    res = search(_req({"pp": 2, "recompute": "full"}), top=8)
+    assert {c.plan.pipeline for c in res.ranked} == {"1f1b", "zb-h1"}
+    assert all(set(c.plan.recompute) == {"full"} for c in res.ranked)
+    # A cap under which the best zb-h1 plan recomputes: the pruned search still equals
+    # the unpruned one, and every zb-h1 plan ranked fits by the ledger.
+    tight = replace(A100, usable_memory_bytes=2_600_000, workspace_bytes=100_000)
+    req = _req({"pipeline": "zb-h1"}, platform=tight, clusters=4, gb=8)
+    got, want = search(req, top=3), search(req, top=3, prune=False)
+    assert got.ranked and [c.plan for c in got.ranked] == [c.plan for c in want.ranked]
+    assert set(got.best.plan.recompute) != {"none"}
+    for c in got.ranked:
+        assert c.plan.pipeline == "zb-h1"
+        led = platform_ledger(build_schedule(TINY, c.plan), TINY, c.plan, tight, keep_trace=False)
+        assert max(s.peak_bytes for s in led.stages) <= usable_bytes(req)
+
+
+@pytest.mark.parametrize(
+    "pins, families, conflict",
+    [
+        ({"offload_activations": "true"}, ("ratrain",), "--pin offload_activations=true"),
+        ({"schedule": "fsdp-pp"}, ("fsdp-pp",), "--pin schedule=fsdp-pp"),
+        ({}, ("fsdp-pp",), "--family fsdp-pp"),
+    ],
+)
+def test_a_pin_zb_h1_refuses_is_named_in_one_line(pins, families, conflict, capsys):
+    argv = ["plan", "--model", "tiny", "--platform", "a100-80g", "--clusters", "8"]
+    argv += ["--global-batch", "32", "--seq", "128", "--pin", "pipeline=zb-h1"]
+    argv += [f"--pin={k}={v}" for k, v in pins.items()]
+    argv += [x for f in families for x in ("--family", f)]
+    assert main(argv) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"--pin pipeline=zb-h1 conflicts with {conflict}: pipeline zb-h1 does not support" in err
 
 
 _CASES = [
@@ -141,6 +182,73 @@ def test_zb_bounds_stay_below_the_simulator_and_the_ledger(platform, model, sche
     mb = memory_bound(Request(spec, pf, 2 * pp, 2 * m, seq), plan)
     for s in range(pp):
         assert mb.stage(s, "none") <= led.stages[s].peak_bytes
+
+
+_VIEWS = [
+    ("ratrain", "persistent", 1),
+    ("ratrain", "transient", 1),
+    ("ratrain", "transient", 2),
+    ("gpu-style", "persistent", 1),
+    ("baseline", "persistent", 1),
+]
+_MIXED = ("none", "selective", "first:2", "full")
+_RC_CASES = list(
+    itertools.product(
+        ("mt3000", "a100-80g", "cpu-local"),
+        ("tiny", "llama2-7b"),
+        _VIEWS,
+        ("selective", "full", "first:1", "per-stage"),
+        ((2, 1), (2, 5), (3, 4), (4, 9)),
+    )
+)[::11]
+"""A slice of the 480 combinations that still meets every pair of views and policy,
+policy and shape, platform and model (the whole grid: 7 s on the 2-core machine)."""
+
+
+def test_zb_bounds_with_recompute_stay_below_the_simulator_and_the_ledger():
+    """RECOMPUTE before each B_IN: its time on the paths back in the step-time bound, and
+    in the memory bound what B_IN leaves for B_W whatever the policy, of the units above
+    and of the microbatches waiting for their B_W pass (`MemoryBound`)."""
+    tight = 0
+    for platform, model, (schedule, views, ahead), rec, (pp, m) in _RC_CASES:
+        pf, spec = load(platform), get_preset(model)
+        dt = "fp32" if platform == "cpu-local" else "bf16"
+        seq = min(512, spec.max_seq)
+        policy = tuple(_MIXED[s % 4] for s in range(pp)) if rec == "per-stage" else (rec,) * pp
+        plan = Plan(
+            pp=pp,
+            dp=2,
+            micro_batch=1,
+            global_batch=2 * m,
+            seq=seq,
+            schedule=schedule,
+            view_policy=views,
+            view_lookahead=ahead,
+            shard_optimizer=True,
+            compute_dtype=dt,
+            recompute=policy,
+            pipeline="zb-h1",
+            model=spec.name,
+        )
+        case = (platform, model, schedule, views, ahead, policy, pp, m)
+        split = plan.blocks_per_stage(spec)
+        sch = build_schedule(spec, plan)
+        step = simulate_schedule(sch, CostModel(spec, plan, pf)).step_time_s
+        ut, peak = unit_times(spec, pf, 1, seq, dt), peak_unit_times(spec, pf, 1, seq, dt)
+        over = overheads(spec, plan, pf)
+        for lb in (
+            step_time_lower_bound_s(split, m, ut, policy, over, pipeline="zb-h1"),
+            step_time_lower_bound_s(split, m, peak, policy, pipeline="zb-h1"),
+        ):
+            assert lb <= step * (1 + 1e-9), case
+        led = platform_ledger(sch, spec, plan, pf, keep_trace=False)
+        mb = memory_bound(Request(spec, pf, 2 * pp, 2 * m, seq), plan)
+        for s in range(pp):
+            bound, peak_bytes = mb.stage(s, policy[s]), led.stages[s].peak_bytes
+            assert bound <= peak_bytes, (case, s)
+            assert sum(mb.breakdown(s, policy[s]).values()) == bound
+            tight += bound > 0.95 * peak_bytes
+    assert tight > len(_RC_CASES)  # most stages: within 5% of the ledger
 
 
 @pytest.mark.parametrize("schedule", ["ratrain", "gpu-style", "baseline"])
@@ -187,12 +295,13 @@ def test_bench_tables_show_what_zb_h1_adds():
     abl = AblationRow("tiny", best, {"ratrain-no-zb-h1": one})
     assert "no zb-h1" in "\n".join(ablation_markdown([abl], "a100-80g"))
     assert ablation_json([abl])[0]["relative"]["ratrain-no-zb-h1"] == pytest.approx(1 / row.gain())
-    # Where no zb-h1 plan fits (no recomputation, no offload) the search keeps 1F1B with
-    # pp > 1, and the table says so and names the nearest miss (a zb-h1 plan, unrecomputed).
+    # Where no zb-h1 plan fits (what each deferred B_W needs outgrows what recomputation
+    # saves) the search keeps 1F1B with pp > 1, and the table says so and names the
+    # nearest miss (a zb-h1 plan, recomputing).
     tight = replace(A100, usable_memory_bytes=1_800_000, workspace_bytes=100_000)
     res = search(_req({"pipeline": "zb-h1"}, platform=tight), top=1)
     assert res.best is None and res.near.plan.pipeline == "zb-h1"
-    assert set(res.near.plan.recompute) == {"none"}
+    assert set(res.near.plan.recompute) != {"none"}
     kept = search(_req(platform=tight), top=1).best
     assert kept.plan.pipeline == "1f1b" and kept.plan.pp > 1
     miss = "\n".join(zb_markdown([ZbRow("tiny", kept, kept, None, res.near)], "x"))

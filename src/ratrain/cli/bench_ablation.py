@@ -75,8 +75,9 @@ def zb_markdown(rows, platform: str) -> list[str]:
         "RATrain re-planned under the same cap with the 1F1B pass order only, with the "
         "pipeline searched (1f1b or zb-h1, `plan.pipeline`), and with zb-h1 pinned. ZB-H1 "
         "splits each backward into its input-gradient and weight-gradient halves and defers "
-        "the latter into the bubble; the planner tries it without recomputation, and only "
-        "with the knobs ZB-H1 supports (`ratrain.schedule.zerobubble.refuse_unsupported`).",
+        "the latter into the bubble; the planner tries it with every recompute policy and "
+        "only with the knobs ZB-H1 supports (`ratrain.schedule.zerobubble.refuse_unsupported`: "
+        "no offload, no fsdp-pp).",
         "",
         "| model | ratrain (1f1b) tokens/s | ratrain + zb-h1 tokens/s | gain | chosen pipeline "
         "| best zb-h1 plan tokens/s | zb-h1 vs 1f1b |",

@@ -172,6 +172,7 @@ def _request(args: argparse.Namespace):
     from ratrain.models.presets import resolve_model
     from ratrain.planner import Request
     from ratrain.planner.families import ALL_FAMILIES
+    from ratrain.planner.space import pin_conflict
     from ratrain.platforms import load
 
     spec, platform = resolve_model(args.model), with_memory_cap(load(args.platform), args)
@@ -189,7 +190,11 @@ def _request(args: argparse.Namespace):
     families = tuple(dict.fromkeys(args.family)) if args.family else ALL_FAMILIES
     pins = _pins(args.pin)
     _check_size(spec, args.clusters, gb, pins)
-    return Request(spec, platform, args.clusters, gb, seq, pins=pins, families=families)
+    req = Request(spec, platform, args.clusters, gb, seq, pins=pins, families=families)
+    conflict = pin_conflict(req)  # a pin that rules out every candidate: named, not searched
+    if conflict is not None:
+        raise RatrainError(conflict)
+    return req
 
 
 def _batch_note(args: argparse.Namespace, req) -> str | None:

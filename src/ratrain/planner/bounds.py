@@ -22,7 +22,7 @@ Memory: `MemoryBound`, a lower bound on each stage's ledger peak. Pure Python.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ratrain.config import Plan
@@ -34,7 +34,13 @@ from ratrain.platforms import Platform
 from ratrain.schedule.ir import Action, Op, Resource
 from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS, offloaded_mbs
 from ratrain.schedule.passes import global_checks
-from ratrain.sizes.activations import activation_bytes, backward_workspace_bytes, boundary_bytes
+from ratrain.schedule.zerobubble import pass_order
+from ratrain.sizes.activations import (
+    activation_bytes,
+    backward_workspace_bytes,
+    boundary_bytes,
+    weight_grad_bytes,
+)
 from ratrain.sizes.states import (
     ADAM_BYTES_PER_PARAM,
     MASTER_BYTES_PER_PARAM,
@@ -420,13 +426,15 @@ def step_time_lower_bound_s(
     by default they are `recompute`'s.
 
     With `pipeline` zb-h1 (`ratrain.schedule.zerobubble`), a bound of the split backward's
-    step (a search bounding both pipelines takes the smaller of the two): the gradient a stage sends back waits for the input-
-    gradient passes (B_IN) alone, the weight passes (B_W) may follow the last of them, so
+    step (a search bounding both pipelines takes the smaller of the two): the gradient a
+    stage sends back waits for the input-gradient passes (B_IN) alone, the weight passes (B_W) may follow the last of them, so
     the paths back (microbatch 0's round trip, the last microbatch's drain to stage 0)
     count B_IN's seconds, and a stage s > 0 is only known to have run its forwards and
     input-gradient passes when the last gradient leaves it. Every stage still runs all its
     compute (its backward as B_IN's and B_W's seconds), and stage 0's last action is
-    B_W(embedding, m - 1), which its last sync and update wait for."""
+    B_W(embedding, m - 1), which its last sync and update wait for. RECOMPUTE(u, mb) runs
+    just before B_IN(u, mb), so its seconds are on those paths as they are on B's under
+    1F1B (less the first of a pass, which may run while the stage waits for the gradient)."""
     m, pp = microbatches, len(split)
     zb = pipeline == "zb-h1"
     over = over or Overheads.none(pp)
@@ -554,9 +562,25 @@ _TABLES: Memo[tuple] = Memo(1024)
 """`MemoryBound`'s per-unit activation, workspace and parameter tables, by what they read."""
 
 
+@lru_cache(maxsize=4096)
+def _zb_profile(pp: int, m: int, w: int) -> tuple[tuple[int, bool], ...]:
+    """Per input-gradient pass mb of a zb-h1 stage with warm-up w (in its pass order,
+    `ratrain.schedule.zerobubble.pass_order`), as B_IN(., mb) starts: the microbatches
+    whose B_IN pass has run and whose B_W pass has not, and whether some B_W pass has run."""
+    out, done_in, done_w = [], 0, 0
+    for op, _ in pass_order(pp, m, pp - 1 - w):  # the stage whose warm-up is w
+        if op is Op.B_IN:
+            out.append((done_in - done_w, done_w > 0))
+            done_in += 1
+        elif op is Op.B_W:
+            done_w += 1
+    return tuple(out)
+
+
 def _unit_tables(spec: ModelSpec, plan: Plan, kinds: dict[str, int], eager: bool) -> tuple:
     """Per unit kind: the activations kept under each policy, the backward workspace and
-    the parameters; and the boundary bytes (`_TABLES`)."""
+    the parameters; the boundary bytes; and per unit kind what a split backward keeps from
+    B_IN to B_W, (inputs, out_grads) (`_TABLES`)."""
     keep = {
         (k, p): activation_bytes(spec, plan, u, p, flash=True, eager_kernels=eager)
         for k, u in kinds.items()
@@ -567,7 +591,8 @@ def _unit_tables(spec: ModelSpec, plan: Plan, kinds: dict[str, int], eager: bool
         for k, u in kinds.items()
     }
     params = {k: counts.unit_params(spec, u) for k, u in kinds.items()}
-    return keep, bws, params, boundary_bytes(spec, plan)
+    wgrad = {k: weight_grad_bytes(spec, plan, u) for k, u in kinds.items()}
+    return keep, bws, params, boundary_bytes(spec, plan), wgrad
 
 
 @dataclass(frozen=True)
@@ -576,7 +601,9 @@ class _Layout:
     static bytes (states and persistent views), the views among them, one microbatch's
     keep over the stage, every gradient's bytes, and per run its first unit and the keep
     and parameters below it; `at`: the units (index, run, index in the run) where what a
-    backward pass holds can be largest."""
+    backward pass holds can be largest. Under zb-h1 also what one microbatch's B_IN pass
+    leaves for its B_W pass over the stage, the same below each run, and every gradient's
+    bytes (which exist from the stage's first B_W)."""
 
     runs: list
     static: int
@@ -588,6 +615,9 @@ class _Layout:
     below0: list
     met0: list
     at: list
+    total_w: int = 0
+    w_below0: list = field(default_factory=lambda: [0])
+    zb_grads: int = 0
 
     def below(self, u: int) -> int:
         """Keep of the units before unit u."""
@@ -620,9 +650,16 @@ class MemoryBound:
 
     Under `pipeline` zb-h1 the same moments are B_IN(u, mb)'s (`ratrain.schedule.
     zerobubble`: 1F1B's warm-up and steady pairing of F and B_IN, so as many microbatches
-    in flight, each holding all its activations until its B_IN; B_IN holds B's workspace),
-    without the gradients, which exist only from a unit's first B_W, and which B_W may
-    defer past any of them.
+    in flight, each holding its kept activations until its B_IN; RECOMPUTE(u, mb) runs
+    just before B_IN(u, mb); B_IN holds B's workspace). What differs is what the backward
+    leaves: B_IN(u, mb) adds u's output gradients as it starts, and from its end to its
+    B_W each (u, mb) keeps what the weight pass needs (`weight_grad_bytes`, whatever the
+    policy: recompute rebuilt it before B_IN). So at B_IN(u, mb) the units above u keep
+    that for mb, and so does every unit for each microbatch whose B_IN pass has run and
+    whose B_W pass has not (`_zb_profile`: up to s of them on stage s). Gradients exist
+    from the stage's first B_W pass, all of them at once (a pass covers every unit), and
+    none before it. The pass order reads pp, so the moments taken are those where these
+    counts change, besides 1F1B's.
     """
 
     def __init__(
@@ -642,9 +679,17 @@ class MemoryBound:
             eager_kernels,
         )
         tables = _TABLES.get_or(tkey, _unit_tables, spec, plan, kinds, eager_kernels)
-        self.keep, self.bws, self.params, boundary = tables
+        self.keep, self.bws, self.params, boundary, wgrad = tables
         self.gbp, vbp = grad_bytes_per_param(plan), view_bytes_per_param(plan)
-        if plan.pipeline == "zb-h1":  # no gradient is sure to exist at any moment counted
+        self.zb = plan.pipeline == "zb-h1"
+        # zb-h1: what B_IN keeps for B_W (policy-independent), per unit kind: all of it,
+        # and its output gradients alone (added when B_IN starts).
+        self.w_keep = {k: sum(v) for k, v in wgrad.items()} if self.zb else {}
+        self.w_out = {k: v[1] for k, v in wgrad.items()} if self.zb else {}
+        # Under zb-h1 every gradient exists from the stage's first B_W pass on, and none
+        # before it: counted per moment (`_stage`), not as the backward meets the units.
+        self.zb_gbp = self.gbp if self.zb else 0
+        if self.zb:
             self.gbp = 0
         self.transient = _transient_views(plan) and vbp > 0
         self.prefetch = self.transient and prefetched_views_of(
@@ -664,6 +709,8 @@ class MemoryBound:
             self.gbp,
             plan.offload_activations,
             sends_held,
+            # zb-h1: its pass order reads pp (`_zb_profile`); its gradients count apart.
+            (plan.pp, self.zb_gbp) if self.zb else None,
         )
         self.m = plan.microbatches
         # Sends held to the step's end (`Platform.sends_held_until_waited`): every output a
@@ -750,8 +797,23 @@ class MemoryBound:
             for j in sorted({*range(min(ahead, c - 1) + 1), c - 1}):
                 at.append((starts[r] + j, r, j))
         keeps = [self.keep[(k, p)] for k, p, _ in runs]
+        w_below0 = [0]
+        for k, _, c in runs:
+            w_below0.append(w_below0[-1] + c * self.w_keep.get(k, 0))
         return _Layout(
-            runs, static, views, total_keep, n_params * self.gbp, keeps, starts, below0, met0, at
+            runs,
+            static,
+            views,
+            total_keep,
+            n_params * self.gbp,
+            keeps,
+            starts,
+            below0,
+            met0,
+            at,
+            w_below0[-1],
+            w_below0,
+            n_params * self.zb_gbp,
         )
 
     def _unit(self, lay: _Layout, u: int, r: int, j: int) -> tuple:
@@ -770,6 +832,11 @@ class MemoryBound:
         if self.prefetch and k != "emb" and below_kind == "block":
             ahead_view = self.params["block"] * self.vbp
         running += ahead_view
+        if self.zb:
+            # B_IN(u, mb) adds u's output gradients as it starts, and every unit above u
+            # has run its B_IN of mb: each keeps what its B_W needs.
+            w_upto = lay.w_below0[r] + (j + 1) * self.w_keep[k]
+            running += self.w_out[k] + lay.total_w - w_upto
         upto = lay.below0[r] + (j + 1) * keep_u  # keep of units 0..u
         # An offloaded microbatch holds the unit running and the ones reloaded ahead.
         mine_off = upto - lay.below(max(0, u - RELOAD_AHEAD_UNITS))
@@ -812,12 +879,25 @@ class MemoryBound:
         moments = {0, min(1, m - 1), max(0, m - 1 - w)}
         if self.held_send_bytes:
             moments.add(m - 1)
+        profile = _zb_profile(plan.pp, m, w) if self.zb else ()
+        if profile:
+            # Under zb-h1 the microbatches past their B_IN and before their B_W, and
+            # whether a B_W has run, change too: what is held is linear in mb between
+            # the changes, so the largest is at one end of a stretch without one.
+            for i in range(1, m):
+                if profile[i] != profile[i - 1]:
+                    moments |= {i - 1, i}
         for mb in sorted(moments) if terms else ():
             others, grads_all = min(w, m - 1 - mb), mb >= 1
             off, others_b = self._offload(mb, others, m, w, total_keep)
             sent = (0 if head else min(mb + w, m - 1) + 1) + (0 if emb else mb)
             held = sent * self.held_send_bytes
             v, (grads, mine, running, k, ahead_view) = largest_unit(grads_all, off)
+            if profile:
+                waiting, w_started = profile[mb]
+                others_b += waiting * lay.total_w  # each keeps what its B_W pass needs
+                grads += lay.zb_grads if w_started else 0
+                v += lay.zb_grads if w_started else 0
             total = static + others_b + held + v
             if total > best:
                 best, at_best = total, (grads, mine + others_b, running, k, held, ahead_view)

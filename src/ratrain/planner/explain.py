@@ -31,6 +31,7 @@ from ratrain.planner.space import (
     knob_combos,
     knobs_key,
     make_plan,
+    pin_conflict,
     structures,
 )
 from ratrain.sim.simulate import memory_microbatches
@@ -189,7 +190,8 @@ def _saving_order(kn: Knobs) -> tuple:
         kn.view_lookahead,
         kn.grad_dtype == "fp32",
         not kn.offload_activations,
-        kn.pipeline == "zb-h1",  # no recomputation: it saves no more than its 1F1B twin
+        # 1F1B before its zb-h1 twin, which holds what each deferred B_W needs besides.
+        kn.pipeline == "zb-h1",
     )
 
 
@@ -246,9 +248,8 @@ def find_feasible(
             if not opts.feasible(True):
                 ruled.setdefault(st, []).append(kn)
                 continue
-            if not confirm:  # zb-h1 supports no recomputation
-                rec = "none" if kn.pipeline == "zb-h1" else "full"
-                return make_plan(req, st, kn, (rec,) * st.pp), None
+            if not confirm:
+                return make_plan(req, st, kn, ("full",) * st.pp), None
             allowed.append((max(opts.bound_bytes), len(allowed), st, kns[0], opts, fam))
     # The most room under the cap by the bound first: the likeliest to fit by the ledger,
     # so a scan of sizes rarely pays for a rejected replay.
@@ -392,6 +393,9 @@ def explain(
 
 
 def _no_candidate_note(req: Request) -> str:
+    conflict = pin_conflict(req)
+    if conflict is not None:
+        return conflict
     pins = ", ".join(f"{k}={v}" for k, v in req.pins.items()) or "none"
     return (
         f"the pins ({pins}) leave no configuration of {req.clusters} clusters for a global batch of "
@@ -406,7 +410,7 @@ _PIN_CHANGE = {
     "view_policy": "allow transient views",
     "offload_activations": "allow activation offload",
     "grad_dtype": "allow 16-bit gradients",
-    "pipeline": "allow 1F1B with recomputation",
+    "pipeline": "allow the 1F1B pass order (and activation offload)",
 }
 
 

@@ -40,7 +40,6 @@ __all__ = [
     "structure_bound",
     "options",
     "time_bound_s",
-    "zb_policies",
     "per_stage_choices",
     "beaten_by",
 ]
@@ -130,12 +129,11 @@ def first_overflow_bytes(req: Request, st: Structure, kn: Knobs) -> int | None:
     under every policy, or None when each stage has a policy whose bound fits (then
     `options` is feasible for per-stage families). A stage fits under some policy iff it
     fits under none, selective or full (`_fitting`: first:K is no smaller than full).
-    Stages are tried deepest warmup first, where the most microbatches are in flight.
-    Knobs of pipeline zb-h1 have the policy none alone (`zb_policies`)."""
+    Stages are tried deepest warmup first, where the most microbatches are in flight."""
     mb = structure_bound(req, st, kn)
     limit = usable_bytes(req)
     pp, split, m = st.pp, st.layer_split, mb.m
-    policies = zb_policies(kn) or ("full", "selective", "none")  # the likeliest to fit first
+    policies = ("full", "selective", "none")  # the likeliest to fit first
     for s in dict.fromkeys((0, pp - 1, *range(1, pp - 1))):
         least = None
         key = (split[s], s == 0, s == pp - 1, min(pp - s - 1, m))  # `stage_key`
@@ -163,11 +161,6 @@ def options(req: Request, st: Structure, kn: Knobs, ut: UnitTimes | None) -> Opt
         fits.append(set(ok))
         lows.append(low)
         most.append(best)
-
-    only = zb_policies(kn)
-    if only:  # zb-h1: nothing but the policies it supports
-        per_stage = [[o for o in ok if o in only] for ok in per_stage]
-        fits = [f & set(only) for f in fits]
 
     def bottleneck(o: str) -> float:
         return max(recompute_time_s(o, n, ut) for n in st.layer_split) if ut else 0.0
@@ -231,14 +224,6 @@ def _fitting(bound, n_blocks: int, limit: int) -> list[str]:
 
 def _same_as_full(opt: str, n_blocks: int) -> bool:
     return opt.startswith("first:") and int(opt.split(":")[1]) >= n_blocks
-
-
-def zb_policies(kn: Knobs) -> tuple[str, ...]:
-    """The recompute policies a zb-h1 knob combination may use: none (the search's bounds
-    of the split backward, `MemoryBound` and `step_time_lower_bound_s`, are checked against
-    the ledger and the simulator without recomputation); () for 1F1B, whose policies are
-    all of them."""
-    return ("none",) if kn.pipeline == "zb-h1" else ()
 
 
 def time_bound_s(

@@ -527,11 +527,7 @@ class _State:
         for over, _, plan, st, kn, fam in sorted(self.misses, key=lambda x: x[:2])[:_NEAR_TRIES]:
             if not _may_be_closer(near, over):
                 break
-            if kn.pipeline == "zb-h1":  # no recomputation: its bound under none
-                plan = make_plan(req, st, kn, ("none",) * st.pp)
-                floor = tuple(memory_bound(req, plan).stage(s, "none") for s in range(plan.pp))
-                miss = Near(plan, fam.name, floor, limit, measured=False)
-            elif plan is _STATES:
+            if plan is _STATES:
                 plan = make_plan(req, st, kn, ("full",) * st.pp)
                 floor = tuple(memory_bound(req, plan).stage(s, "full") for s in range(plan.pp))
                 miss = Near(plan, fam.name, floor, limit, measured=False)
@@ -549,22 +545,18 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
     policy. The others are recorded as misses. With a combination that saves no less
     memory than every other: none if the bounds rule it out, else all of them.
 
-    zb-h1 combinations are bounded one by one, under no recomputation and without the
-    gradients B_W defers (`MemoryBound`): the lead's bound says nothing of theirs. Their
-    misses are recorded only where no 1F1B combination is searched (its twins' are)."""
+    zb-h1 combinations are bounded apart from the 1F1B ones (their `MemoryBound` counts
+    what each deferred B_W needs, and the gradients only from the first B_W pass: a 1F1B
+    lead's bound says nothing of theirs), each group by its own lead. Their misses are
+    recorded only where no 1F1B combination is searched (its twins' are)."""
     limit = usable_bytes(req)
     zbs = [kn for kn in kns if kn.pipeline == "zb-h1"]
-    if zbs:
+    if zbs and len(zbs) < len(kns):
         ones = [kn for kn in kns if kn.pipeline != "zb-h1"]
-        out = _memory_pass(req, st, fam, ones, state) if ones else []
-        for kn in zbs:
-            state.evaluated += 1
-            if ones:
-                n_states = max(states_lower_bound_bytes(req, st, kn))
-                if n_states <= limit and first_overflow_bytes(req, st, kn) is None:
-                    out.append(kn)
-            elif not _ruled_out(req, st, fam, kn, limit, state):
-                out.append(kn)
+        scratch = _State()  # the zb-h1 misses: not recorded
+        out = _memory_pass(req, st, fam, ones, state)
+        out += _memory_pass(req, st, fam, zbs, scratch)
+        state.evaluated += scratch.evaluated
         return out
     lead = _dominant_of(tuple(kns))
     if lead is not None:
@@ -680,8 +672,8 @@ def _bound_knobs(req, st, fam, kns, ut, state: _State) -> list[tuple]:
     for kn in kns:
         opts = options(req, st, kn, ut)
         if not opts.feasible(fam.per_stage_recompute):  # no one policy fits every stage
-            if kn.pipeline == "zb-h1":  # no recomputation to name: `_memory_pass` records
-                continue
+            if kn.pipeline == "zb-h1" and req.pins.get("pipeline") != "zb-h1":
+                continue  # its 1F1B twin's miss is recorded (`_memory_pass`)
             plan = make_plan(req, st, kn, opts.most_saving)
             near = Near(plan, fam.name, opts.bound_bytes, limit, measured=False)
             state.near = _closer(state.near, near)

@@ -42,6 +42,7 @@ __all__ = [
     "knobs_key",
     "parse_pins",
     "pick_compute_dtype",
+    "pin_conflict",
     "pipelines",
     "rank_layouts",
     "structures",
@@ -350,7 +351,7 @@ class Knobs:
     layouts differ (`rank_layouts`); it moves communication only, never memory."""
     pipeline: str = "1f1b"
     """The pass order (`Plan.pipeline`): zb-h1 only with pp > 1 and the knobs it supports
-    (`pipelines`, `zb_supported`), and then with no recomputation."""
+    (`pipelines`, `zb_supported`), under every recompute policy the plan allows."""
 
 
 def rank_layouts(req: Request, st: Structure) -> tuple[str, ...]:
@@ -429,28 +430,56 @@ def pipelines(req: Request, family: Family, st: Structure) -> tuple[str, ...]:
 
 
 def zb_supported(req: Request, kn: Knobs) -> bool:
-    """Whether the search tries zb-h1 with a knob combination: with no recomputation only
-    (`ratrain.planner.fit.zb_policies`: its bounds are the split backward's without it),
-    and where `ratrain.schedule.zerobubble.refuse_unsupported` allows the knobs."""
+    """Whether the search tries zb-h1 with a knob combination: where
+    `ratrain.schedule.zerobubble.refuse_unsupported` allows the knobs, under every
+    recompute policy (its bounds, `MemoryBound` and `step_time_lower_bound_s`, are the
+    split backward's with RECOMPUTE before each B_IN)."""
+    return (
+        _zb_refusal(
+            schedule=kn.schedule,
+            shard_optimizer=kn.shard_optimizer,
+            view_policy=kn.view_policy,
+            view_lookahead=kn.view_lookahead,
+            offload_activations=kn.offload_activations,
+        )
+        is None
+    )
+
+
+def _zb_refusal(**knobs) -> str | None:
+    """Why `ratrain.schedule.zerobubble.refuse_unsupported` refuses a zb-h1 plan with these
+    fields (its reason, without its advice), or None."""
     from ratrain.schedule.zerobubble import refuse_unsupported
 
-    rec = req.pins.get("recompute", "none")
-    if any(r != "none" for r in ((rec,) if isinstance(rec, str) else rec)):
-        return False
     try:
-        refuse_unsupported(
-            Plan(
-                schedule=kn.schedule,
-                shard_optimizer=kn.shard_optimizer,
-                view_policy=kn.view_policy,
-                view_lookahead=kn.view_lookahead,
-                offload_activations=kn.offload_activations,
-                pipeline="zb-h1",
-            )
-        )
-    except RatrainError:
-        return False
-    return True
+        refuse_unsupported(Plan(**knobs, pipeline="zb-h1"))
+    except RatrainError as e:
+        return str(e).removeprefix("plan: ").split(";")[0]
+    return None
+
+
+def pin_conflict(req: Request) -> str | None:
+    """One line naming what a `pipeline=zb-h1` pin conflicts with where that leaves the
+    request no candidate (`ratrain.schedule.zerobubble.refuse_unsupported`): a pinned
+    activation offload, a pinned fsdp-pp schedule, or families that are all fsdp-pp;
+    None otherwise."""
+    if req.pins.get("pipeline") != "zb-h1":
+        return None
+    conflicts = []
+    if req.pins.get("offload_activations") is True:
+        conflicts.append(("--pin offload_activations=true", {"offload_activations": True}))
+    schedules = [family_of(n).schedule for n in req.families]
+    if "schedule" in req.pins:
+        sch = str(req.pins["schedule"])
+        conflicts.append((f"--pin schedule={sch}", {"schedule": sch, "shard_optimizer": True}))
+    elif schedules and all(sch == "fsdp-pp" for sch in schedules):
+        fams = ",".join(req.families)
+        conflicts.append((f"--family {fams}", {"schedule": "fsdp-pp", "shard_optimizer": True}))
+    for what, knobs in conflicts:
+        why = _zb_refusal(**knobs)
+        if why is not None:
+            return f"--pin pipeline=zb-h1 conflicts with {what}: {why}; drop one of the two"
+    return None
 
 
 def _with_pipelines(req: Request, family: Family, st: Structure, kns: list[Knobs]) -> list[Knobs]:
