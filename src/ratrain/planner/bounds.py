@@ -181,18 +181,20 @@ def peak_unit_times(
     )
 
 
+def _per_stage(split: tuple[int, ...], block: float, emb: float, head: float) -> list[float]:
+    """Seconds of one microbatch on each stage: its blocks', plus the embedding's on the
+    first stage and the head's on the last."""
+    last = len(split) - 1
+    return [
+        n * block + (emb if s == 0 else 0.0) + (head if s == last else 0.0)
+        for s, n in enumerate(split)
+    ]
+
+
 def stage_times(split: tuple[int, ...], ut: UnitTimes) -> list[tuple[float, float]]:
     """(forward, backward) seconds of one microbatch on each stage."""
-    pp = len(split)
-    out = []
-    for s, n in enumerate(split):
-        f, b = n * ut.f_block, n * ut.b_block
-        if s == 0:
-            f, b = f + ut.f_emb, b + ut.b_emb
-        if s == pp - 1:
-            f, b = f + ut.f_head, b + ut.b_head
-        out.append((f, b))
-    return out
+    fwd = _per_stage(split, ut.f_block, ut.f_emb, ut.f_head)
+    return list(zip(fwd, _per_stage(split, ut.b_block, ut.b_emb, ut.b_head), strict=True))
 
 
 def recompute_time_s(policy: str, n_blocks: int, ut: UnitTimes) -> float:
@@ -440,7 +442,8 @@ def step_time_lower_bound_s(
     over = over or Overheads.none(pp)
     fb = stage_times(split, ut)
     if zb:
-        fb = [(f, bi + bw) for (f, _), bi, bw in zip(fb, *_split_times(split, ut), strict=True)]
+        ins, ws = _split_times(split, ut)
+        fb = [(f, bi + bw) for (f, _), bi, bw in zip(fb, ins, ws, strict=True)]
     if over.forward_pass_s:  # a pass that waits for its fetches lasts longer than its F's
         fb = [
             (max(f, x + ut.f_block) if x else f, b)
@@ -453,7 +456,7 @@ def step_time_lower_bound_s(
     sf = (*over.send_f_s, 0.0)  # sf[s]: s -> s+1
     sb = (0.0, *over.send_b_s)  # sb[s]: s -> s-1
     # What a gradient sent back waits for on each stage: B, or B_IN under zb-h1.
-    back = _split_times(split, ut)[0] if zb else [b for _, b in fb]
+    back = ins if zb else [b for _, b in fb]
     # Microbatch 0's round trip from stage s: forward to the last stage and back to s + 1.
     trip = [0.0] * pp
     for s in range(pp - 2, -1, -1):
@@ -486,17 +489,10 @@ def step_time_lower_bound_s(
 
 def _split_times(split: tuple[int, ...], ut: UnitTimes) -> tuple[list[float], list[float]]:
     """(B_IN, B_W) seconds of one microbatch on each stage (`stage_times`' backward, split)."""
-    pp = len(split)
-    ins, ws = [], []
-    for s, n in enumerate(split):
-        bi, bw = n * ut.bi_block, n * ut.bw_block
-        if s == 0:
-            bi, bw = bi + ut.bi_emb, bw + ut.bw_emb
-        if s == pp - 1:
-            bi, bw = bi + ut.bi_head, bw + ut.bw_head
-        ins.append(bi)
-        ws.append(bw)
-    return ins, ws
+    return (
+        _per_stage(split, ut.bi_block, ut.bi_emb, ut.bi_head),
+        _per_stage(split, ut.bw_block, ut.bw_emb, ut.bw_head),
+    )
 
 
 def persistent_lower_bound_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, ...]:
