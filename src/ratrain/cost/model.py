@@ -159,7 +159,7 @@ class CostModel:
         self.scale = {c: float(scale.get(c, 1.0)) for c in COST_CATEGORIES}
         if speed not in SPEEDS:
             raise RatrainError(f"unknown speed {speed!r}; choose one of {', '.join(SPEEDS)}")
-        self.ranks_on_node = min(plan.pp * plan.dp, platform.units_per_node)
+        self.ranks_on_node = min(plan.pp * plan.dp, platform.sharing_units)
         tokens = plan.micro_batch * plan.seq
         self.speed = (
             peak_speed(platform, self.ranks_on_node, tokens)

@@ -113,6 +113,17 @@ class Platform:
     `ratrain.cost.measured.unit_factor`); absent: 1."""
     cores_per_node: int | None = None
     """Cores shared by the compute of a node's ranks; None: each unit has its own."""
+    units_sharing_cores: int | None = None
+    """Ranks whose compute shares one set of cores (`cores_per_node`, `rank_speed`): a
+    node's ranks (None: `units_per_node`), or all the ranks of an emulated cluster whose
+    nodes are network namespaces of one machine (`ratrain.bench.cluster`), where the links
+    are per node but the cores are the machine's."""
+
+    @property
+    def sharing_units(self) -> int:
+        """Ranks that share one set of cores (`units_sharing_cores`, else a node's)."""
+        return self.units_sharing_cores or self.units_per_node
+
     thread_efficiency: float = 1.0
     """Speed-up each extra thread brings to one rank's kernels (1.0: linear)."""
     collective_compute_s_per_byte: float = 0.0

@@ -226,6 +226,10 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
         out["shared_rank_speed"] = _shared_rows(r, compute)
     if "cores_per_node" in compute:
         out["cores_per_node"] = r.number(compute, "cores_per_node", "compute.", integer=True)
+    if "units_sharing_cores" in compute:
+        out["units_sharing_cores"] = r.number(
+            compute, "units_sharing_cores", "compute.", integer=True
+        )
     if "thread_efficiency" in compute:
         out["thread_efficiency"] = r.number(compute, "thread_efficiency", "compute.", upper=1.0)
     rt = r.section(data, "runtime", "") if "runtime" in data else {}
@@ -302,7 +306,7 @@ def _parse(data, source: str) -> Platform:
         )
     host = r.section(data, "host", "")
     usable = r.number(data, "usable_memory_bytes", "", integer=True)
-    workspace = r.number(data, "workspace_bytes", "", integer=True)
+    workspace = r.number(data, "workspace_bytes", "", integer=True, zero=True)
     if workspace >= usable:
         raise r.fail(f"workspace_bytes ({workspace}) must be below usable_memory_bytes ({usable})")
     return Platform(

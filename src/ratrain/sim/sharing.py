@@ -15,7 +15,7 @@ matching blend. A DP collective's CPU work added to the next compute action
 
 Who is busy. The simulator replays one pipeline; the dp replicas are identical copies and
 compute at the same moments. The ranks on a node (the cost model's rank layout,
-`ratrain.cost.comm.rank_of`, and `units_per_node`) that compute at a moment are, summed over
+`ratrain.cost.comm.rank_of`, and `Platform.sharing_units`) that compute at a moment are, summed over
 the stages computing then, that stage's replicas on the node. Assumed for several nodes:
 the busy count of a stage is that of the node holding its replica 0; every node holding a
 replica of it is taken to hold the same stages, which is exact when nodes hold whole
@@ -71,7 +71,7 @@ def node_sharing(cost: CostModel) -> NodeSharing | None:
     platform, plan = cost.platform, cost.plan
     if not shares_cores(platform):
         return None
-    pp, dp, upn = plan.pp, plan.dp, platform.units_per_node
+    pp, dp, upn = plan.pp, plan.dp, platform.sharing_units
     node = [[rank_of(s, r, pp, dp, cost.rank_layout) // upn for r in range(dp)] for s in range(pp)]
     tokens = plan.micro_batch * plan.seq
     neighbours, rates, ws = [], [], set()
