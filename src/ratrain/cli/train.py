@@ -250,6 +250,14 @@ def _add_output_args(o) -> None:
         help="usable memory per rank in GiB: a plan whose ledger peak exceeds it is refused "
         "before any work; the summary sets the measured peak per rank beside it",
     )
+    o.add_argument(
+        "--measure-memory",
+        action="store_true",
+        help="count every rank's live tensor bytes (what the memory ledger and --memory-cap "
+        "count) and report their peak per rank in the summary and the metrics; slows each "
+        "step on CPU (on CUDA the allocator counts them anyway); without it a CPU run reports "
+        "peak RSS",
+    )
 
 
 def _add_checkpoint_args(c) -> None:
@@ -329,6 +337,7 @@ def train_request_from_args(args: argparse.Namespace) -> TrainRequest:
         run_steps=0 if args.steps == 0 else None,  # --steps 0: save the starting state
         eval_every=args.eval_every,
         eval_tokens=args.eval_tokens,
+        measure_memory=bool(getattr(args, "measure_memory", False)),
         **_memory_cap_of(args),
     )
 
