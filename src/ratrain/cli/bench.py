@@ -23,12 +23,16 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=("paper",), help="paper: the paper's evaluation by simulation")
+    p.add_argument(
+        "what",
+        choices=("paper", "cluster"),
+        help="paper: the paper's evaluation by simulation; cluster: ratrain and its peers "
+        "measured on an emulated bandwidth-constrained cluster under memory caps (root)",
+    )
     p.add_argument(
         "--out",
         type=nonempty,
-        default="out/bench-paper",
-        help="output folder (default out/bench-paper)",
+        help="output folder (default out/bench-paper, out/bench-cluster)",
     )
     p.add_argument(
         "--platform",
@@ -62,9 +66,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "or scaling curve; writes the Markdown and JSON files)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    from ratrain.cli.bench_cluster import add_cluster_arguments
+
+    add_cluster_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.what == "cluster":
+        from ratrain.cli.bench_cluster import run_cluster
+
+        return run_cluster(args)
+    args.out = args.out or "out/bench-paper"
     from ratrain.cli.bench_ablation import ablation_json, zb_json
     from ratrain.planner.paper import (
         PAPER_MODELS,

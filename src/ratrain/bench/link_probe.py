@@ -1,0 +1,111 @@
+"""Measure an emulated cluster's links from inside it: the torchrun entry
+`python -m ratrain.bench.link_probe OUT.json --ranks-per-node R`, run on every node.
+
+Rank r of node 0 is paired with rank r of node 1 (global ranks r and r + R), as the
+stages of a pipeline whose ranks are placed dp-inner on two nodes are:
+
+- p2p: every pair at once ping-pongs a buffer of each size (node 0 sends, node 1 sends it
+  back); a one-way time is half a round trip. All R pairs share the node's link, as a
+  pipeline's R replicas do.
+- all_reduce: every pair's 2-rank group at once (a DP group across the link, pp-inner),
+  then the world (all ranks, both nodes), one fp32 all-reduce of each size.
+
+The median of `--reps` repeats per size; rank 0 writes `{"p2p": [[bytes, s], ...],
+"all_reduce": {"2": [[bytes, s], ...], "<world>": [...]}, "nodes": N, "ranks_per_node": R}`.
+`fit` turns it into α/β (`ratrain.calibrate.fit.fit_alpha_beta`, least squares).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+__all__ = ["SIZES", "main", "fit"]
+
+SIZES = (64 * 1024, 512 * 1024, 2 * 2**20, 8 * 2**20)
+"""Bytes per message: from latency-bound to bandwidth-bound at 100 Mbit/s - 1 Gbit/s."""
+
+
+def _timed(fn, reps: int) -> float:
+    import torch.distributed as dist
+
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _probe(ranks_per_node: int, reps: int, sizes: tuple[int, ...]) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    r = ranks_per_node
+    if world % r or world // r < 2:
+        raise SystemExit(f"link_probe: needs at least 2 nodes of {r} ranks, got {world} ranks")
+    on_first = rank < r
+    peer = rank + r if on_first else rank - r
+    pair_groups = [dist.new_group([i, i + r]) for i in range(r)]
+    mine = pair_groups[rank % r]
+    out: dict = {"p2p": [], "all_reduce": {"2": [], str(world): []}}
+    for size in sizes:
+        buf = torch.zeros(size // 4)
+
+        def ping(buf=buf):
+            if on_first:
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
+            else:
+                dist.recv(buf, peer)
+                dist.send(buf, peer)
+
+        out["p2p"].append([size, _timed(ping, reps) / 2])
+        out["all_reduce"]["2"].append(
+            [size, _timed(lambda b=buf: dist.all_reduce(b, group=mine), reps)]
+        )
+        out["all_reduce"][str(world)].append([size, _timed(lambda b=buf: dist.all_reduce(b), reps)])
+    return out
+
+
+def fit(points: list[list[float]]) -> tuple[float, float]:
+    """(α s, β bytes/s) of time = α + bytes / β, least squares over `points`."""
+    from ratrain.calibrate.fit import fit_alpha_beta
+
+    return fit_alpha_beta([(float(b), float(t)) for b, t in points])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ratrain.bench.link_probe")
+    p.add_argument("out", help="where rank 0 writes the JSON")
+    p.add_argument("--ranks-per-node", type=int, required=True)
+    p.add_argument("--reps", type=int, default=3)
+    a = p.parse_args(argv)
+    import torch.distributed as dist
+
+    from ratrain.launch.grid import ParallelGrid, rendezvous_from_env
+
+    rdzv = rendezvous_from_env()
+    if rdzv is None:
+        print("link_probe: run it under torchrun (RANK/WORLD_SIZE unset)", file=sys.stderr)
+        return 2
+    grid = ParallelGrid.init(1, rdzv.world_size, rdzv, device="cpu")
+    try:
+        res = _probe(a.ranks_per_node, a.reps, SIZES)
+        res |= {"nodes": rdzv.world_size // a.ranks_per_node, "ranks_per_node": a.ranks_per_node}
+        if dist.get_rank() == 0:
+            with open(a.out, "w") as f:
+                json.dump(res, f)
+        dist.barrier()
+    finally:
+        grid.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The platform file of an emulated cluster: the machine's own calibrated platform (its
+kernels, memory and runtime costs: the nodes are namespaces of this machine and share its
+cores) with the links between nodes as `ratrain.bench.link_probe` measured them.
+
+Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from ratrain.bench.link_probe import fit
+from ratrain.yaml_io import read_yaml_file
+
+__all__ = ["cluster_platform", "base_platform_dict"]
+
+
+def base_platform_dict(name_or_path: str) -> dict:
+    """The raw YAML mapping of a preset (`cpu-local`) or a platform file."""
+    from ratrain.platforms import PLATFORM_PRESETS
+
+    if name_or_path in PLATFORM_PRESETS:
+        import ratrain.platforms as pkg
+
+        path = Path(pkg.__file__).parent / f"{name_or_path}.yaml"
+    else:
+        path = Path(name_or_path)
+    return read_yaml_file(path, "platform file")
+
+
+def _v(value, note: str) -> dict:
+    return {"value": value, "note": note}
+
+
+def cluster_platform(
+    base: dict, probe: dict, link_mbit: float, on: str, name: str | None = None
+) -> dict:
+    """`base` (a platform mapping) made into the emulated cluster's: `probe` is
+    `link_probe`'s JSON, measured on the cluster with links of `link_mbit` Mbit/s."""
+    out = copy.deepcopy(base)
+    nodes, r = int(probe["nodes"]), int(probe["ranks_per_node"])
+    out["name"] = name or f"cluster-{nodes}x{r}-{link_mbit:g}mbit"
+    out["description"] = (
+        f"An emulated cluster of {nodes} nodes x {r} ranks (network namespaces of one machine "
+        f"joined by links shaped to {link_mbit:g} Mbit/s each way, `ratrain cluster`), links "
+        f"measured by ratrain.bench.link_probe {on}; everything else: {base.get('name')} "
+        f"({str(base.get('description', '')).strip()[:200]})"
+    )
+    alpha, beta = fit(probe["p2p"])
+    sizes = len(probe["p2p"])
+    note = (
+        f"measured: ping-pong across the link between ranks r and r+{r}, all {r} pairs at once "
+        f"(so the node's link is shared as a dp-inner pipeline's replicas share it), "
+        f"{sizes} sizes, median of repeats, least-squares α + S/β, {on}"
+    )
+    net = out["network"]
+    net["units_per_node"] = _v(
+        r, f"sourced: the emulated cluster's ranks per node ({nodes} nodes x {r})"
+    )
+    net["inter_node"] = {
+        "bandwidth_bytes_per_s": _v(float(f"{beta:.4g}"), note),
+        "latency_s": _v(float(f"{max(alpha, 1e-6):.4g}"), note + " (floored at 1 us)"),
+        "efficiency": _v(1.0, "derived: the bandwidth above is an achieved figure"),
+    }
+    out["compute"]["units_sharing_cores"] = _v(
+        nodes * r,
+        "sourced: the emulated nodes are network namespaces of one machine; all "
+        f"{nodes * r} ranks share its cores, as they do on {base.get('name')}",
+    )
+    out["workspace_bytes"] = _v(
+        0,
+        "assumed: the emulated cluster's caps count live tensor bytes (LiveBytes, "
+        "ratrain.observe.memory), for every system alike; nothing is reserved beside them",
+    )
+    return out

@@ -1,0 +1,148 @@
+"""`ratrain bench cluster`: ratrain, its planned families and its peers, measured on an
+emulated bandwidth-constrained cluster under memory caps (`ratrain.bench.cluster`).
+
+    ratrain bench cluster --quick --json out/bench-cluster/result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ratrain.cli.common import name_list, positive_int
+from ratrain.errors import RatrainError
+
+__all__ = ["add_cluster_arguments", "run_cluster"]
+
+
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if not vals or any(not v > 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return vals
+
+
+def _layout(text: str) -> tuple[int, int]:
+    try:
+        pp, dp = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PPxDP such as 2x2, got {text!r}") from None
+    if pp < 1 or dp < 1:
+        raise argparse.ArgumentTypeError(f"expected PPxDP of positive numbers, got {text!r}")
+    return pp, dp
+
+
+def _layouts(text: str) -> tuple[tuple[int, int], ...]:
+    return tuple(_layout(x) for x in text.split(",") if x.strip())
+
+
+def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("bench cluster (see docs/paper_eval.md)")
+    g.add_argument("--model", default="bench-256", help="cluster: the model (default bench-256)")
+    g.add_argument(
+        "--caps",
+        type=_float_list,
+        help="cluster: memory caps per rank in GiB of live tensors, comma-separated "
+        "(default 0.25,0.12,0.08)",
+    )
+    g.add_argument(
+        "--link-mbit",
+        type=_float_list,
+        help="cluster: link rates in Mbit/s, comma-separated (default 100,400)",
+    )
+    g.add_argument("--nodes", type=positive_int, default=2, help="cluster: nodes (default 2)")
+    g.add_argument(
+        "--ranks-per-node", type=positive_int, default=2, help="cluster: ranks per node (default 2)"
+    )
+    g.add_argument("--seq", type=positive_int, default=128, help="cluster: tokens per sequence")
+    g.add_argument(
+        "--global-batch", type=positive_int, default=16, help="cluster: sequences per step"
+    )
+    g.add_argument(
+        "--peer-layouts",
+        type=_layouts,
+        default=((2, 2), (4, 1)),
+        help="cluster: the peers' pp x dp, comma-separated, each one of their knobs "
+        "(default 2x2,4x1)",
+    )
+    g.add_argument("--steps", type=positive_int, help="cluster: steps per run (default 6)")
+    g.add_argument("--warmup", type=int, default=2, help="cluster: untimed first steps")
+    g.add_argument("--repeats", type=positive_int, help="cluster: interleaved repeats (default 2)")
+    g.add_argument(
+        "--quick",
+        action="store_true",
+        help="cluster: fewer torch schedules (1F1B, Interleaved1F1B, ZBV), 1 repeat, 5 steps",
+    )
+    g.add_argument(
+        "--systems",
+        type=name_list,
+        help="cluster: only these (ratrain, gpu-style, zero1-pp, fsdp-pp, torch-pp, "
+        "deepspeed, or a peer configuration such as torch-1f1b)",
+    )
+    g.add_argument(
+        "--base-platform",
+        default="cpu-local",
+        help="cluster: the machine's calibrated platform the cluster's is made from",
+    )
+    g.add_argument("--json", metavar="OUT", help="cluster: also write all results to OUT")
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    from ratrain.bench.cluster import Setup, run_bench
+    from ratrain.bench.report import markdown, plot
+    from ratrain.cli.outputs import prepare_output_dir
+    from ratrain.models.presets import resolve_model
+    from ratrain.platforms import load
+
+    out = Path(args.out or "out/bench-cluster")
+    prepare_output_dir(str(out), "--out")
+    resolve_model(args.model)
+    load(args.base_platform)
+    world = args.nodes * args.ranks_per_node
+    for pp, dp in args.peer_layouts:
+        if pp * dp != world:
+            raise RatrainError(
+                f"--peer-layouts {pp}x{dp} must use the cluster's {world} ranks "
+                "(--nodes x --ranks-per-node)"
+            )
+        if args.global_batch % dp != 0:
+            raise RatrainError(
+                f"--global-batch {args.global_batch} must divide among {dp} replicas "
+                f"(--peer-layouts {pp}x{dp})"
+            )
+    setup = Setup(
+        model=args.model,
+        seq=args.seq,
+        global_batch=args.global_batch,
+        nodes=args.nodes,
+        ranks_per_node=args.ranks_per_node,
+        link_mbits=args.link_mbit or (100.0, 400.0),
+        caps_gib=args.caps or (0.25, 0.12, 0.08),
+        peer_layouts=args.peer_layouts,
+        steps=args.steps or (5 if args.quick else 6),
+        warmup=args.warmup,
+        repeats=args.repeats or (1 if args.quick else 2),
+        quick=args.quick,
+        base_platform=args.base_platform,
+        out=out,
+        systems=args.systems,
+        progress=not args.quiet,
+    )
+    if setup.warmup >= setup.steps:
+        raise RatrainError(f"--warmup {setup.warmup} leaves no timed step of {setup.steps}")
+    results = run_bench(setup)
+    md = markdown(results)
+    (out / "cluster.md").write_text(md)
+    plotted = plot(results, out / "cluster.png")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    print(md)
+    written = [str(out / "cluster.md")] + ([str(out / "cluster.png")] if plotted else [])
+    print(f"written: {', '.join(written)} and {out}/cluster-*mbit.json")
+    return 0
