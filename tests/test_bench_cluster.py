@@ -3,6 +3,7 @@ report, and the command's one-line refusals (the measured sweep itself is a benc
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -109,6 +110,21 @@ def test_result_json_schema_and_speedups():
     assert cap["speedups"]["torch-pp"] == {"measured": pytest.approx(1000 / 450), "predicted": None}
     md = markdown([res])
     assert "torch-1f1b/ddp/ac" in md and "none fits" in md and "2.222" in md
+    assert "mean absolute error 0.0%" in md  # ratrain's plan: predicted 1000, measured 1000
+
+
+def test_report_again_from_json(tmp_path):
+    setup = Setup(caps_gib=(0.5,), systems=("ratrain",))
+    res = result_json(setup, _rate(setup), [], {}, {})
+    f = tmp_path / "all.json"
+    f.write_text(json.dumps([res]))
+    argv = [sys.executable, "-m", "ratrain", "bench", "cluster", "--out", str(tmp_path / "o")]
+    r = subprocess.run(argv + ["--from-json", str(f)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "o" / "cluster.md").read_text().startswith("### 2 nodes x 2 ranks")
+    f.write_text("{}")
+    r = subprocess.run(argv + ["--from-json", str(f)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "not a list of results" in r.stderr
 
 
 def test_speedups_need_both_figures():
@@ -136,3 +152,17 @@ def test_bad_input_is_one_line(flags, words, tmp_path):
     assert r.returncode != 0
     assert words in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_plan_of_fewer_ranks_runs_on_the_first_nodes():
+    from ratrain.bench.cluster import _torchrun
+
+    full = _torchrun(Setup(), 29600, "-m", "ratrain", "train")
+    assert (
+        full[full.index("--nnodes") + 1] == "2" and full[full.index("--nproc-per-node") + 1] == "2"
+    )
+    two = _torchrun(Setup(), 29600, "-m", "ratrain", "train", ranks=2)
+    assert two[:2] == ["sh", "-c"]
+    assert '[ "{node_rank}" -lt 1 ]' in two[2] and "--nnodes 1 --nproc-per-node 2" in two[2]
+    with pytest.raises(Exception, match="do not fill nodes of 2"):
+        _torchrun(Setup(nodes=3), 29600, "-m", "x", ranks=3)

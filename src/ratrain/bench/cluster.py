@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -114,15 +115,26 @@ class Setup:
 
 
 # -- the platform of each link rate ---------------------------------------------------------
-def _torchrun(setup: Setup, port: int, *argv: str) -> list[str]:
-    return [
+def _torchrun(setup: Setup, port: int, *argv: str, ranks: int | None = None) -> list[str]:
+    """torchrun on every node, or, for a job of fewer `ranks` than the cluster has (a plan
+    that leaves clusters over), on the first nodes filled `ranks_per_node` at a time, the
+    others running nothing (as the planner placed them: `ratrain.ranks`)."""
+    r = setup.ranks_per_node
+    ranks = setup.world if ranks is None else ranks
+    if ranks <= r:
+        nnodes, per_node = 1, ranks
+    elif ranks % r == 0:
+        nnodes, per_node = ranks // r, r
+    else:
+        raise RatrainError(f"{ranks} ranks do not fill nodes of {r}")
+    cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nnodes",
-        str(setup.nodes),
+        str(nnodes),
         "--nproc-per-node",
-        str(setup.ranks_per_node),
+        str(per_node),
         "--node-rank",
         "{node_rank}",
         "--master-addr",
@@ -131,16 +143,23 @@ def _torchrun(setup: Setup, port: int, *argv: str) -> list[str]:
         str(port),
         *argv,
     ]
+    if nnodes == setup.nodes:
+        return cmd
+    script = f'if [ "{{node_rank}}" -lt {nnodes} ]; then exec {shlex.join(cmd)}; fi'
+    return ["sh", "-c", script]
 
 
 _PORTS = itertools.count(29600)
 
 
-def _on_cluster(cluster, setup: Setup, argv: list[str], what: str) -> str | None:
-    """Run `argv` (a module and its arguments) under torchrun on every node; None when
-    every node succeeded, else one line saying which failed and the tail of its output."""
+def _on_cluster(
+    cluster, setup: Setup, argv: list[str], what: str, ranks: int | None = None
+) -> str | None:
+    """Run `argv` (a module and its arguments) under torchrun on every node (`_torchrun`);
+    None when every node succeeded, else one line saying which failed and the tail of its
+    output."""
     env = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore"}
-    cmd = _torchrun(setup, next(_PORTS), *argv)
+    cmd = _torchrun(setup, next(_PORTS), *argv, ranks=ranks)
     res = cluster.run_on_nodes(cmd, env=env, timeout_s=setup.run_timeout_s)
     bad = [r for r in res if r.returncode != 0]
     if not bad:
@@ -258,6 +277,13 @@ def ratrain_peak(setup: Setup, plan_path: Path, metrics: Path) -> list[int]:
     return [int(x) for x in last["peak_bytes_per_rank"]]
 
 
+def _plan_ranks(plan_path: Path) -> int:
+    from ratrain.config import load_plan
+
+    plan, _ = load_plan(plan_path)
+    return plan.pp * plan.dp
+
+
 def ratrain_timed(cluster, setup: Setup, plan_path: Path, metrics: Path) -> dict:
     if metrics.exists():
         metrics.unlink()
@@ -277,6 +303,7 @@ def ratrain_timed(cluster, setup: Setup, plan_path: Path, metrics: Path) -> dict
             "--quiet",
         ],
         f"ratrain train --plan {plan_path.name}",
+        ranks=_plan_ranks(plan_path),
     )
     if err:
         return {"error": err}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["markdown", "plot", "SYSTEMS"]
+__all__ = ["markdown", "plot", "SYSTEMS", "prediction_errors"]
 
 SYSTEMS = ("ratrain", "gpu-style", "zero1-pp", "fsdp-pp", "torch-pp", "deepspeed")
 
@@ -20,6 +20,20 @@ def _mib(b) -> str:
 
 def _what(name: str, s: dict) -> str:
     return s.get("plan") or s.get("config") or name
+
+
+def prediction_errors(res: dict) -> list[float]:
+    """|predicted / measured - 1| of every planned system's distinct plan at one rate."""
+    seen, out = set(), []
+    for cap in res["caps"]:
+        for s in cap["systems"].values():
+            if not s or not s.get("predicted_tokens_per_s") or not s.get("tokens_per_s"):
+                continue
+            if s["plan"] in seen:
+                continue
+            seen.add(s["plan"])
+            out.append(abs(s["predicted_tokens_per_s"] / s["tokens_per_s"] - 1))
+    return out
 
 
 def markdown(results: list[dict]) -> str:
@@ -57,6 +71,14 @@ def markdown(results: list[dict]) -> str:
                     f"| `{_what(name, s)}` |"
                 )
         lines = [x for x in lines if x != ""] + [""]
+        errs = prediction_errors(res)
+        if errs:
+            lines += [
+                f"Planned systems, predicted against measured tokens/s: mean absolute error "
+                f"{100 * sum(errs) / len(errs):.1f}%, max {100 * max(errs):.1f}% "
+                f"({len(errs)} runs).",
+                "",
+            ]
         tried = res.get("peers_tried", {})
         if tried:
             lines += [

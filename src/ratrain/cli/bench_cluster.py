@@ -91,17 +91,23 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         help="cluster: the machine's calibrated platform the cluster's is made from",
     )
     g.add_argument("--json", metavar="OUT", help="cluster: also write all results to OUT")
+    g.add_argument(
+        "--from-json",
+        metavar="FILE",
+        help="cluster: no runs; write the report (Markdown, plot) of a --json file again",
+    )
 
 
 def run_cluster(args: argparse.Namespace) -> int:
     from ratrain.bench.cluster import Setup, run_bench
-    from ratrain.bench.report import markdown, plot
     from ratrain.cli.outputs import prepare_output_dir
     from ratrain.models.presets import resolve_model
     from ratrain.platforms import load
 
     out = Path(args.out or "out/bench-cluster")
     prepare_output_dir(str(out), "--out")
+    if args.from_json:
+        return _report(_read_results(args.from_json), out)
     resolve_model(args.model)
     load(args.base_platform)
     world = args.nodes * args.ranks_per_node
@@ -137,12 +143,28 @@ def run_cluster(args: argparse.Namespace) -> int:
     if setup.warmup >= setup.steps:
         raise RatrainError(f"--warmup {setup.warmup} leaves no timed step of {setup.steps}")
     results = run_bench(setup)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return _report(results, out)
+
+
+def _read_results(path: str) -> list[dict]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise RatrainError(f"--from-json {path}: cannot read it ({e})") from None
+    if not isinstance(data, list) or not all(isinstance(r, dict) and "caps" in r for r in data):
+        raise RatrainError(f"--from-json {path}: not a list of results written by --json")
+    return data
+
+
+def _report(results: list[dict], out: Path) -> int:
+    from ratrain.bench.report import markdown, plot
+
     md = markdown(results)
     (out / "cluster.md").write_text(md)
     plotted = plot(results, out / "cluster.png")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
     print(md)
     written = [str(out / "cluster.md")] + ([str(out / "cluster.png")] if plotted else [])
-    print(f"written: {', '.join(written)} and {out}/cluster-*mbit.json")
+    print(f"written: {', '.join(written)}")
     return 0
