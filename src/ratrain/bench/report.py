@@ -58,11 +58,8 @@ def markdown(results: list[dict]) -> str:
                 s = cap["systems"].get(name)
                 sp = cap["speedups"].get(name, {})
                 if s is None:
-                    lines.append(
-                        f"| {cap_mib:.0f} | {name} | none fits | | | | | |"
-                        if name in cap["systems"]
-                        else ""
-                    )
+                    if name in cap["systems"]:  # asked for, and nothing fits
+                        lines.append(f"| {cap_mib:.0f} | {name} | none fits | | | | | |")
                     continue
                 lines.append(
                     f"| {cap_mib:.0f} | {name} | {_f(s.get('tokens_per_s'))} "
@@ -70,7 +67,7 @@ def markdown(results: list[dict]) -> str:
                     f"| {_f(sp.get('measured'), '.3f')} | {_f(sp.get('predicted'), '.3f')} "
                     f"| `{_what(name, s)}` |"
                 )
-        lines = [x for x in lines if x != ""] + [""]
+        lines.append("")
         errs = prediction_errors(res)
         if errs:
             lines += [

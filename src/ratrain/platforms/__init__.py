@@ -39,6 +39,8 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       shared_rank_speed: {value: [[w, b, speed], ...], note}  # b of w computing, w - b waiting
       collective_compute_s_per_byte: {value, note}   # compute a collective's CPU work takes
       cores_per_node: {value, note}       # cores the node's ranks share
+      units_sharing_cores: {value, note}  # ranks sharing those cores, if not a node's
+                                          # (an emulated cluster: all of them)
       thread_efficiency: {value, note}    # speed-up of each extra thread of one rank
     runtime:
       action_overhead_s: {F: {value, note}, B: ..., default: ...}   # fixed cost per action
