@@ -247,24 +247,19 @@ def plan_family(setup: Setup, platform: Path, cap_gib: float, family: str, path:
     return plan, extra
 
 
+def _train_argv(plan_path: Path, steps: int, metrics: Path) -> list[str]:
+    return ["-m", "ratrain", "train", "--plan", str(plan_path), "--steps", str(steps)] + [
+        "--metrics",
+        str(metrics),
+        "--quiet",
+    ]
+
+
 def ratrain_peak(setup: Setup, plan_path: Path, metrics: Path) -> list[int]:
     """Peak live tensor bytes per rank of a plan: 2 steps on local ranks with
     `--measure-memory`."""
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ratrain",
-            "train",
-            "--plan",
-            str(plan_path),
-            "--steps",
-            "2",
-            "--measure-memory",
-            "--metrics",
-            str(metrics),
-            "--quiet",
-        ],
+        [sys.executable, *_train_argv(plan_path, 2, metrics), "--measure-memory"],
         capture_output=True,
         text=True,
         timeout=setup.run_timeout_s,
@@ -290,18 +285,7 @@ def ratrain_timed(cluster, setup: Setup, plan_path: Path, metrics: Path) -> dict
     err = _on_cluster(
         cluster,
         setup,
-        [
-            "-m",
-            "ratrain",
-            "train",
-            "--plan",
-            str(plan_path),
-            "--steps",
-            str(setup.steps),
-            "--metrics",
-            str(metrics),
-            "--quiet",
-        ],
+        _train_argv(plan_path, setup.steps, metrics),
         f"ratrain train --plan {plan_path.name}",
         ranks=_plan_ranks(plan_path),
     )

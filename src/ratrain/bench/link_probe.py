@@ -10,7 +10,7 @@ stages of a pipeline whose ranks are placed dp-inner on two nodes are:
 - all_reduce: every pair's 2-rank group at once (a DP group across the link, pp-inner),
   then the world (all ranks, both nodes), one fp32 all-reduce of each size.
 
-The median of `--reps` repeats per size; rank 0 writes `{"p2p": [[bytes, s], ...],
+The median of `--reps` repeats per size (each the slowest rank's time); rank 0 writes `{"p2p": [[bytes, s], ...],
 "all_reduce": {"2": [[bytes, s], ...], "<world>": [...]}, "nodes": N, "ranks_per_node": R}`.
 `fit` turns it into α/β (`ratrain.calibrate.fit.fit_alpha_beta`, least squares).
 """
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 
 __all__ = ["SIZES", "main", "fit"]
 
@@ -29,21 +27,11 @@ SIZES = (64 * 1024, 512 * 1024, 2 * 2**20, 8 * 2**20)
 """Bytes per message: from latency-bound to bandwidth-bound at 100 Mbit/s - 1 Gbit/s."""
 
 
-def _timed(fn, reps: int) -> float:
-    import torch.distributed as dist
-
-    times = []
-    for _ in range(reps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _probe(ranks_per_node: int, reps: int, sizes: tuple[int, ...]) -> dict:
     import torch
     import torch.distributed as dist
+
+    from ratrain.calibrate.comm import _timed  # median over repeats of the slowest rank
 
     rank, world = dist.get_rank(), dist.get_world_size()
     r = ranks_per_node
