@@ -166,3 +166,24 @@ def test_a_plan_of_fewer_ranks_runs_on_the_first_nodes():
     assert '[ "{node_rank}" -lt 1 ]' in two[2] and "--nnodes 1 --nproc-per-node 2" in two[2]
     with pytest.raises(Exception, match="do not fill nodes of 2"):
         _torchrun(Setup(nodes=3), 29600, "-m", "x", ranks=3)
+
+
+def test_measure_memory_is_said_to_be_ignored_by_the_reference_trainer(tmp_path):
+    """One process without --nproc runs the reference trainer, which counts nothing: the
+    bench's memory runs pass --nproc, and a user is told."""
+    m = tmp_path / "m.jsonl"
+    argv = [sys.executable, "-m", "ratrain", "train", "--model", "tiny", "--pp", "1"]
+    argv += ["--dp", "1", "--seq", "16", "--global-batch", "8", "--steps", "1", "--quiet"]
+    r = subprocess.run(
+        argv + ["--measure-memory", "--metrics", str(m)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert "--measure-memory applies to the pipeline runtime" in r.stderr
+    r = subprocess.run(
+        argv + ["--measure-memory", "--nproc", "1", "--metrics", str(m)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(m.read_text().splitlines()[-1])["peak_bytes_source"] == "tensors"

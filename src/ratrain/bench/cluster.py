@@ -119,6 +119,8 @@ def _torchrun(setup: Setup, port: int, *argv: str, ranks: int | None = None) -> 
     """torchrun on every node, or, for a job of fewer `ranks` than the cluster has (a plan
     that leaves clusters over), on the first nodes filled `ranks_per_node` at a time, the
     others running nothing (as the planner placed them: `ratrain.ranks`)."""
+    from ratrain.launch.cluster import torchrun_argv
+
     r = setup.ranks_per_node
     ranks = setup.world if ranks is None else ranks
     if ranks <= r:
@@ -127,22 +129,7 @@ def _torchrun(setup: Setup, port: int, *argv: str, ranks: int | None = None) -> 
         nnodes, per_node = ranks // r, r
     else:
         raise RatrainError(f"{ranks} ranks do not fill nodes of {r}")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        str(nnodes),
-        "--nproc-per-node",
-        str(per_node),
-        "--node-rank",
-        "{node_rank}",
-        "--master-addr",
-        "{master_addr}",
-        "--master-port",
-        str(port),
-        *argv,
-    ]
+    cmd = torchrun_argv(nnodes, per_node, port, *argv)
     if nnodes == setup.nodes:
         return cmd
     script = f'if [ "{{node_rank}}" -lt {nnodes} ]; then exec {shlex.join(cmd)}; fi'
@@ -255,11 +242,12 @@ def _train_argv(plan_path: Path, steps: int, metrics: Path) -> list[str]:
     ]
 
 
-def ratrain_peak(setup: Setup, plan_path: Path, metrics: Path) -> list[int]:
-    """Peak live tensor bytes per rank of a plan: 2 steps on local ranks with
-    `--measure-memory`."""
+def ratrain_peak(setup: Setup, plan_path: Path, ranks: int, metrics: Path) -> list[int]:
+    """Peak live tensor bytes per rank of a plan of `ranks` ranks: 2 steps on local ranks
+    of the pipeline runtime (`--nproc`: also for one rank) with `--measure-memory`."""
     r = subprocess.run(
-        [sys.executable, *_train_argv(plan_path, 2, metrics), "--measure-memory"],
+        [sys.executable, *_train_argv(plan_path, 2, metrics)]
+        + ["--measure-memory", "--nproc", str(ranks)],
         capture_output=True,
         text=True,
         timeout=setup.run_timeout_s,
@@ -272,14 +260,8 @@ def ratrain_peak(setup: Setup, plan_path: Path, metrics: Path) -> list[int]:
     return [int(x) for x in last["peak_bytes_per_rank"]]
 
 
-def _plan_ranks(plan_path: Path) -> int:
-    from ratrain.config import load_plan
-
-    plan, _ = load_plan(plan_path)
-    return plan.pp * plan.dp
-
-
-def ratrain_timed(cluster, setup: Setup, plan_path: Path, metrics: Path) -> dict:
+def ratrain_timed(cluster, setup: Setup, plan_path: Path, ranks: int, metrics: Path) -> dict:
+    """Time the plan file `plan_path` (of `ranks` ranks) on the cluster."""
     if metrics.exists():
         metrics.unlink()
     err = _on_cluster(
@@ -287,7 +269,7 @@ def ratrain_timed(cluster, setup: Setup, plan_path: Path, metrics: Path) -> dict
         setup,
         _train_argv(plan_path, setup.steps, metrics),
         f"ratrain train --plan {plan_path.name}",
-        ranks=_plan_ranks(plan_path),
+        ranks=ranks,
     )
     if err:
         return {"error": err}
@@ -496,7 +478,9 @@ def _plan_all(setup: Setup, rate: Rate, out: Path, plan_peaks: dict) -> None:
                 entry["predicted"] = float(extra["predicted"]["tokens_per_s"])
                 key = json.dumps(plan.to_dict(), sort_keys=True)
                 if key not in plan_peaks:
-                    plan_peaks[key] = ratrain_peak(setup, path, out / f"{path.stem}.memory.jsonl")
+                    plan_peaks[key] = ratrain_peak(
+                        setup, path, plan.pp * plan.dp, out / f"{path.stem}.memory.jsonl"
+                    )
                 entry["peak"] = plan_peaks[key]
                 setup.say(
                     f"  {cap:g} GiB {fam}: {entry['predicted']:,.0f} tokens/s predicted, "
@@ -520,7 +504,8 @@ def _jobs(setup: Setup, rate: Rate, peers) -> list:
         seen.add(key)
         path = e["path"]
         metrics = out / f"{path.stem}.metrics.jsonl"
-        jobs.append((key, lambda c, p=path, m=metrics: ratrain_timed(c, setup, p, m)))
+        n = e["plan"].pp * e["plan"].dp
+        jobs.append((key, lambda c, p=path, n=n, m=metrics: ratrain_timed(c, setup, p, n, m)))
     for name, knobs in peers:
         where = out / f"peer-{rate.mbit:g}mbit-{name.replace('/', '-')}"
         jobs.append((name, lambda c, k=knobs, w=where: peer_timed(c, setup, k, w)))

@@ -64,26 +64,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def torchrun_command(args: argparse.Namespace, rest: list[str]) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        str(args.nodes),
-        "--nproc-per-node",
-        str(args.ranks_per_node),
-        "--node-rank",
-        "{node_rank}",
-        "--master-addr",
-        "{master_addr}",
-        "--master-port",
-        str(args.master_port),
-        "--max-restarts",
-        str(args.max_restarts),
+    from ratrain.launch.cluster import torchrun_argv
+
+    return torchrun_argv(
+        args.nodes,
+        args.ranks_per_node,
+        args.master_port,
         "-m",
         "ratrain",
         *rest,
-    ]
+        max_restarts=args.max_restarts,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

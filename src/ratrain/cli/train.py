@@ -481,6 +481,7 @@ def _note_ignored_flags(args: argparse.Namespace, plan: Plan) -> None:
     for flag, value in (
         ("--malloc-mmap-threshold", args.malloc_mmap_threshold),
         ("--host-allocator", args.host_allocator != "auto"),
+        ("--measure-memory", getattr(args, "measure_memory", False)),
     ):
         if value:
             print(

@@ -45,6 +45,7 @@ __all__ = [
     "PREFIX_STEM",
     "DEFAULT_SUBNET",
     "IFNAME",
+    "torchrun_argv",
 ]
 
 PREFIX_STEM = "rtc"
@@ -364,6 +365,32 @@ class Cluster:
             NodeResult(i, 124 if timed_out[i] else p.returncode, "".join(outputs[i]), timed_out[i])
             for i, p in enumerate(procs)
         ]
+
+
+def torchrun_argv(
+    nnodes: int, nproc_per_node: int, master_port: int, *rest: str, max_restarts: int = 0
+) -> list[str]:
+    """torchrun (this Python's) for one node of a `Cluster` run: static rendezvous on node
+    0's address, `{node_rank}` and `{master_addr}` left for `run_on_nodes` to fill in,
+    then `rest` (e.g. `-m ratrain train ...`)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--node-rank",
+        "{node_rank}",
+        "--master-addr",
+        "{master_addr}",
+        "--master-port",
+        str(master_port),
+        "--max-restarts",
+        str(max_restarts),
+        *rest,
+    ]
 
 
 def _substitute(arg: str, values: dict[str, str]) -> str:
