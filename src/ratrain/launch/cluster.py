@@ -158,9 +158,12 @@ def stale_namespaces() -> list[str]:
 
 
 def _burst_bytes(mbit: float) -> int:
-    # At least a 64 KiB GSO segment plus room, else tbf would hold big segments back;
-    # and at least 2 ms of the rate (the kernel's timer granularity).
-    return max(128 * 1024, int(mbit * 1e6 / 8 * 0.002))
+    # 2 ms of the rate (the kernel's timer granularity), at least a few MTU-sized packets:
+    # a bucket much larger than that lets whole messages through at the veth's own speed
+    # whenever the link was idle (a 128 KiB bucket passed a pipeline's 128 KiB activations
+    # at about 8x the rate), so the link would not be the link its rate names. tbf splits
+    # GSO packets larger than the bucket itself.
+    return max(16 * 1024, int(mbit * 1e6 / 8 * 0.002))
 
 
 @dataclass
