@@ -91,7 +91,10 @@ class Setup:
     warmup: int = 2
     repeats: int = 2
     quick: bool = False
-    base_platform: str = "cpu-local"
+    base_platform: str = "measure"
+    """A platform preset or file describing this machine, or "measure": calibrate it first
+    (`ratrain calibrate --quick`, fp32), so that the plans are made for the machine the
+    sweep runs on."""
     out: Path = Path("out/bench-cluster")
     run_timeout_s: float = 600.0
     systems: tuple[str, ...] | None = None
@@ -186,6 +189,42 @@ def measure_platform(cluster, setup: Setup, mbit: float, out: Path) -> Path:
         "# Written by `ratrain bench cluster`; every value says how it was obtained.\n"
         + yaml.safe_dump(plat, sort_keys=False, width=100)
     )
+    return path
+
+
+MEASURE = "measure"
+
+
+def calibrate_base(setup: Setup, out: Path) -> Path:
+    """This machine's platform, measured now (`ratrain calibrate --quick`, fp32 only: every
+    planned system runs fp32 here) on the machine's own cores and loopback, before any
+    link is shaped; returns the file's path. Values whose windows did not repeat are
+    kept and listed in the file (`--allow-noisy`): a platform of this machine measured
+    with some noise predicts it better than another machine's measured without."""
+    path = out / "base-platform.yaml"
+    setup.say(f"calibrating this machine (ratrain calibrate --quick): {path}")
+    code, text = _cli(
+        [
+            "calibrate",
+            "--quick",
+            "--dtypes",
+            "fp32",
+            "--allow-noisy",
+            "--no-progress",
+            "--nproc",
+            str(min(setup.world, 4)),
+            "--name",
+            "bench-base",
+            "-o",
+            str(path),
+        ]
+    )
+    if code != 0:
+        tail = " | ".join(text.strip().splitlines()[-3:])
+        raise RatrainError(
+            f"calibrating this machine failed ({tail[-400:]}); pass --base-platform "
+            "cpu-local (or a platform file) to plan on a calibration made before"
+        )
     return path
 
 
@@ -425,6 +464,8 @@ def run_bench(setup: Setup) -> list[dict]:
         raise RatrainError(why)
     out = Path(setup.out)
     out.mkdir(parents=True, exist_ok=True)
+    if setup.base_platform == MEASURE:
+        setup.base_platform = str(calibrate_base(setup, out))
     rates = [Rate(m) for m in setup.link_mbits]
     peers = peer_candidates(setup)
     setup.say(f"{len(peers)} peer configurations, measuring their memory on local ranks")
@@ -587,6 +628,7 @@ def result_json(setup: Setup, rate: Rate, peers, peer_peaks, plan_peaks) -> dict
         "warmup": setup.warmup,
         "repeats": setup.repeats,
         "platform": str(rate.platform),
+        "base_platform": setup.base_platform,
         "peers_tried": {n: _peer_tried(p, rate.runs.get(n, [])) for n, p in peer_peaks.items()},
         "errors": rate.errors,
     }

@@ -1,8 +1,10 @@
 """Measure an emulated cluster's links from inside it: the torchrun entry
 `python -m ratrain.bench.link_probe OUT.json --ranks-per-node R`, run on every node.
 
-Rank r of node 0 is paired with rank r of node 1 (global ranks r and r + R), as the
-stages of a pipeline whose ranks are placed dp-inner on two nodes are:
+Rank r of node 2k is paired with rank r of node 2k + 1 (global ranks g and g + R), as the
+stages of a pipeline whose ranks are placed dp-inner on two nodes are (with more nodes,
+every even node and the next at once, so each node's link carries what it carries in a
+dp-inner pipeline's stage boundary):
 
 - p2p: every pair at once ping-pongs a buffer of each size (node 0 sends, node 1 sends it
   back); a one-way time is half a round trip. All R pairs share the node's link, as a
@@ -35,12 +37,16 @@ def _probe(ranks_per_node: int, reps: int, sizes: tuple[int, ...]) -> dict:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     r = ranks_per_node
-    if world % r or world // r < 2:
-        raise SystemExit(f"link_probe: needs at least 2 nodes of {r} ranks, got {world} ranks")
-    on_first = rank < r
+    nodes = world // r if world % r == 0 else 0
+    if nodes < 2 or nodes % 2:
+        raise SystemExit(
+            f"link_probe: needs an even number of nodes of {r} ranks, got {world} ranks"
+        )
+    on_first = (rank // r) % 2 == 0
     peer = rank + r if on_first else rank - r
-    pair_groups = [dist.new_group([i, i + r]) for i in range(r)]
-    mine = pair_groups[rank % r]
+    # every rank creates every group, in the same order (torch.distributed.new_group)
+    groups = {g: dist.new_group([g, g + r]) for g in range(world) if (g // r) % 2 == 0}
+    mine = groups[rank if on_first else peer]
     out: dict = {"p2p": [], "all_reduce": {"2": [], str(world): []}}
     for size in sizes:
         buf = torch.zeros(size // 4)

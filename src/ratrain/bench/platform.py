@@ -13,7 +13,7 @@ from pathlib import Path
 from ratrain.bench.link_probe import fit
 from ratrain.yaml_io import read_yaml_file
 
-__all__ = ["cluster_platform", "base_platform_dict"]
+__all__ = ["cluster_platform", "link_platform", "base_platform_dict"]
 
 
 def base_platform_dict(name_or_path: str) -> dict:
@@ -54,23 +54,59 @@ def cluster_platform(
         f"(so the node's link is shared as a dp-inner pipeline's replicas share it), "
         f"{sizes} sizes, median of repeats, least-squares α + S/β, {on}"
     )
+    _with_link(out, nodes, r, beta, max(alpha, 1e-6), note, note + " (floored at 1 us)")
+    return out
+
+
+def _with_link(
+    out: dict, nodes: int, r: int, beta: float, alpha: float, note: str, alpha_note: str
+) -> None:
+    """Set `out` (a platform mapping) to `nodes` nodes of `r` ranks sharing one machine's
+    cores, joined by links of `beta` bytes/s and `alpha` s per message."""
     net = out["network"]
     net["units_per_node"] = _v(
         r, f"sourced: the emulated cluster's ranks per node ({nodes} nodes x {r})"
     )
     net["inter_node"] = {
         "bandwidth_bytes_per_s": _v(float(f"{beta:.4g}"), note),
-        "latency_s": _v(float(f"{max(alpha, 1e-6):.4g}"), note + " (floored at 1 us)"),
+        "latency_s": _v(float(f"{alpha:.4g}"), alpha_note),
         "efficiency": _v(1.0, "derived: the bandwidth above is an achieved figure"),
     }
     out["compute"]["units_sharing_cores"] = _v(
         nodes * r,
         "sourced: the emulated nodes are network namespaces of one machine; all "
-        f"{nodes * r} ranks share its cores, as they do on {base.get('name')}",
+        f"{nodes * r} ranks share its cores",
     )
     out["workspace_bytes"] = _v(
         0,
         "assumed: the emulated cluster's caps count live tensor bytes (LiveBytes, "
         "ratrain.observe.memory), for every system alike; nothing is reserved beside them",
+    )
+
+
+def link_platform(base: dict, nodes: int, r: int, link_mbit: float) -> dict:
+    """`base` made into an emulated cluster's whose links of `link_mbit` Mbit/s are not
+    measured but assumed: each of a node's `r` rank pairs across the link gets 1/r of it
+    (as measured on the shaped links: `ratrain.bench.link_probe`), at the base platform's
+    inter-node latency."""
+    out = copy.deepcopy(base)
+    out["name"] = f"whatif-{nodes}x{r}-{link_mbit:g}mbit"
+    out["description"] = (
+        f"An emulated cluster of {nodes} nodes x {r} ranks with links of {link_mbit:g} "
+        f"Mbit/s, assumed, not measured; everything else: {base.get('name')}"
+    )
+    lat = base["network"]["inter_node"]["latency_s"]
+    alpha = float(lat["value"] if isinstance(lat, dict) else lat)
+    beta = link_mbit * 1e6 / 8 / r
+    _with_link(
+        out,
+        nodes,
+        r,
+        beta,
+        alpha,
+        f"assumed: {link_mbit:g} Mbit/s shared evenly by the node's {r} rank pairs across "
+        "the link (the shaped links measured 26.4 and 101.8 Mbit/s per pair for 2 pairs at "
+        "50 and 200 Mbit/s)",
+        f"assumed: {base.get('name')}'s inter-node latency (no latency is emulated)",
     )
     return out

@@ -87,8 +87,18 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--base-platform",
-        default="cpu-local",
-        help="cluster: the machine's calibrated platform the cluster's is made from",
+        default="measure",
+        help="cluster: the platform of this machine that the cluster's is made from: a "
+        "preset or file, or 'measure' (default): calibrate this machine first "
+        "(ratrain calibrate --quick, fp32, about 2 minutes)",
+    )
+    g.add_argument(
+        "--predict",
+        action="store_true",
+        help="cluster: no runs, no root: the simulator's answer; the best plan of every "
+        "family per --model (comma-separated here), --link-mbit and --caps, on this "
+        "machine's platform with links assumed (each rank pair across a link gets its share "
+        "of it), ratrain's predicted speedup and where each step goes",
     )
     g.add_argument("--json", metavar="OUT", help="cluster: also write all results to OUT")
     g.add_argument(
@@ -108,8 +118,11 @@ def run_cluster(args: argparse.Namespace) -> int:
     prepare_output_dir(str(out), "--out")
     if args.from_json:
         return _report(_read_results(args.from_json), out)
+    if args.predict:
+        return _predict(args, out)
     resolve_model(args.model)
-    load(args.base_platform)
+    if args.base_platform != "measure":
+        load(args.base_platform)
     world = args.nodes * args.ranks_per_node
     for pp, dp in args.peer_layouts:
         if pp * dp != world:
@@ -146,6 +159,60 @@ def run_cluster(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return _report(results, out)
+
+
+def _predict(args: argparse.Namespace, out: Path) -> int:
+    import sys
+    import time
+
+    from ratrain.bench.cluster import FAMILIES, MEASURE, Setup, calibrate_base
+    from ratrain.bench.platform import base_platform_dict
+    from ratrain.bench.whatif import markdown, whatif_grid
+    from ratrain.models.presets import resolve_model
+    from ratrain.platforms import load
+
+    models = tuple(m.strip() for m in args.model.split(",") if m.strip())
+    for m in models:
+        resolve_model(m)
+    t0 = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if not args.quiet:
+            dt = time.perf_counter() - t0
+            print(f"ratrain bench cluster --predict: {msg} ({dt:.0f} s)", file=sys.stderr)
+
+    base = args.base_platform
+    if base == MEASURE:
+        setup = Setup(nodes=args.nodes, ranks_per_node=args.ranks_per_node, progress=not args.quiet)
+        base = str(calibrate_base(setup, out))
+    else:
+        load(base)
+    families = tuple(f for f in FAMILIES if args.systems is None or f in args.systems)
+    if "ratrain" not in families:
+        raise RatrainError("--predict needs ratrain among --systems (its speedup is the answer)")
+    rows = whatif_grid(
+        base_platform_dict(base),
+        models,
+        args.link_mbit or (10.0, 25.0, 50.0, 100.0, 200.0, 1000.0),
+        args.caps or (0.25, 0.12, 0.08),
+        args.nodes,
+        args.ranks_per_node,
+        args.seq,
+        args.global_batch,
+        families,
+        say=say,
+    )
+    md = (
+        f"Predicted on {base} with links assumed ({args.nodes} nodes x {args.ranks_per_node} "
+        f"ranks, seq {args.seq}, global batch {args.global_batch}, fp32):\n\n"
+        + markdown(rows, families)
+    )
+    (out / "whatif.md").write_text(md)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"base_platform": base, "rows": rows}, indent=2))
+    print(md)
+    print(f"written: {out / 'whatif.md'}")
+    return 0
 
 
 def _read_results(path: str) -> list[dict]:

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Tier", "Link", "Platform", "PLATFORM_PRESETS", "load"]
+__all__ = ["Tier", "Link", "Platform", "PLATFORM_PRESETS", "from_dict", "load"]
 
 
 @dataclass(frozen=True)
@@ -188,4 +188,4 @@ class Platform:
 
 
 # After the dataclasses: the loader builds them.
-from ratrain.platforms.load import PLATFORM_PRESETS, load  # noqa: E402
+from ratrain.platforms.load import PLATFORM_PRESETS, from_dict, load  # noqa: E402

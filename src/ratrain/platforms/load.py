@@ -24,7 +24,7 @@ from ratrain.platforms import Link, Platform, Tier
 from ratrain.platforms.host import check_host
 from ratrain.yaml_io import load_yaml
 
-__all__ = ["PLATFORM_PRESETS", "COLLECTIVE_ALGORITHMS", "load"]
+__all__ = ["PLATFORM_PRESETS", "COLLECTIVE_ALGORITHMS", "from_dict", "load"]
 
 _DIR = Path(__file__).parent
 PLATFORM_PRESETS = ("mt3000", "a100-80g", "h100-80g", "cpu-local")
@@ -338,6 +338,12 @@ def _read(path: Path) -> Platform:
     except OSError as e:
         raise RatrainError(f"platform {path}: cannot read it ({e.strerror})") from None
     return _parse(data, str(path))
+
+
+def from_dict(data: dict, source: str = "a platform mapping") -> Platform:
+    """A platform from its YAML mapping (as a platform file holds it), checked as a file's;
+    `source` names it in errors."""
+    return _parse(data, source)
 
 
 @functools.cache
