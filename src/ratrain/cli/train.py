@@ -258,6 +258,13 @@ def _add_output_args(o) -> None:
         "step on CPU (on CUDA the allocator counts them anyway); without it a CPU run reports "
         "peak RSS",
     )
+    o.add_argument(
+        "--trace",
+        metavar="OUT.json",
+        help="write the last step's measured timeline (replica 0 of every stage, every "
+        "action in the schedule's names) as a Chrome/Perfetto trace, in the format of "
+        "`ratrain simulate --trace`, to open the two side by side",
+    )
 
 
 def _add_checkpoint_args(c) -> None:
@@ -338,6 +345,7 @@ def train_request_from_args(args: argparse.Namespace) -> TrainRequest:
         eval_every=args.eval_every,
         eval_tokens=args.eval_tokens,
         measure_memory=bool(getattr(args, "measure_memory", False)),
+        trace_path=getattr(args, "trace", None),
         **_memory_cap_of(args),
     )
 
@@ -394,6 +402,7 @@ def _check_flags(args: argparse.Namespace) -> TrainConfig:
         check_output_dir(args.tensorboard, "--tensorboard")
         require_tensorboard()
     prepare_output_file(args.metrics, "--metrics")
+    prepare_output_file(getattr(args, "trace", None), "--trace")
     prepare_output_dir(args.tensorboard, "--tensorboard")
     cfg = train_config_from_args(args)
     check_mmap_threshold(args.malloc_mmap_threshold)
@@ -482,6 +491,7 @@ def _note_ignored_flags(args: argparse.Namespace, plan: Plan) -> None:
         ("--malloc-mmap-threshold", args.malloc_mmap_threshold),
         ("--host-allocator", args.host_allocator != "auto"),
         ("--measure-memory", getattr(args, "measure_memory", False)),
+        ("--trace", getattr(args, "trace", None)),
     ):
         if value:
             print(
