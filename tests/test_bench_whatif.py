@@ -119,3 +119,19 @@ def test_the_bench_calibrates_with_fp32_on_the_clusters_ranks(monkeypatch, tmp_p
     assert argv[argv.index("--dtypes") + 1] == "fp32"
     assert argv[argv.index("--nproc") + 1] == "4"
     assert argv[argv.index("-o") + 1] == str(path)
+
+
+def test_trace_breakdown_of_a_simulated_trace_equals_the_simulations(tmp_path):
+    from ratrain.bench.whatif import trace_breakdown
+    from ratrain.sim.trace import write_trace
+
+    spec = get_preset("tiny")
+    plat = from_dict(link_platform(base_platform_dict("cpu-local"), 2, 2, 5.0))
+    plan = Plan(pp=2, dp=2, micro_batch=2, global_batch=16, seq=32, recompute=("full",) * 2)
+    sim = simulate(spec, plan, plat)
+    path = tmp_path / "t.json"
+    write_trace(sim, path)
+    got, want = trace_breakdown(path), sim_breakdown(sim)
+    for k in want:
+        assert got[k] == pytest.approx(want[k], abs=1e-5), k
+    assert got["waiting"] == pytest.approx(got["exposed_comm"] + got["bubble"])

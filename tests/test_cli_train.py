@@ -99,3 +99,18 @@ def test_memory_cap_refuses_before_any_work_and_sits_beside_the_peak(capsys):
 def test_memory_cap_bad_value(capsys):
     assert main(["train", "--memory-cap", "0"]) == 2
     assert "argument --memory-cap: expected a finite positive number" in capsys.readouterr().err
+
+
+def test_trace_writes_the_measured_step_in_the_simulators_format(tmp_path):
+    """--trace: the last step's actions of every stage, named as the schedule names them."""
+    out = tmp_path / "t.json"
+    argv = ["train", "--model", "tiny", "--pp", "2", "--dp", "1", "--seq", "16"]
+    argv += ["--global-batch", "4", "--micro-batch", "1", "--steps", "2", "--quiet"]
+    assert main(argv + ["--trace", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["otherData"]["measured"] is True
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    assert {e["pid"] for e in ev} == {0, 1}
+    names = {e["name"] for e in ev}
+    assert {"0F0@1", "1B3@4"} <= names, sorted(names)[:20]
+    assert all(e["dur"] >= 0 for e in ev)

@@ -81,6 +81,51 @@ def test_link_rate_and_teardown():
     assert not set(names) & set(_netns())
 
 
+ECHO_SERVER = r"""
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 5002)); s.listen(1)
+c, _ = s.accept()
+for _ in range(3):
+    n = 0
+    while n < (128 << 10):
+        n += len(c.recv(1 << 20))
+    c.sendall(b"k")
+"""
+BURST_CLIENT = r"""
+import socket, sys, time
+for _ in range(200):
+    try:
+        s = socket.create_connection((sys.argv[1], 5002)); break
+    except OSError: time.sleep(0.05)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+for _ in range(3):
+    time.sleep(0.3)  # the link idles: a token bucket refills
+    t0 = time.perf_counter(); s.sendall(b"x" * (128 << 10)); s.recv(1)
+    print("MSG", time.perf_counter() - t0)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_message_after_idle_is_not_let_through_faster_than_the_rate():
+    """A pipeline sends a 128 KiB activation now and then: at 50 Mbit/s it takes about
+    21 ms, whatever the link did before, so the bucket of the shaper must be small."""
+    with Cluster(2, 50) as c:
+        cmd = [
+            "sh",
+            "-c",
+            f'if [ {{node_rank}} = 0 ]; then exec {sys.executable} -c "$0"; '
+            f'else exec {sys.executable} -c "$1" {{master_addr}}; fi',
+            ECHO_SERVER,
+            BURST_CLIENT,
+        ]
+        res = c.run_on_nodes(cmd, timeout_s=30)
+        assert [r.returncode for r in res] == [0, 0], [r.output for r in res]
+        times = [float(x.split()[1]) for x in res[1].output.splitlines() if x.startswith("MSG")]
+    nominal = (128 << 10) * 8 / 50e6
+    assert len(times) == 3 and min(times) > 0.6 * nominal, (times, nominal)
+
+
 @pytest.mark.timeout(60)
 def test_killed_node_commands_leave_nothing():
     c = Cluster(2, 100)

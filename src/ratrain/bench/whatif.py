@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from ratrain.bench.platform import link_platform
 
-__all__ = ["Point", "predict_point", "sim_breakdown", "whatif_grid"]
+__all__ = ["Point", "breakdown", "predict_point", "sim_breakdown", "trace_breakdown", "whatif_grid"]
 
 
 def _pins() -> dict:
@@ -38,37 +38,74 @@ class Point:
     cap_gib: float
 
 
-def sim_breakdown(sim) -> dict[str, float]:
-    """Where a simulated step goes, in seconds, averaged over stages: `compute` (F, B,
-    B_IN, B_W, UPDATE on the compute resource, recompute excluded), `recompute`,
-    `exposed_comm` (time some transfer or collective of the stage runs while its compute
-    is idle), `bubble` (the rest: compute idle, nothing of its own in flight) and `step`."""
+def breakdown(records, step_s: float) -> dict[str, float]:
+    """Where a step goes, in seconds, averaged over stages: `compute` (F, B, B_IN, B_W,
+    UPDATE on the compute resource, recompute excluded), `recompute`, `exposed_comm` (time
+    a transfer, collective or copy of the stage is on the wire while its compute is
+    idle), `bubble` (the rest: compute idle, nothing of its own in flight), `waiting`
+    (their sum: compute idle) and `step`.
+    `records`: (stage, resource, op, start_s, end_s) per action, simulated or measured (a
+    measured asynchronous action spans its issue to the walk seeing it complete)."""
     from ratrain.sim.result import _minus, busy_s
 
-    step = sim.step_time_s
+    stages = sorted({r[0] for r in records})
     per: list[dict[str, float]] = []
-    for s in range(sim.pp):
-        comp = [
-            (e.start_s, e.end_s) for e in sim.events if e.stage == s and e.resource == "compute"
-        ]
-        comm = [
-            (e.issue_s if e.resource == "none" else e.start_s, e.end_s)
-            for e in sim.events
-            if e.stage == s and e.resource in ("dp_net", "p2p", "copy")
-        ]
-        rc = sum(e.dur_s for e in sim.events if e.stage == s and e.op == "RC")
-        busy = busy_s(comp, 0.0, step)
-        exposed = _minus(comm, comp, 0.0, step)
+    for s in stages:
+        mine = [r for r in records if r[0] == s]
+        comp = [(a, b) for _, res, _, a, b in mine if res == "compute"]
+        comm = [(a, b) for _, res, _, a, b in mine if res in ("dp_net", "p2p", "copy")]
+        rc = sum(b - a for _, res, op, a, b in mine if res == "compute" and op == "RC")
+        busy = busy_s(comp, 0.0, step_s)
+        exposed = _minus(comm, comp, 0.0, step_s)
         per.append(
             {
                 "compute": busy - rc,
                 "recompute": rc,
                 "exposed_comm": exposed,
-                "bubble": max(step - busy - exposed, 0.0),
+                "bubble": max(step_s - busy - exposed, 0.0),
             }
         )
     out = {k: sum(p[k] for p in per) / len(per) for k in per[0]}
-    out["step"] = step
+    out["waiting"] = out["exposed_comm"] + out["bubble"]
+    out["step"] = step_s
+    return out
+
+
+def sim_breakdown(sim) -> dict[str, float]:
+    """`breakdown` of a simulated step (`SimResult`)."""
+    recs = [(e.stage, e.resource, e.op, e.start_s, e.end_s) for e in sim.events]
+    return breakdown(recs, sim.step_time_s)
+
+
+def trace_breakdown(path) -> dict[str, float]:
+    """`breakdown` of a trace file, measured (`ratrain train --trace`) or simulated
+    (`ratrain simulate --trace`): its complete events, the step from the first start to
+    the last end. A measured trace says when each asynchronous action was issued and when
+    the walk saw it complete, not when its bytes were on the wire, so for it only
+    `waiting` is given (`exposed_comm` and `bubble` are None)."""
+    import json
+    from pathlib import Path
+
+    from ratrain.sim.trace import RESOURCE_TIDS
+
+    by_tid = {t: r for r, t in RESOURCE_TIDS.items()}
+    doc = json.loads(Path(path).read_text())
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    t0 = min(e["ts"] for e in ev)
+    recs = [
+        (
+            e["pid"],
+            by_tid[e["tid"]],
+            e.get("cat", ""),
+            (e["ts"] - t0) / 1e6,
+            (e["ts"] + e["dur"] - t0) / 1e6,
+        )
+        for e in ev
+    ]
+    doc_measured = bool(doc.get("otherData", {}).get("measured"))
+    out = breakdown(recs, max(r[4] for r in recs))
+    if doc_measured:
+        out["exposed_comm"] = out["bubble"] = None
     return out
 
 
