@@ -32,6 +32,19 @@ def _qdisc_of(ns: str, dev: str) -> str:
     ).stdout
 
 
+def _server_client(server: str, client: str) -> list[str]:
+    """Node 0 runs the Python source `server`; every other node `client`, given node 0's
+    address."""
+    return [
+        "sh",
+        "-c",
+        f'if [ {{node_rank}} = 0 ]; then exec {sys.executable} -c "$0"; '
+        f'else exec {sys.executable} -c "$1" {{master_addr}}; fi',
+        server,
+        client,
+    ]
+
+
 SERVER = r"""
 import socket, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -62,15 +75,7 @@ def test_link_rate_and_teardown():
         assert set(names) <= set(_netns())
         assert "tbf" in _qdisc_of(c.node(1), "eth0") and "200Mbit" in _qdisc_of(c.node(1), "eth0")
         assert "tbf" in _qdisc_of(c.switch, "n0")
-        cmd = [
-            "sh",
-            "-c",
-            f'if [ {{node_rank}} = 0 ]; then exec {sys.executable} -c "$0"; '
-            f'else exec {sys.executable} -c "$1" {{master_addr}}; fi',
-            SERVER,
-            CLIENT,
-        ]
-        res = c.run_on_nodes(cmd, timeout_s=30)
+        res = c.run_on_nodes(_server_client(SERVER, CLIENT), timeout_s=30)
         assert [r.returncode for r in res] == [0, 0], [r.output for r in res]
         line = next(x for x in res[0].output.splitlines() if x.startswith("RATE"))
         rate, n = float(line.split()[1]), int(line.split()[2])
@@ -111,15 +116,7 @@ def test_a_message_after_idle_is_not_let_through_faster_than_the_rate():
     """A pipeline sends a 128 KiB activation now and then: at 50 Mbit/s it takes about
     21 ms, whatever the link did before, so the bucket of the shaper must be small."""
     with Cluster(2, 50) as c:
-        cmd = [
-            "sh",
-            "-c",
-            f'if [ {{node_rank}} = 0 ]; then exec {sys.executable} -c "$0"; '
-            f'else exec {sys.executable} -c "$1" {{master_addr}}; fi',
-            ECHO_SERVER,
-            BURST_CLIENT,
-        ]
-        res = c.run_on_nodes(cmd, timeout_s=30)
+        res = c.run_on_nodes(_server_client(ECHO_SERVER, BURST_CLIENT), timeout_s=30)
         assert [r.returncode for r in res] == [0, 0], [r.output for r in res]
         times = [float(x.split()[1]) for x in res[1].output.splitlines() if x.startswith("MSG")]
     nominal = (128 << 10) * 8 / 50e6
