@@ -361,3 +361,27 @@ def test_train_refuses_an_unsupported_zb_h1_plan_before_any_rank_starts(tmp_path
     err = one_line_error(capsys, ["train", "--plan", str(path), "--steps", "1"])
     assert "pipeline zb-h1 does not support offload_activations" in err
     assert capsys.readouterr().out == ""  # nothing started: no header
+
+
+def test_a_split_backwards_halves_are_charged_a_fixed_cost_per_action():
+    """Measured where the platform has the figures, else B's for each half."""
+    import copy
+
+    from ratrain.bench.platform import base_platform_dict
+    from ratrain.platforms import from_dict
+
+    d = base_platform_dict("cpu-local")
+    p = from_dict(d)
+    assert p.overhead_s("BI") == p.overhead_s("BW") == p.overhead_s("B") > 0
+    d = copy.deepcopy(d)
+    d["runtime"]["action_overhead_s"]["BI"] = {"value": 3e-4, "note": "measured: test"}
+    p = from_dict(d)
+    assert p.overhead_s("BI") == 3e-4 and p.overhead_s("BW") == p.overhead_s("B")
+
+
+def test_calibrate_measures_the_split_backwards_fixed_costs():
+    from ratrain.calibrate.overhead import measure_action_overhead
+
+    got = measure_action_overhead(quick=True)
+    assert {"F", "B", "UPD", "RC", "BI", "BW"} <= set(got)
+    assert all(v > 0 for v in got.values())
