@@ -6,9 +6,9 @@ plan's step goes (compute, recompute, exposed communication, bubble).
 
 The links are not measured here: a link of R Mbit/s between nodes of `ranks_per_node`
 ranks is taken as R / ranks_per_node Mbit/s per rank pair, all pairs at once, with the
-latency of the base platform's inter-node link. That is how the shaped links measured on
-this machine (`ratrain.bench.link_probe`: 26.4 and 101.8 Mbit/s per pair for 2 pairs at
-50 and 200 Mbit/s).
+latency of the base platform's inter-node link, as the shaped links of this machine
+measured (`ratrain.bench.link_probe`: 26.4 and 101.8 Mbit/s per pair for 2 pairs at 50 and
+200 Mbit/s).
 
 Pure: no torch.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from ratrain.bench.platform import link_platform
 
-__all__ = ["Point", "breakdown", "predict_point", "sim_breakdown", "trace_breakdown", "whatif_grid"]
+__all__ = ["breakdown", "predict_point", "sim_breakdown", "trace_breakdown", "whatif_grid"]
 
 
 def _pins() -> dict:
@@ -29,13 +29,6 @@ def _pins() -> dict:
     from ratrain.planner import parse_pins
 
     return parse_pins(list(PINS))
-
-
-@dataclasses.dataclass(frozen=True)
-class Point:
-    model: str
-    link_mbit: float
-    cap_gib: float
 
 
 def breakdown(records, step_s: float) -> dict[str, float]:
@@ -128,9 +121,10 @@ def predict_point(
 
     spec = resolve_model(model)
     capped = dataclasses.replace(platform, usable_memory_bytes=int(cap_gib * 2**30))
+    pins = _pins()
     out: dict = {}
     for fam in families:
-        req = Request(spec, capped, clusters, global_batch, seq, pins=_pins(), families=(fam,))
+        req = Request(spec, capped, clusters, global_batch, seq, pins=pins, families=(fam,))
         res = search(
             req,
             top=1,
@@ -141,7 +135,7 @@ def predict_point(
             out[fam] = None
             continue
         best = res.best
-        sim = simulate(spec, best.plan, capped, rank_layout=best.plan.rank_layout)
+        sim = simulate(spec, best.plan, capped)  # in full, with its events: the breakdown
         out[fam] = {
             "plan": describe(best.plan),
             "tokens_per_s": sim.tokens_per_s,
@@ -210,8 +204,8 @@ def whatif_grid(
 
 
 def markdown(rows: list[dict], families: tuple[str, ...]) -> str:
-    """A table of the grid: predicted tokens/s per family and ratrain's speedup, then the
-    breakdown of ratrain's and the best other family's step."""
+    """A table of the grid: predicted tokens/s per family and ratrain's speedup, then where
+    each family's step goes."""
     head = "| model | link Mbit/s | cap MiB | " + " | ".join(families) + " | ratrain / best other |"
     lines = [head, "| --- | ---: | ---: | " + " | ".join("---:" for _ in families) + " | ---: |"]
     for r in rows:

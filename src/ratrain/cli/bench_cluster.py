@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ratrain.bench.cluster import MEASURE
 from ratrain.cli.common import name_list, positive_int
 from ratrain.errors import RatrainError
 
@@ -54,7 +55,8 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--link-mbit",
         type=_float_list,
-        help="cluster: link rates in Mbit/s, comma-separated (default 100,400)",
+        help="cluster: link rates in Mbit/s, comma-separated (default 100,400; with "
+        "--predict 10,25,50,100,200,1000)",
     )
     g.add_argument("--nodes", type=positive_int, default=2, help="cluster: nodes (default 2)")
     g.add_argument(
@@ -87,7 +89,7 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--base-platform",
-        default="measure",
+        default=MEASURE,
         help="cluster: the platform of this machine that the cluster's is made from: a "
         "preset or file, or 'measure' (default): calibrate this machine first "
         "(ratrain calibrate --quick, fp32, about 2 minutes)",
@@ -121,7 +123,7 @@ def run_cluster(args: argparse.Namespace) -> int:
     if args.predict:
         return _predict(args, out)
     resolve_model(args.model)
-    if args.base_platform != "measure":
+    if args.base_platform != MEASURE:
         load(args.base_platform)
     world = args.nodes * args.ranks_per_node
     for pp, dp in args.peer_layouts:
@@ -141,8 +143,8 @@ def run_cluster(args: argparse.Namespace) -> int:
         global_batch=args.global_batch,
         nodes=args.nodes,
         ranks_per_node=args.ranks_per_node,
-        link_mbits=args.link_mbit or (100.0, 400.0),
-        caps_gib=args.caps or (0.25, 0.12, 0.08),
+        link_mbits=args.link_mbit or Setup.link_mbits,
+        caps_gib=args.caps or Setup.caps_gib,
         peer_layouts=args.peer_layouts,
         steps=args.steps or (5 if args.quick else 6),
         warmup=args.warmup,
@@ -165,7 +167,7 @@ def _predict(args: argparse.Namespace, out: Path) -> int:
     import sys
     import time
 
-    from ratrain.bench.cluster import FAMILIES, MEASURE, Setup, calibrate_base
+    from ratrain.bench.cluster import FAMILIES, Setup, calibrate_base
     from ratrain.bench.platform import base_platform_dict
     from ratrain.bench.whatif import markdown, whatif_grid
     from ratrain.models.presets import resolve_model
@@ -194,7 +196,7 @@ def _predict(args: argparse.Namespace, out: Path) -> int:
         base_platform_dict(base),
         models,
         args.link_mbit or (10.0, 25.0, 50.0, 100.0, 200.0, 1000.0),
-        args.caps or (0.25, 0.12, 0.08),
+        args.caps or Setup.caps_gib,
         args.nodes,
         args.ranks_per_node,
         args.seq,
