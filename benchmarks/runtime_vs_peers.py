@@ -2,8 +2,8 @@
 
     python benchmarks/runtime_vs_peers.py [--quick] [--json out.json] [--layouts 2x1,2x2]
         [--repeats 3] [--steps 6] [--warmup 2]
-        [--systems ratrain,ratrain-zb,torch-1f1b,torch-interleaved-1f1b,torch-izb,torch-zbv,
-                   torch-dualpipev,deepspeed (the default)]
+        [--systems ratrain,ratrain-zb,ratrain-zb2,torch-1f1b,torch-interleaved-1f1b,torch-izb,
+                   torch-zbv,torch-dualpipev,deepspeed (the default)]
         [--compile | --no-compile] [--loss-chunk-tokens 256] [--platform FILE]
         [--malloc-mmap-threshold 131072 (ratrain-lowrss's)]
         [--model bench-512] [--ratrain-split planner|same|even|balanced|5,3]
@@ -16,8 +16,9 @@ gradient clipping (the peers' schedules have no global-norm step). Layouts are p
 Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as given),
 `ratrain-eager` (no compile, plain loss: the runtime before these two),
 `ratrain-compiled` (`ratrain` with compile forced on, to measure compile),
-`ratrain-zb` (`ratrain` with the zero-bubble pass order, `--pipeline zb-h1`; when the
-runtime refuses it, reported as "skipped: <its one-line refusal>"),
+`ratrain-zb` and `ratrain-zb2` (`ratrain` with a zero-bubble pass order, `--pipeline
+zb-h1` and `zb-h2`, each on the split the planner picks for it; when the runtime refuses
+it, reported as "skipped: <its one-line refusal>"),
 `ratrain-tcmalloc`, `ratrain-jemalloc`, `ratrain-malloc` (`ratrain` with its ranks on that
 host allocator, `--host-allocator`; skipped when it is not installed: `ratrain` itself
 runs on `auto`, the first of tcmalloc, jemalloc found, else glibc's malloc),
@@ -111,9 +112,13 @@ _DEADLINE_S = 3600.0
 HOST_SYSTEMS = {f"ratrain-{a}": a for a in ("tcmalloc", "jemalloc", "malloc")}
 """`ratrain` on each host allocator (`--host-allocator`)."""
 
+ZB_SYSTEMS = {"ratrain-zb": "zb-h1", "ratrain-zb2": "zb-h2"}
+"""`ratrain` with a zero-bubble pass order (`--pipeline`), on the split the planner picks
+for it."""
+
 KNOWN_SYSTEMS = (
     "ratrain",
-    "ratrain-zb",
+    *ZB_SYSTEMS,
     "ratrain-eager",
     "ratrain-compiled",
     "ratrain-lowrss",
@@ -122,7 +127,7 @@ KNOWN_SYSTEMS = (
     "deepspeed",
 )
 
-DEFAULT_SYSTEMS = ",".join(["ratrain", "ratrain-zb", *TORCH_SCHEDULES, "deepspeed"])
+DEFAULT_SYSTEMS = ",".join(["ratrain", *ZB_SYSTEMS, *TORCH_SCHEDULES, "deepspeed"])
 
 LOSS_RTOL = 1e-5
 """A torch peer whose first-step loss differs from torch-1f1b's by more (relative) is
@@ -324,10 +329,13 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
     peer_split = plan.blocks_per_stage(spec)
     own = plan.replace(layer_split=_ratrain_split(a, spec, plan))
     own_split = own.blocks_per_stage(spec)
-    zb_split = own.layer_split
-    if a.ratrain_split == "planner" and "ratrain-zb" in systems:  # its own planned split
-        zb_split = planner_split(spec, plan, a.split_platform, "zb-h1")
-    zb_note = f", ratrain-zb {_fmt(zb_split)}" if zb_split != own.layer_split else ""
+    zb_split = {}
+    for s, pipe in ZB_SYSTEMS.items():
+        if s in systems:
+            zb_split[s] = own.layer_split
+            if a.ratrain_split == "planner":  # its own planned split
+                zb_split[s] = planner_split(spec, plan, a.split_platform, pipe)
+    zb_note = "".join(f", {s} {_fmt(x)}" for s, x in zb_split.items() if x != own.layer_split)
     print(f"  split: ratrain {_fmt(own_split)}{zb_note}, peers {_fmt(peer_split)}", flush=True)
     plans = {s: own if s.startswith("ratrain") else plan for s in systems}
     if own_split != peer_split and a.peers_on_ratrain_split:
@@ -364,9 +372,9 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         # A B C, then C B A: a load that drifts during a repeat favours no system
         for s in list(systems) if rep % 2 == 0 else systems[::-1]:
             prof = rep == 0 and a.profile
-            if s == "ratrain-zb":  # `ratrain` with the zero-bubble pass order (--pipeline zb-h1)
+            if s in ZB_SYSTEMS:  # `ratrain` with a zero-bubble pass order (--pipeline)
                 try:
-                    zb = fast.replace(pipeline="zb-h1", layer_split=zb_split)
+                    zb = fast.replace(pipeline=ZB_SYSTEMS[s], layer_split=zb_split[s])
                     r = run_ratrain(spec, zb, cfg, source, a.compile, prof, 0)
                 except RatrainError as e:  # the runtime refuses it: one line
                     skipped[s] = str(e).splitlines()[0]
@@ -439,10 +447,11 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             "rss_vs_better_peer": rows["ratrain"]["peak_rss_bytes_max"]
             / rows[best_rss]["peak_rss_bytes_max"],
         }
-        if "ratrain-zb" in rows:
-            ratios["ratrain_zb_speed_vs_better_peer"] = (
-                rows["ratrain-zb"]["tokens_per_s"] / rows[best_speed]["tokens_per_s"]
-            )
+        for s in ZB_SYSTEMS:
+            if s in rows:
+                ratios[f"{s.replace('-', '_')}_speed_vs_better_peer"] = (
+                    rows[s]["tokens_per_s"] / rows[best_speed]["tokens_per_s"]
+                )
     if "ratrain" in rows:  # interleaved pairs: ratrain / system, repeat by repeat
         ratios["ratrain_over_system_per_repeat"] = {
             s: [
@@ -504,11 +513,12 @@ def print_layout(name: str, res: dict, warmup: int) -> None:
             f"(per repeat, against the fastest peer of each: {reps}); "
             f"ratrain / {q['better_peer_rss']} peak RSS: {q['rss_vs_better_peer']:.3f}"
         )
-        if "ratrain_zb_speed_vs_better_peer" in q:
-            print(
-                f"ratrain-zb / {q['better_peer_speed']} tokens/s: "
-                f"{q['ratrain_zb_speed_vs_better_peer']:.3f}"
-            )
+        for s in ZB_SYSTEMS:
+            if f"{s.replace('-', '_')}_speed_vs_better_peer" in q:
+                print(
+                    f"{s} / {q['better_peer_speed']} tokens/s: "
+                    f"{q[s.replace('-', '_') + '_speed_vs_better_peer']:.3f}"
+                )
     for other, xs in q.get("ratrain_over_system_per_repeat", {}).items():
         print(f"ratrain / {other} tokens/s per repeat: " + " ".join(f"{x:.3f}" for x in xs))
     for name, row in res["rows"].items():

@@ -160,21 +160,24 @@ _CASES = [
 ]
 
 
+@pytest.mark.parametrize("pipeline", ["zb-h1", "zb-h2"])
 @pytest.mark.parametrize("platform, model, schedule, pp, m", _CASES[::5])
-def test_zb_bounds_stay_below_the_simulator_and_the_ledger(platform, model, schedule, pp, m):
+def test_zb_bounds_stay_below_the_simulator_and_the_ledger(
+    platform, model, schedule, pp, m, pipeline
+):
     pf, spec = load(platform), get_preset(model)
     dt = "fp32" if platform == "cpu-local" else "bf16"
     seq = min(512, spec.max_seq)
     kw = dict(pp=pp, dp=2, micro_batch=1, global_batch=2 * m, seq=seq, schedule=schedule)
-    plan = Plan(**kw, compute_dtype=dt, pipeline="zb-h1", model=spec.name)
+    plan = Plan(**kw, compute_dtype=dt, pipeline=pipeline, model=spec.name)
     split = plan.blocks_per_stage(spec)
     sch = build_schedule(spec, plan)
     step = simulate_schedule(sch, CostModel(spec, plan, pf)).step_time_s
     ut = unit_times(spec, pf, 1, seq, dt)
     over = overheads(spec, plan, pf)
     for lb in (
-        step_time_lower_bound_s(split, m, ut, ("none",) * pp, over, pipeline="zb-h1"),
-        step_time_lower_bound_s(split, m, peak_unit_times(spec, pf, 1, seq, dt), pipeline="zb-h1"),
+        step_time_lower_bound_s(split, m, ut, ("none",) * pp, over, pipeline=pipeline),
+        step_time_lower_bound_s(split, m, peak_unit_times(spec, pf, 1, seq, dt), pipeline=pipeline),
     ):
         assert lb <= step * (1 + 1e-9)
     # The memory bound of no recomputation: below the ledger's peak of every stage.
@@ -205,7 +208,8 @@ _RC_CASES = list(
 policy and shape, platform and model (the whole grid: 7 s on the 2-core machine)."""
 
 
-def test_zb_bounds_with_recompute_stay_below_the_simulator_and_the_ledger():
+@pytest.mark.parametrize("pipeline", ["zb-h1", "zb-h2"])
+def test_zb_bounds_with_recompute_stay_below_the_simulator_and_the_ledger(pipeline):
     """RECOMPUTE before each B_IN: its time on the paths back in the step-time bound, and
     in the memory bound what B_IN leaves for B_W whatever the policy, of the units above
     and of the microbatches waiting for their B_W pass (`MemoryBound`)."""
@@ -227,7 +231,7 @@ def test_zb_bounds_with_recompute_stay_below_the_simulator_and_the_ledger():
             shard_optimizer=True,
             compute_dtype=dt,
             recompute=policy,
-            pipeline="zb-h1",
+            pipeline=pipeline,
             model=spec.name,
         )
         case = (platform, model, schedule, views, ahead, policy, pp, m)
@@ -237,8 +241,8 @@ def test_zb_bounds_with_recompute_stay_below_the_simulator_and_the_ledger():
         ut, peak = unit_times(spec, pf, 1, seq, dt), peak_unit_times(spec, pf, 1, seq, dt)
         over = overheads(spec, plan, pf)
         for lb in (
-            step_time_lower_bound_s(split, m, ut, policy, over, pipeline="zb-h1"),
-            step_time_lower_bound_s(split, m, peak, policy, pipeline="zb-h1"),
+            step_time_lower_bound_s(split, m, ut, policy, over, pipeline=pipeline),
+            step_time_lower_bound_s(split, m, peak, policy, pipeline=pipeline),
         ):
             assert lb <= step * (1 + 1e-9), case
         led = platform_ledger(sch, spec, plan, pf, keep_trace=False)
@@ -251,14 +255,16 @@ def test_zb_bounds_with_recompute_stay_below_the_simulator_and_the_ledger():
     assert tight > len(_RC_CASES)  # most stages: within 5% of the ledger
 
 
+@pytest.mark.parametrize("pipeline", ["zb-h1", "zb-h2"])
 @pytest.mark.parametrize("schedule", ["ratrain", "gpu-style", "baseline"])
 @pytest.mark.parametrize("pp", [2, 4])
-def test_the_shortened_memory_step_holds_for_zb_h1(schedule, pp):
+def test_the_shortened_memory_step_holds_for_zb(schedule, pp, pipeline):
     spec = get_preset("llama2-7b")
     base = Plan(pp=pp, dp=2, micro_batch=1, global_batch=2, seq=512, schedule=schedule)
     peaks = set()
-    for m in (memory_microbatches(base.replace(global_batch=200)), 3 * pp + 5):
-        plan = base.replace(global_batch=2 * m, pipeline="zb-h1")
+    long = base.replace(global_batch=200, pipeline=pipeline)
+    for m in (memory_microbatches(long), 3 * pp + 5):
+        plan = base.replace(global_batch=2 * m, pipeline=pipeline)
         peaks.add(
             tuple(s.peak_bytes for s in replay(build_schedule(spec, plan), spec, plan).stages)
         )
@@ -306,3 +312,30 @@ def test_bench_tables_show_what_zb_h1_adds():
     assert kept.plan.pipeline == "1f1b" and kept.plan.pp > 1
     miss = "\n".join(zb_markdown([ZbRow("tiny", kept, kept, None, res.near)], "x"))
     assert "| none fits | — |" in miss and "none fits; nearest miss found" in miss
+
+
+def test_picks_zb_h2_where_its_warm_up_fills_a_wait_and_it_fits():
+    """The runtime_vs_peers job at pp=2 on cpu-local: stage 0 (5 blocks and the embedding)
+    outlasts stage 1 (3 blocks and the head), and under zb-h1 it waits for microbatch 0's
+    gradient after its two forwards. zb-h2's longer warm-up fills that wait: the planner
+    ranks it first, then zb-h1, then 1F1B, on the same split. Under a cap between zb-h1's
+    stage-0 peak and zb-h2's, zb-h1 is picked, and what is ranked fits."""
+    spec = get_preset("bench-512")
+    pins = dict(pp=2, dp=1, micro_batch=2, compute_dtype="fp32", schedule="ratrain")
+    pins.update(clip_grad=None, recompute="none", shard_optimizer=False)
+    pins.update(view_policy="persistent", layer_split=(5, 3))
+    cpu = load("cpu-local")
+    req = Request(spec, cpu, 2, 16, 256, pins=pins, families=("ratrain",))
+    best = {}
+    for c in search(req, top=8).ranked:
+        best.setdefault(c.plan.pipeline, c)
+    assert list(best) == ["zb-h2", "zb-h1", "1f1b"]
+    h1, h2 = best["zb-h1"], best["zb-h2"]
+    assert h2.step_time_s < h1.step_time_s < best["1f1b"].step_time_s
+    assert h2.peak_memory_bytes[0] > h1.peak_memory_bytes[0]
+    cap = (h1.peak_memory_bytes[0] + h2.peak_memory_bytes[0]) // 2
+    tight = replace(cpu, usable_memory_bytes=cap + cpu.workspace_bytes)
+    res = search(req.with_(platform=tight), top=8)
+    assert res.best.plan.pipeline == "zb-h1"
+    assert all(max(c.peak_memory_bytes) <= usable_bytes(res.request) for c in res.ranked)
+    assert "zb-h2" not in {c.plan.pipeline for c in res.ranked}

@@ -1,5 +1,6 @@
-"""ZB-H1 (`pipeline: zb-h1`): the split backward in the IR, the checker, the ledger, the
-simulator, the runtime's execution against Baseline-1F1B, and the refusals."""
+"""ZB-H1 and ZB-H2 (`pipeline: zb-h1 | zb-h2`): the split backward in the IR, the checker,
+the ledger, the simulator, the runtime's execution against Baseline-1F1B, and the
+refusals."""
 
 import dataclasses
 
@@ -40,8 +41,17 @@ def test_plan_field_round_trips_and_is_validated():
     p = _plan(2, 4)
     assert Plan.from_dict(p.to_dict()) == p
     assert Plan().pipeline == "1f1b"
-    with pytest.raises(RatrainError, match="pipeline must be one of 1f1b, zb-h1"):
-        _plan(2, 4, pipeline="zb-h2")
+    assert _plan(2, 4, pipeline="zb-h2").split_backward and not Plan().split_backward
+    with pytest.raises(RatrainError, match="pipeline must be one of 1f1b, zb-h1, zb-h2"):
+        _plan(2, 4, pipeline="zb-h3")
+
+
+def _in_flight(order):
+    held = peak = 0
+    for op, _ in order:
+        held += (op is Op.F) - (op is Op.B_W)
+        peak = max(peak, held)
+    return peak
 
 
 @pytest.mark.parametrize("pp", [2, 4])
@@ -49,20 +59,29 @@ def test_plan_field_round_trips_and_is_validated():
 def test_pass_order_keeps_at_most_pp_in_flight(pp, m):
     for s in range(pp):
         order = pass_order(pp, m, s)
-        held = peak = 0
-        for op, _ in order:
-            held += (op is Op.F) - (op is Op.B_W)
-            peak = max(peak, held)
-        assert peak <= pp
+        assert _in_flight(order) <= pp
         assert sorted(mb for op, mb in order if op is Op.B_W) == list(range(m))
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("m", [2, 4, 8, 16])
+def test_zb_h2_pass_order_doubles_the_warm_up(pp, m):
+    for s in range(pp):
+        order = pass_order(pp, m, s, "zb-h2")
+        first = next(i for i, (op, _) in enumerate(order) if op is Op.B_IN)
+        assert first == min(2 * (pp - s - 1) + 1, m)  # the warm-up's forwards, then one
+        assert _in_flight(order) == min(max(pp, 2 * (pp - s) - 1), m)
+        for op in (Op.F, Op.B_IN, Op.B_W):
+            assert [mb for o, mb in order if o is op] == list(range(m))
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("pp", [2, 4])
 @pytest.mark.parametrize("m", [2, 4, 8])
-def test_checker_accepts_zb_h1(schedule, pp, m):
+@pytest.mark.parametrize("pipeline", ["zb-h1", "zb-h2"])
+def test_checker_accepts_zb(schedule, pp, m, pipeline):
     spec = get_preset("tiny")
-    plan = _plan(pp, m, schedule=schedule, sync_bucket_bytes=0)
+    plan = _plan(pp, m, pipeline, schedule=schedule, sync_bucket_bytes=0)
     sch = build_schedule(spec, plan)
     assert not any(a.op is Op.B for a in sch.actions())
     check_schedule(sch, spec, plan)
@@ -168,6 +187,25 @@ def test_zb_h1_bubble_is_a_third_of_1f1b(schedule):
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
+def test_zb_h2_fills_the_wait_for_the_first_gradient(schedule):
+    """Equal F/B_in/B_w times per block. Balanced stages: ZB-H2 is ZB-H1 (what is left is
+    the ramp). Stage 0 heavier (5 blocks against 3, m = 8, 15 s of compute per microbatch
+    against 9): under ZB-H1 stage 0 runs F0, F1 (10 s), then waits for stage 1's F0 and
+    B_IN0 (5 + 3 + 3 = 11 s); under ZB-H2 it runs F2 there, and the step is stage 0's
+    compute, 8 x 15 = 120 s, with no wait at all."""
+    for pp, m in ((2, 8), (4, 8), (4, 4)):
+        h1, r1 = _idle(UNIFORM, _plan(pp, m, schedule=schedule))
+        h2, r2 = _idle(UNIFORM, _plan(pp, m, "zb-h2", schedule=schedule))
+        assert r2.step_time_s == pytest.approx(r1.step_time_s)
+    split = dict(schedule=schedule, layer_split=(5, 3))
+    steps = {
+        pipe: _idle(UNIFORM, _plan(2, 8, pipe, **split))[1].step_time_s
+        for pipe in ("1f1b", "zb-h1", "zb-h2")
+    }
+    assert steps == pytest.approx({"1f1b": 124, "zb-h1": 121, "zb-h2": 120})
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("pp, m", [(2, 4), (2, 8), (4, 4), (4, 8)])
 def test_zb_h1_ledger_peak_within_5_percent_of_1f1b(schedule, pp, m):
     spec = get_preset("llama2-7b")
@@ -177,6 +215,28 @@ def test_zb_h1_ledger_peak_within_5_percent_of_1f1b(schedule, pp, m):
         plan = _plan(pp, m, pipe, **kw)
         peaks[pipe] = replay(build_schedule(spec, plan), spec, plan).peak_bytes
     assert peaks["zb-h1"] <= 1.05 * peaks["1f1b"]
+
+
+@pytest.mark.parametrize("pp, m", [(2, 8), (4, 8)])
+def test_zb_h2_ledger_holds_more_microbatches_than_zb_h1(pp, m):
+    """Stage 0 holds up to 2p - 1 microbatches' activations under ZB-H2 against p: its peak
+    grows by exactly p - 1 microbatches' keep; no stage's peak shrinks, and the last
+    stage's, whose limit is p under both, is the same."""
+    from ratrain.sizes.activations import activation_bytes
+
+    spec = get_preset("llama2-7b")
+    peaks = {}
+    for pipe in ("zb-h1", "zb-h2"):
+        plan = _plan(pp, m, pipe, seq=4096)
+        peaks[pipe] = [
+            st.peak_bytes for st in replay(build_schedule(spec, plan), spec, plan).stages
+        ]
+    keep = sum(
+        activation_bytes(spec, plan, u, "none", flash=True) for u in plan.stage_units(spec, 0)
+    )
+    assert all(b >= a for a, b in zip(peaks["zb-h1"], peaks["zb-h2"], strict=True))
+    assert peaks["zb-h2"][0] - peaks["zb-h1"][0] == (pp - 1) * keep
+    assert peaks["zb-h2"][-1] == peaks["zb-h1"][-1]
 
 
 def test_zb_h1_ledger_keeps_what_b_w_needs_then_frees_it():
@@ -264,12 +324,18 @@ def test_runtime_zb_h1_equals_baseline_1f1b_bitwise_fp32():
     variants = [("1f1b", {"schedule": "baseline", "pipeline": "1f1b"})]
     variants += [(f"zb-{k}", {**v, "pipeline": "zb-h1"}) for k, v in ZB_VARIANTS.items()]
     variants += [("1f1b-chunked-loss", {"schedule": "baseline", "loss_chunk_tokens": 8})]
+    # zb-h2: its longer warm-up holds more microbatches; the sums are the same
+    h2 = ("ratrain", "ratrain-zero1", "ratrain-chunked-loss")
+    variants += [(f"zb2-{k}", {**ZB_VARIANTS[k], "pipeline": "zb-h2"}) for k in h2]
     out, ref, _ = _runtime_losses(RUNTIME_PLAN, variants)
     base = out["1f1b"]
     assert len(base) == 5 and base[-1] < base[0]
     for name in ZB_VARIANTS:
         want = out["1f1b-chunked-loss"] if "chunked" in name else base
         assert out[f"zb-{name}"] == want, name
+    for name in h2:
+        want = out["1f1b-chunked-loss"] if "chunked" in name else base
+        assert out[f"zb2-{name}"] == want, name
     assert max(abs(a - b) / abs(b) for a, b in zip(out["zb-ratrain"], ref, strict=True)) <= 1e-5
 
 
@@ -329,15 +395,20 @@ def test_runtime_zb_h1_lifecycle_options_equal_1f1b(name):
 
 @pytest.mark.dist
 @pytest.mark.timeout(300)
-def test_runtime_zb_h1_four_stages_equals_1f1b():
+def test_runtime_zb_four_stages_equals_1f1b():
+    """Four stages, zb-h1 and zb-h2 (stage 0 runs 6 forwards before its first B_IN, 7 in
+    flight), recomputing under zb-h2 too."""
     pytest.importorskip("torch")
     plan = RUNTIME_PLAN.replace(pp=4, dp=1, recompute="none")
     variants = [
         ("1f1b", {"schedule": "baseline", "pipeline": "1f1b"}),
         ("zb", {"schedule": "ratrain", "pipeline": "zb-h1"}),
+        ("zb2", {"schedule": "ratrain", "pipeline": "zb-h2"}),
+        ("zb2-recompute", {"schedule": "ratrain", "pipeline": "zb-h2", "recompute": "full"}),
     ]
     out, ref, _ = _runtime_losses(plan, variants, steps=3)
-    assert out["zb"] == out["1f1b"]
+    for name in ("zb", "zb2", "zb2-recompute"):
+        assert out[name] == out["1f1b"], name
     assert max(abs(a - b) / abs(b) for a, b in zip(out["zb"], ref, strict=True)) <= 1e-5
 
 

@@ -20,6 +20,8 @@ __all__ = [
     "SCHEDULES",
     "RECOMPUTE_POLICIES",
     "DTYPES",
+    "PIPELINES",
+    "SPLIT_PIPELINES",
     "Plan",
     "TrainConfig",
     "even_split",
@@ -34,7 +36,9 @@ __all__ = [
 SCHEDULES = ("baseline", "gpu-style", "ratrain", "fsdp-pp")
 RECOMPUTE_POLICIES = ("none", "selective", "full")  # plus "first:K" (full on the first K blocks)
 DTYPES = ("fp32", "bf16", "fp16")
-PIPELINES = ("1f1b", "zb-h1")
+PIPELINES = ("1f1b", "zb-h1", "zb-h2")
+SPLIT_PIPELINES = ("zb-h1", "zb-h2")
+"""The pass orders that split each backward into B_IN and B_W (`ratrain.schedule.zerobubble`)."""
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 MAX_STAGES = 2**16
@@ -136,10 +140,11 @@ class Plan:
     schedule (ratrain syncs and updates per bucket); 0: one bucket per unit. Unsharded
     optimizer only (sharded, each unit is reduce-scattered alone)."""
     pipeline: str = "1f1b"
-    """1f1b | zb-h1: the per-stage pass order. zb-h1 (Qi et al. 2024, "Zero Bubble
-    Pipeline Parallelism", H1) splits each backward into B_in and a deferred B_w
-    (`ratrain.schedule.zerobubble`; the runtime's split backward is
-    `ratrain.runtime.split_backward`)."""
+    """1f1b | zb-h1 | zb-h2: the per-stage pass order. The zero-bubble ones (Qi et al.
+    2024, "Zero Bubble Pipeline Parallelism", H1 and H2) split each backward into B_in and
+    a deferred B_w (`ratrain.schedule.zerobubble`; the runtime's split backward is
+    `ratrain.runtime.split_backward`): zb-h1 at 1F1B's activation memory, zb-h2 with up to
+    twice its forwards in flight, to fill the bubble before each stage's first backward."""
     rank_layout: str = "pp-inner"
     """pp-inner | dp-inner: which global rank holds (stage, replica), consecutive ranks
     filling a node (`ratrain.ranks`): a pipeline's stages are neighbours (pp-inner), or a
@@ -262,6 +267,11 @@ class Plan:
     def microbatches(self) -> int:
         """Microbatches per step per pipeline (m)."""
         return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def split_backward(self) -> bool:
+        """Whether the pass order splits each backward into B_IN and B_W (zb-h1, zb-h2)."""
+        return self.pipeline in SPLIT_PIPELINES
 
     @property
     def tokens_per_step(self) -> int:

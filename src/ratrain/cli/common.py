@@ -230,8 +230,9 @@ def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -
     p.add_argument(
         "--pipeline",
         choices=PIPELINES,
-        help=f"pass order: 1f1b, or zb-h1 (zero bubble: each backward split into its input "
-        f"and weight gradients, the weight passes deferred; default {d['pipeline']})",
+        help=f"pass order: 1f1b, zb-h1 (zero bubble: each backward split into its input "
+        f"and weight gradients, the weight passes deferred, at 1F1B's memory) or zb-h2 (the "
+        f"same with up to twice 1F1B's forwards in flight; default {d['pipeline']})",
     )
     p.add_argument(
         "--rank-layout",

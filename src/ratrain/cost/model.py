@@ -5,7 +5,7 @@ model (`ratrain.cost.compute`), the α–β communication model (`ratrain.cost.c
 platform's memory tiers:
 
 - F / B / RECOMPUTE: the sum of the unit's kernels (GEMMs, attention, memory passes).
-- B_IN / B_W (a split backward, ``pipeline: zb-h1``): B's kernels split in two
+- B_IN / B_W (a split backward, ``pipeline: zb-h1`` or ``zb-h2``): B's kernels split in two
   (`ratrain.cost.compute.unit_kernels` "BI"/"BW"). derived: each linear layer's backward
   is two GEMMs of its forward's size, dX (B_IN) and dW (B_W), each about the forward's
   FLOPs; the attention core's backward, the elementwise backward and the loss are B_IN's;

@@ -17,7 +17,7 @@ order and keeps the bytes of each class (`STATE_CLASSES`):
                  the B ends; OFFLOAD takes the bytes off the device, RELOAD brings them back.
                  In a forward-only schedule (an evaluation, `ratrain.schedule.eval`) only
                  while the F runs: under no_grad nothing is kept. A split backward
-                 (zb-h1): B_IN adds the linear layers' output gradients when it starts and
+                 (zb-h1, zb-h2): B_IN adds the linear layers' output gradients when it starts and
                  at its end frees all but the linear layers' inputs; both (what B_W needs,
                  `weight_grad_bytes`: per block c·s·b·(3h + ffn) + c·s·b·(3h + 2kv + 2ffn))
                  live until the end of B_W
@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ratrain.config import Plan
+from ratrain.config import SPLIT_PIPELINES, Plan
 from ratrain.gcpause import gc_paused
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
@@ -241,7 +241,7 @@ class _StageReplay:
         self.recomputed = {u: full[u] - self.keep[u] for u in units}
         self.fws = {u: forward_workspace_bytes(spec, plan, u, policy[u], **kw) for u in units}
         self.bws = {u: backward_workspace_bytes(spec, plan, u, **kw) for u in units}
-        if sch.meta.get("pipeline") == "zb-h1":  # a split backward: what B_W needs
+        if sch.meta.get("pipeline") in SPLIT_PIPELINES:  # a split backward: what B_W needs
             self.w_in, self.w_out = {}, {}
             for u in units:
                 self.w_in[u], self.w_out[u] = weight_grad_bytes(spec, plan, u, **kw)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ratrain.config import Plan
+from ratrain.config import SPLIT_PIPELINES, Plan
 from ratrain.cost.model import CostModel
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
@@ -34,7 +34,7 @@ from ratrain.platforms import Platform
 from ratrain.schedule.ir import Action, Op, Resource
 from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS, offloaded_mbs
 from ratrain.schedule.passes import global_checks
-from ratrain.schedule.zerobubble import pass_order
+from ratrain.schedule.zerobubble import order_of, warmup
 from ratrain.sizes.activations import (
     activation_bytes,
     backward_workspace_bytes,
@@ -427,8 +427,9 @@ def step_time_lower_bound_s(
     (per stage, the recompute policies left) bounds the resource loads below all of them;
     by default they are `recompute`'s.
 
-    With `pipeline` zb-h1 (`ratrain.schedule.zerobubble`), a bound of the split backward's
-    step (a search bounding both pipelines takes the smaller of the two): the gradient a
+    With `pipeline` zb-h1 or zb-h2 (`ratrain.schedule.zerobubble`), a bound of the split
+    backward's step (a search bounding several pipelines takes the smallest): its own
+    warm-up (zb-h2's is longer: the first backward waits for more forwards); the gradient a
     stage sends back waits for the input-gradient passes (B_IN) alone, the weight passes (B_W) may follow the last of them, so
     the paths back (microbatch 0's round trip, the last microbatch's drain to stage 0)
     count B_IN's seconds, and a stage s > 0 is only known to have run its forwards and
@@ -438,7 +439,7 @@ def step_time_lower_bound_s(
     just before B_IN(u, mb), so its seconds are on those paths as they are on B's under
     1F1B (less the first of a pass, which may run while the stage waits for the gradient)."""
     m, pp = microbatches, len(split)
-    zb = pipeline == "zb-h1"
+    zb = pipeline in SPLIT_PIPELINES
     over = over or Overheads.none(pp)
     fb = stage_times(split, ut)
     if zb:
@@ -466,7 +467,7 @@ def step_time_lower_bound_s(
     fill = over.start_s
     for s, (f, b) in enumerate(fb):
         r = rc[s]
-        w = min(pp - s - 1, m)
+        w = warmup(pp, m, s, pipeline)
         # Its first backward needs w + 1 forwards of its own and microbatch 0's round trip.
         first_b = fill + max((w + 1) * f, f + trip[s])
         end_b = max(fill + m * (f + b + r), first_b + (m - w - 1) * f + m * (b + r) - (r - rcp[s]))
@@ -559,12 +560,15 @@ _TABLES: Memo[tuple] = Memo(1024)
 
 
 @lru_cache(maxsize=4096)
-def _zb_profile(pp: int, m: int, w: int) -> tuple[tuple[int, bool], ...]:
-    """Per input-gradient pass mb of a zb-h1 stage with warm-up w (in its pass order,
+def _zb_profile(pp: int, m: int, w: int, pipeline: str) -> tuple[tuple[int, bool], ...]:
+    """Per input-gradient pass mb of a zero-bubble stage with warm-up w (in its pass order,
     `ratrain.schedule.zerobubble.pass_order`), as B_IN(., mb) starts: the microbatches
-    whose B_IN pass has run and whose B_W pass has not, and whether some B_W pass has run."""
+    whose B_IN pass has run and whose B_W pass has not, and whether some B_W pass has run.
+    The warm-up tells the stage: its in-flight limit is p (zb-h1) or max(p, w + 1) (zb-h2;
+    with w = m, every forward is in the warm-up and the limit is never reached)."""
+    limit = max(pp, w + 1) if pipeline == "zb-h2" else pp
     out, done_in, done_w = [], 0, 0
-    for op, _ in pass_order(pp, m, pp - 1 - w):  # the stage whose warm-up is w
+    for op, _ in order_of(m, w, limit):
         if op is Op.B_IN:
             out.append((done_in - done_w, done_w > 0))
             done_in += 1
@@ -627,7 +631,8 @@ class MemoryBound:
     """A lower bound on each stage's ledger peak under a recompute policy, from moments of
     its 1F1B walk (one plan's knobs; the plan's own recompute field is not read).
 
-    The stage runs w = min(pp - s - 1, m) forward passes before its first backward pass.
+    The stage runs w = min(pp - s - 1, m) forward passes before its first backward pass
+    (`ratrain.schedule.zerobubble.warmup`: twice as many under zb-h2).
     While B(u, mb) runs, the ledger holds at least: the master and Adam states and the
     persistent views; the view of u if views are transient; the activations of every other
     microbatch whose forward pass is done and whose backward pass is not, and mb's own for
@@ -646,7 +651,8 @@ class MemoryBound:
 
     Under `pipeline` zb-h1 the same moments are B_IN(u, mb)'s (`ratrain.schedule.
     zerobubble`: 1F1B's warm-up and steady pairing of F and B_IN, so as many microbatches
-    in flight, each holding its kept activations until its B_IN; RECOMPUTE(u, mb) runs
+    in flight, each holding its kept activations until its B_IN; zb-h2: the same with its
+    own, longer, warm-up w, which the stage key carries; RECOMPUTE(u, mb) runs
     just before B_IN(u, mb); B_IN holds B's workspace). What differs is what the backward
     leaves: B_IN(u, mb) adds u's output gradients as it starts, and from its end to its
     B_W each (u, mb) keeps what the weight pass needs (`weight_grad_bytes`, whatever the
@@ -677,7 +683,7 @@ class MemoryBound:
         tables = _TABLES.get_or(tkey, _unit_tables, spec, plan, kinds, eager_kernels)
         self.keep, self.bws, self.params, boundary, wgrad = tables
         self.gbp, vbp = grad_bytes_per_param(plan), view_bytes_per_param(plan)
-        self.zb = plan.pipeline == "zb-h1"
+        self.zb = plan.split_backward
         # zb-h1: what B_IN keeps for B_W (policy-independent), per unit kind: all of it,
         # and its output gradients alone (added when B_IN starts).
         self.w_keep = {k: sum(v) for k, v in wgrad.items()} if self.zb else {}
@@ -741,7 +747,8 @@ class MemoryBound:
         n_blocks = plan.layer_split[stage] if plan.layer_split else None
         if n_blocks is None:
             n_blocks = plan.blocks_per_stage(self.spec)[stage]
-        return (n_blocks, stage == 0, stage == plan.pp - 1, min(plan.pp - stage - 1, self.m))
+        w = warmup(plan.pp, self.m, stage, plan.pipeline)
+        return (n_blocks, stage == 0, stage == plan.pp - 1, w)
 
     def stage(self, stage: int, policy: str) -> int:
         return self.stage_at(self.stage_key(stage), policy)
@@ -875,7 +882,7 @@ class MemoryBound:
         moments = {0, min(1, m - 1), max(0, m - 1 - w)}
         if self.held_send_bytes:
             moments.add(m - 1)
-        profile = _zb_profile(plan.pp, m, w) if self.zb else ()
+        profile = _zb_profile(plan.pp, m, w, plan.pipeline) if self.zb else ()
         if profile:
             # Under zb-h1 the microbatches past their B_IN and before their B_W, and
             # whether a B_W has run, change too: what is held is linear in mb between

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ratrain.config import Plan
+from ratrain.config import PIPELINES, Plan
 from ratrain.planner.bounds import view_rank
 from ratrain.planner.evaluate import Evaluator, MemoryReport, usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, memory_bound, options
@@ -190,8 +190,9 @@ def _saving_order(kn: Knobs) -> tuple:
         kn.view_lookahead,
         kn.grad_dtype == "fp32",
         not kn.offload_activations,
-        # 1F1B before its zb-h1 twin, which holds what each deferred B_W needs besides.
-        kn.pipeline == "zb-h1",
+        # 1F1B before its zero-bubble twins, which hold what each deferred B_W needs
+        # besides; zb-h1 before zb-h2, which holds more microbatches in flight.
+        PIPELINES.index(kn.pipeline),
     )
 
 

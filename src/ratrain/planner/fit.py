@@ -31,6 +31,7 @@ from ratrain.planner.cache import Memo
 from ratrain.planner.evaluate import usable_bytes
 from ratrain.planner.families import Family
 from ratrain.planner.space import Knobs, Request, Structure, make_plan
+from ratrain.schedule.zerobubble import warmup
 
 __all__ = [
     "Options",
@@ -136,7 +137,7 @@ def first_overflow_bytes(req: Request, st: Structure, kn: Knobs) -> int | None:
     policies = ("full", "selective", "none")  # the likeliest to fit first
     for s in dict.fromkeys((0, pp - 1, *range(1, pp - 1))):
         least = None
-        key = (split[s], s == 0, s == pp - 1, min(pp - s - 1, m))  # `stage_key`
+        key = (split[s], s == 0, s == pp - 1, warmup(pp, m, s, kn.pipeline))  # `stage_key`
         for o in policies:
             b = mb.stage_at(key, o)
             if b <= limit:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ratrain import deadline
-from ratrain.config import Plan
+from ratrain.config import PIPELINES, Plan
 from ratrain.planner.bounds import (
     overheads,
     peak_unit_times,
@@ -276,7 +276,7 @@ def _tasks(req: Request, families: tuple[str, ...], state: _State) -> tuple[list
             known[st.micro_batch] = peak_unit_times(
                 req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype
             )
-        zb = _has_zb(kept or kns)
+        zb = _zb_pipelines(kept or kns)
         lb = seen.get((st, zb))
         if lb is None:  # families share structures: bound each once
             m = st.microbatches(req.global_batch)
@@ -287,16 +287,17 @@ def _tasks(req: Request, families: tuple[str, ...], state: _State) -> tuple[list
     return out, total
 
 
-def _has_zb(kns) -> bool:
-    return any(kn.pipeline == "zb-h1" for kn in kns)
+def _zb_pipelines(kns) -> tuple[str, ...]:
+    """The pass orders its knobs try besides 1F1B (sorted: a cache key)."""
+    return tuple(sorted({kn.pipeline for kn in kns} - {"1f1b"}))
 
 
-def _structure_bound_s(st: Structure, m: int, ut, zb: bool) -> float:
+def _structure_bound_s(st: Structure, m: int, ut, zb: tuple[str, ...]) -> float:
     """A structure's step-time bound with no recompute and no overheads, below every
-    pipeline its knobs try: the smaller of 1F1B's and zb-h1's where some try zb-h1."""
+    pipeline its knobs try: the smallest of 1F1B's and the zero-bubble ones they try."""
     lb = step_time_lower_bound_s(st.layer_split, m, ut)
-    if zb:
-        lb = min(lb, step_time_lower_bound_s(st.layer_split, m, ut, pipeline="zb-h1"))
+    for pipe in zb:
+        lb = min(lb, step_time_lower_bound_s(st.layer_split, m, ut, pipeline=pipe))
     return lb
 
 
@@ -417,7 +418,7 @@ def _refine(req: Request, tasks: list, entry: tuple, state: _State) -> None:
             kns = _memory_pass(req, st, fam, kns, state)
         if kns:
             ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
-            lb = _structure_bound_s(st, st.microbatches(req.global_batch), ut, _has_zb(kns))
+            lb = _structure_bound_s(st, st.microbatches(req.global_batch), ut, _zb_pipelines(kns))
             heapq.heappush(tasks, (lb, order, seq, _KERNELS, st, fam, kns, None))
         return
     ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
@@ -545,18 +546,23 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
     policy. The others are recorded as misses. With a combination that saves no less
     memory than every other: none if the bounds rule it out, else all of them.
 
-    zb-h1 combinations are bounded apart from the 1F1B ones (their `MemoryBound` counts
-    what each deferred B_W needs, and the gradients only from the first B_W pass: a 1F1B
-    lead's bound says nothing of theirs), each group by its own lead. Their misses are
-    recorded only where no 1F1B combination is searched (its twins' are)."""
+    Each pass order's combinations are bounded apart (a zero-bubble `MemoryBound` counts
+    what each deferred B_W needs, and the gradients only from the first B_W pass, over its
+    own warm-up: a 1F1B lead's bound says nothing of theirs), each group by its own lead.
+    The zero-bubble misses are recorded only where no 1F1B combination is searched (its
+    twins' are)."""
     limit = usable_bytes(req)
-    zbs = [kn for kn in kns if kn.pipeline == "zb-h1"]
-    if zbs and len(zbs) < len(kns):
-        ones = [kn for kn in kns if kn.pipeline != "zb-h1"]
-        scratch = _State()  # the zb-h1 misses: not recorded
-        out = _memory_pass(req, st, fam, ones, state)
-        out += _memory_pass(req, st, fam, zbs, scratch)
-        state.evaluated += scratch.evaluated
+    pipes = sorted({kn.pipeline for kn in kns}, key=PIPELINES.index)  # 1f1b first
+    if len(pipes) > 1:
+        out = []
+        for pipe in pipes:
+            group = [kn for kn in kns if kn.pipeline == pipe]
+            if pipe == "1f1b":
+                out += _memory_pass(req, st, fam, group, state)
+                continue
+            scratch = _State()  # the zero-bubble misses: not recorded
+            out += _memory_pass(req, st, fam, group, scratch if "1f1b" in pipes else state)
+            state.evaluated += scratch.evaluated
         return out
     lead = _dominant_of(tuple(kns))
     if lead is not None:
@@ -672,7 +678,7 @@ def _bound_knobs(req, st, fam, kns, ut, state: _State) -> list[tuple]:
     for kn in kns:
         opts = options(req, st, kn, ut)
         if not opts.feasible(fam.per_stage_recompute):  # no one policy fits every stage
-            if kn.pipeline == "zb-h1" and req.pins.get("pipeline") != "zb-h1":
+            if kn.pipeline != "1f1b" and req.pins.get("pipeline") != kn.pipeline:
                 continue  # its 1F1B twin's miss is recorded (`_memory_pass`)
             plan = make_plan(req, st, kn, opts.most_saving)
             near = Near(plan, fam.name, opts.bound_bytes, limit, measured=False)

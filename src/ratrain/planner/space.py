@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
-from ratrain.config import DTYPES, PIPELINES, SCHEDULES, Plan, even_split
+from ratrain.config import DTYPES, PIPELINES, SCHEDULES, SPLIT_PIPELINES, Plan, even_split
 from ratrain.errors import RatrainError
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
@@ -350,7 +350,7 @@ class Knobs:
     """Which dimension's neighbours share a node (`ratrain.ranks`): searched only where the
     layouts differ (`rank_layouts`); it moves communication only, never memory."""
     pipeline: str = "1f1b"
-    """The pass order (`Plan.pipeline`): zb-h1 only with pp > 1 and the knobs it supports
+    """The pass order (`Plan.pipeline`): zb-h1 or zb-h2 only with pp > 1 and the knobs they support
     (`pipelines`, `zb_supported`), under every recompute policy the plan allows."""
 
 
@@ -422,15 +422,16 @@ def knob_combos(req: Request, family: Family, st: Structure) -> list[Knobs]:
 
 def pipelines(req: Request, family: Family, st: Structure) -> tuple[str, ...]:
     """The pass orders to try for a structure: the family's (`Family.pipelines`) where the
-    pipeline has a bubble (pp > 1; on one stage zb-h1's order is 1F1B's with each backward
-    split in two: nothing to gain); a pin decides."""
+    pipeline has a bubble (pp > 1; on one stage a zero-bubble order is 1F1B's with each
+    backward split in two: nothing to gain); a pin decides."""
     if "pipeline" in req.pins:
         return (str(req.pins["pipeline"]),)
     return family.pipelines if st.pp > 1 else ("1f1b",)
 
 
 def zb_supported(req: Request, kn: Knobs) -> bool:
-    """Whether the search tries zb-h1 with a knob combination: where
+    """Whether the search tries the zero-bubble orders (zb-h1, zb-h2) with a knob
+    combination: where
     `ratrain.schedule.zerobubble.refuse_unsupported` allows the knobs, under every
     recompute policy (its bounds, `MemoryBound` and `step_time_lower_bound_s`, are the
     split backward's with RECOMPUTE before each B_IN)."""
@@ -446,24 +447,25 @@ def zb_supported(req: Request, kn: Knobs) -> bool:
     )
 
 
-def _zb_refusal(**knobs) -> str | None:
-    """Why `ratrain.schedule.zerobubble.refuse_unsupported` refuses a zb-h1 plan with these
-    fields (its reason, without its advice), or None."""
+def _zb_refusal(pipeline: str = "zb-h1", **knobs) -> str | None:
+    """Why `ratrain.schedule.zerobubble.refuse_unsupported` refuses a `pipeline` plan with
+    these fields (its reason, without its advice), or None. zb-h1 and zb-h2 refuse alike."""
     from ratrain.schedule.zerobubble import refuse_unsupported
 
     try:
-        refuse_unsupported(Plan(**knobs, pipeline="zb-h1"))
+        refuse_unsupported(Plan(**knobs, pipeline=pipeline))
     except RatrainError as e:
         return str(e).removeprefix("plan: ").split(";")[0]
     return None
 
 
 def pin_conflict(req: Request) -> str | None:
-    """One line naming what a `pipeline=zb-h1` pin conflicts with where that leaves the
+    """One line naming what a zero-bubble `pipeline` pin conflicts with where that leaves the
     request no candidate (`ratrain.schedule.zerobubble.refuse_unsupported`): a pinned
     activation offload, a pinned fsdp-pp schedule, or families that are all fsdp-pp;
     None otherwise."""
-    if req.pins.get("pipeline") != "zb-h1":
+    pinned = req.pins.get("pipeline")
+    if pinned not in SPLIT_PIPELINES:
         return None
     conflicts = []
     if req.pins.get("offload_activations") is True:
@@ -476,18 +478,21 @@ def pin_conflict(req: Request) -> str | None:
         fams = ",".join(req.families)
         conflicts.append((f"--family {fams}", {"schedule": "fsdp-pp", "shard_optimizer": True}))
     for what, knobs in conflicts:
-        why = _zb_refusal(**knobs)
+        why = _zb_refusal(pinned, **knobs)
         if why is not None:
-            return f"--pin pipeline=zb-h1 conflicts with {what}: {why}; drop one of the two"
+            return f"--pin pipeline={pinned} conflicts with {what}: {why}; drop one of the two"
     return None
 
 
 def _with_pipelines(req: Request, family: Family, st: Structure, kns: list[Knobs]) -> list[Knobs]:
-    """`kns` under each pass order of `pipelines` (zb-h1 where `zb_supported`)."""
+    """`kns` under each pass order of `pipelines` (the zero-bubble ones where
+    `zb_supported`)."""
     pipes = pipelines(req, family, st)
     out = list(kns) if "1f1b" in pipes else []
-    if "zb-h1" in pipes:
-        out += [replace(kn, pipeline="zb-h1") for kn in kns if zb_supported(req, kn)]
+    split = [p for p in pipes if p in SPLIT_PIPELINES]
+    if split:
+        ok = [kn for kn in kns if zb_supported(req, kn)]
+        out += [replace(kn, pipeline=p) for p in split for kn in ok]
     return out
 
 

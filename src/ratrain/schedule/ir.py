@@ -28,7 +28,7 @@ runs): each stage walks its list in order with one issuing thread.
 - So a stage waits for an async action only where a later action depends on it: a
   lowering places, e.g., UPDATE(l) at the point in the list where it expects the sync
   of l to have landed.
-- Split backward (``pipeline: zb-h1``, `ratrain.schedule.zerobubble`; Qi et al. 2024,
+- Split backward (``pipeline: zb-h1`` or ``zb-h2``, `ratrain.schedule.zerobubble`; Qi et al. 2024,
   "Zero Bubble Pipeline Parallelism"): B(u, mb) is B_IN(u, mb) then B_W(u, mb), each a
   COMPUTE action, or the one B (every 1F1B schedule keeps the unsplit B).
   B_IN (``1BI3@5``) needs the unit's activations (and the received output gradient) and

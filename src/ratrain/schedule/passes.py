@@ -11,7 +11,7 @@ from ratrain.config import Plan
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Schedule
 from ratrain.schedule.onef1b import build_1f1b, splice
-from ratrain.schedule.zerobubble import build_zb_h1
+from ratrain.schedule.zerobubble import build_zb
 from ratrain.sizes.states import grad_bytes_per_param, stored_params, view_bytes_per_param
 
 __all__ = [
@@ -48,11 +48,11 @@ def reads_view(a: Action) -> bool:
 
 
 def base_schedule(spec: ModelSpec, plan: Plan, kind: str, view_policy: str) -> Schedule:
-    """The 1F1B step of a lowering `kind` (ZB-H1's with ``plan.pipeline`` zb-h1,
-    `ratrain.schedule.zerobubble`), with the meta every lowering sets (see
+    """The 1F1B step of a lowering `kind` (the zero-bubble one with ``plan.pipeline``
+    zb-h1 or zb-h2, `ratrain.schedule.zerobubble`), with the meta every lowering sets (see
     `ratrain.schedule.lowering`) and RECOMPUTE placed (`add_recompute`)."""
-    if plan.pipeline == "zb-h1":
-        sch = build_zb_h1(spec, plan, kind)
+    if plan.split_backward:
+        sch = build_zb(spec, plan, kind)
     else:
         sch = build_1f1b(spec, plan, kind)
     vb = view_bytes_per_param(plan)

@@ -228,13 +228,15 @@ def platform_ledger(
 
 def memory_microbatches(plan: Plan) -> int:
     """Microbatches of the shortened step whose per-stage peak equals the full step's: one
-    steady pair past the longest warmup (pp - 1 forwards), and, with views that live within
-    the step (transient, fsdp-pp), room for a fetch placed `view_lookahead` uses back to
-    reach into the previous pass. A 1F1B stage's memory repeats from one steady pair to the
+    steady pair past the longest warmup (pp - 1 forwards; 2(pp - 1) under zb-h2), and,
+    with views that live within the step (transient, fsdp-pp), room for a fetch placed
+    `view_lookahead` uses back to reach into the previous pass. A 1F1B stage's memory repeats from one steady pair to the
     next (`tests/test_planner.py` checks the equality over schedules, policies and
     lookaheads): the planner's memory pass replays no more, the steady-state extrapolation
     (`ratrain.sim.steady`) simulates no fewer."""
     # fsdp-pp's views live within the step under either policy (dropped after the last use)
     within_step = plan.view_policy == "transient" or plan.schedule == "fsdp-pp"
     extra = 2 + plan.view_lookahead if within_step else 1
-    return min(plan.microbatches, plan.pp + extra)
+    # the longest warm-up: stage 0's, pp - 1 forwards, or 2(pp - 1) under zb-h2
+    warmup = 2 * (plan.pp - 1) if plan.pipeline == "zb-h2" else plan.pp - 1
+    return min(plan.microbatches, warmup + 1 + extra)
