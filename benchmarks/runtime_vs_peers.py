@@ -449,9 +449,7 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         }
         for s in ZB_SYSTEMS:
             if s in rows:
-                ratios[f"{s.replace('-', '_')}_speed_vs_better_peer"] = (
-                    rows[s]["tokens_per_s"] / rows[best_speed]["tokens_per_s"]
-                )
+                ratios[_vs_peer_key(s)] = rows[s]["tokens_per_s"] / rows[best_speed]["tokens_per_s"]
     if "ratrain" in rows:  # interleaved pairs: ratrain / system, repeat by repeat
         ratios["ratrain_over_system_per_repeat"] = {
             s: [
@@ -473,6 +471,12 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         "skipped": skipped,
         "wrong": wrong,
     }
+
+
+def _vs_peer_key(system: str) -> str:
+    """The ratio key of a zero-bubble system against the better peer, e.g.
+    ``ratrain_zb_speed_vs_better_peer``."""
+    return f"{system.replace('-', '_')}_speed_vs_better_peer"
 
 
 def _fmt(split) -> str:
@@ -514,11 +518,8 @@ def print_layout(name: str, res: dict, warmup: int) -> None:
             f"ratrain / {q['better_peer_rss']} peak RSS: {q['rss_vs_better_peer']:.3f}"
         )
         for s in ZB_SYSTEMS:
-            if f"{s.replace('-', '_')}_speed_vs_better_peer" in q:
-                print(
-                    f"{s} / {q['better_peer_speed']} tokens/s: "
-                    f"{q[s.replace('-', '_') + '_speed_vs_better_peer']:.3f}"
-                )
+            if _vs_peer_key(s) in q:
+                print(f"{s} / {q['better_peer_speed']} tokens/s: {q[_vs_peer_key(s)]:.3f}")
     for other, xs in q.get("ratrain_over_system_per_repeat", {}).items():
         print(f"ratrain / {other} tokens/s per repeat: " + " ".join(f"{x:.3f}" for x in xs))
     for name, row in res["rows"].items():

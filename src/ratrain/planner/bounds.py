@@ -34,7 +34,7 @@ from ratrain.platforms import Platform
 from ratrain.schedule.ir import Action, Op, Resource
 from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS, offloaded_mbs
 from ratrain.schedule.passes import global_checks
-from ratrain.schedule.zerobubble import order_of, warmup
+from ratrain.schedule.zerobubble import inflight_limit, order_of, warmup
 from ratrain.sizes.activations import (
     activation_bytes,
     backward_workspace_bytes,
@@ -563,12 +563,9 @@ _TABLES: Memo[tuple] = Memo(1024)
 def _zb_profile(pp: int, m: int, w: int, pipeline: str) -> tuple[tuple[int, bool], ...]:
     """Per input-gradient pass mb of a zero-bubble stage with warm-up w (in its pass order,
     `ratrain.schedule.zerobubble.pass_order`), as B_IN(., mb) starts: the microbatches
-    whose B_IN pass has run and whose B_W pass has not, and whether some B_W pass has run.
-    The warm-up tells the stage: its in-flight limit is p (zb-h1) or max(p, w + 1) (zb-h2;
-    with w = m, every forward is in the warm-up and the limit is never reached)."""
-    limit = max(pp, w + 1) if pipeline == "zb-h2" else pp
+    whose B_IN pass has run and whose B_W pass has not, and whether some B_W pass has run."""
     out, done_in, done_w = [], 0, 0
-    for op, _ in order_of(m, w, limit):
+    for op, _ in order_of(m, w, inflight_limit(pp, w, pipeline)):
         if op is Op.B_IN:
             out.append((done_in - done_w, done_w > 0))
             done_in += 1

@@ -67,17 +67,19 @@ def warmup(pp: int, m: int, stage: int, pipeline: str = "zb-h1") -> int:
     return warmup_passes(pp, m, stage)
 
 
-def inflight_limit(pp: int, stage: int = 0, pipeline: str = "zb-h1") -> int:
-    """Microbatches a stage may hold between their F and their last B_W: 1F1B's stage 0,
-    p (zb-h1); and under zb-h2 at least the stage's warm-up plus one."""
+def inflight_limit(pp: int, w: int, pipeline: str = "zb-h1") -> int:
+    """Microbatches a stage whose warm-up is `w` may hold between their F and their last
+    B_W: 1F1B's stage 0, p (zb-h1); and under zb-h2 at least the warm-up plus one (with
+    w = m every forward is in the warm-up, and the limit is never reached)."""
     if pipeline == "zb-h2":
-        return max(pp, 2 * (pp - stage - 1) + 1)
+        return max(pp, w + 1)
     return pp
 
 
 def pass_order(pp: int, m: int, stage: int, pipeline: str = "zb-h1") -> list[tuple[Op, int]]:
     """The stage's passes in order, as (Op.F, Op.B_IN or Op.B_W, microbatch)."""
-    return order_of(m, warmup(pp, m, stage, pipeline), inflight_limit(pp, stage, pipeline))
+    w = warmup(pp, m, stage, pipeline)
+    return order_of(m, w, inflight_limit(pp, w, pipeline))
 
 
 def order_of(m: int, w: int, limit: int) -> list[tuple[Op, int]]:

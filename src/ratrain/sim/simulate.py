@@ -15,6 +15,7 @@ from ratrain.gcpause import gc_paused
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import Platform, load
 from ratrain.schedule.ir import _MB_OPS, Action, Op, Resource, Schedule
+from ratrain.schedule.zerobubble import warmup
 from ratrain.sim.engine import run_flat
 from ratrain.sim.flat import graph, run_plain
 from ratrain.sim.result import SimEvent, SimResult, stage_metrics_flat
@@ -237,6 +238,5 @@ def memory_microbatches(plan: Plan) -> int:
     # fsdp-pp's views live within the step under either policy (dropped after the last use)
     within_step = plan.view_policy == "transient" or plan.schedule == "fsdp-pp"
     extra = 2 + plan.view_lookahead if within_step else 1
-    # the longest warm-up: stage 0's, pp - 1 forwards, or 2(pp - 1) under zb-h2
-    warmup = 2 * (plan.pp - 1) if plan.pipeline == "zb-h2" else plan.pp - 1
-    return min(plan.microbatches, warmup + 1 + extra)
+    # the longest warm-up: stage 0's
+    return min(plan.microbatches, warmup(plan.pp, plan.microbatches, 0, plan.pipeline) + 1 + extra)
