@@ -270,6 +270,30 @@ def test_bad_pins_are_user_errors(bad):
         parse_pins([bad])
 
 
+def test_request_pins_given_as_text_or_lists_read_as_the_cli_reads_them():
+    # The Python API takes a pin as the field's value or as --pin's text: both plan alike.
+    as_text = Request(TINY, load("mt3000"), 4, 8, 128, pins={"pp": "2", "layer_split": "1,3"})
+    as_list = Request(TINY, load("mt3000"), 4, 8, 128, pins={"pp": 2, "layer_split": [1, 3]})
+    assert as_text.pins == as_list.pins == {"pp": 2, "layer_split": (1, 3)}
+    assert search(as_text, top=1).best.plan.layer_split == (1, 3)
+
+
+@pytest.mark.parametrize(
+    "pins",
+    [
+        {"nosuch": 1},
+        {"layer_split": "1;3"},
+        {"layer_split": (1.5, 2)},
+        {"pipeline": "zb-h9"},
+        {"clip_grad": "abc"},
+        {"loss_chunk_tokens": "x"},
+    ],
+)
+def test_request_pins_the_search_could_never_match_are_user_errors(pins):
+    with pytest.raises(RatrainError, match="pin"):
+        Request(TINY, load("mt3000"), 4, 8, 128, pins=pins)
+
+
 def test_infeasible_search_reports_the_nearest_miss():
     from ratrain.planner import explain
 

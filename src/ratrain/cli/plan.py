@@ -214,17 +214,7 @@ def _pins(items: list[str]) -> dict:
     from ratrain.config import Plan
     from ratrain.planner import parse_pins
 
-    for item in items:
-        try:
-            parse_pins([item])
-        except RatrainError:
-            raise
-        except ValueError:  # a value the field's type does not read (clip_grad=abc)
-            raise RatrainError(f"pin {item!r}: expected a number (or none: no clipping)") from None
     pins = parse_pins(items)
-    if isinstance(pins.get("loss_chunk_tokens"), str):
-        text = pins["loss_chunk_tokens"]
-        pins["loss_chunk_tokens"] = None if text.lower() == "none" else _pin_int(text)
     for name, value in pins.items():
         around = {"global_batch": 1}
         if name in ("layer_split", "recompute") and isinstance(value, tuple):
@@ -239,13 +229,6 @@ def _pins(items: list[str]) -> dict:
             why = str(e).removeprefix("plan: ")
             raise RatrainError(f"--pin {name}={_text(value)}: {why}") from None
     return pins
-
-
-def _pin_int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise RatrainError(f"pin loss_chunk_tokens={text!r}: expected an integer or none") from None
 
 
 def _text(value) -> str:

@@ -90,7 +90,7 @@ class Request:
             )
         for name in self.families:
             family_of(name)  # a RatrainError for an unknown name
-        object.__setattr__(self, "pins", dict(self.pins))
+        object.__setattr__(self, "pins", normalize_pins(self.pins))
 
     def with_(self, **kw) -> Request:
         from dataclasses import replace
@@ -124,7 +124,23 @@ def _convert(name: str, text: str):
         parts = tuple(p.strip() for p in text.split(","))
         return parts[0] if len(parts) == 1 else parts
     if name == "clip_grad":
-        return None if low in ("none", "0", "off") else float(text)
+        if low in ("none", "0", "off"):
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            raise RatrainError(
+                f"pin clip_grad={text!r}: expected a number (or none: no clipping)"
+            ) from None
+    if name == "loss_chunk_tokens":
+        if low == "none":
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise RatrainError(
+                f"pin loss_chunk_tokens={text!r}: expected an integer or none"
+            ) from None
     if isinstance(default, bool):
         if low not in _BOOL_TEXT:
             raise RatrainError(f"pin {name}={text!r}: expected true or false")
@@ -150,22 +166,46 @@ def parse_pins(items: list[str] | None) -> dict[str, object]:
                 f"pin {item!r}: unknown field {name!r}; pinnable: {', '.join(_PINNABLE)}"
             )
         pins[name] = _convert(name, value)
-    if "schedule" in pins and pins["schedule"] not in SCHEDULES:
-        raise RatrainError(
-            f"pin schedule={pins['schedule']!r}: choose one of {', '.join(SCHEDULES)}"
-        )
-    for f in ("compute_dtype", "grad_dtype"):
-        if f in pins and pins[f] not in DTYPES:
-            raise RatrainError(f"pin {f}={pins[f]!r}: choose one of {', '.join(DTYPES)}")
-    if "rank_layout" in pins and pins["rank_layout"] not in RANK_LAYOUTS:
-        raise RatrainError(
-            f"pin rank_layout={pins['rank_layout']!r}: choose one of {', '.join(RANK_LAYOUTS)}"
-        )
-    if "pipeline" in pins and pins["pipeline"] not in PIPELINES:
-        raise RatrainError(
-            f"pin pipeline={pins['pipeline']!r}: choose one of {', '.join(PIPELINES)}"
-        )
-    return pins
+    return normalize_pins(pins)
+
+
+_CHOICES = {
+    "schedule": SCHEDULES,
+    "compute_dtype": DTYPES,
+    "grad_dtype": DTYPES,
+    "rank_layout": RANK_LAYOUTS,
+    "pipeline": PIPELINES,
+}
+
+
+def normalize_pins(pins: Mapping[str, object]) -> dict[str, object]:
+    """Pins as the search compares them with a candidate's fields, checked: a known field
+    each; text for a field that is not text read as `--pin` reads it ("5,3" -> (5, 3), "2"
+    -> 2); a list of blocks per stage as a tuple; a choice among the field's choices. A
+    pin the search could never match would otherwise leave the ranking empty, unexplained."""
+    out: dict[str, object] = {}
+    for name, value in pins.items():
+        if name not in _PINNABLE:
+            raise RatrainError(
+                f"pin {name}={value!r}: unknown field {name!r}; pinnable: {', '.join(_PINNABLE)}"
+            )
+        default = getattr(Plan(), name)
+        if isinstance(value, str) and not isinstance(default, str):
+            value = _convert(name, value)
+        if name == "layer_split" and isinstance(value, list):
+            value = tuple(value)
+        if name == "layer_split" and not (
+            isinstance(value, tuple)
+            and value
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value)
+        ):
+            raise RatrainError(
+                f'pin layer_split={value!r}: expected blocks per stage, e.g. (5, 3) or "5,3"'
+            )
+        if name in _CHOICES and value not in _CHOICES[name]:
+            raise RatrainError(f"pin {name}={value!r}: choose one of {', '.join(_CHOICES[name])}")
+        out[name] = value
+    return out
 
 
 # -- structures ------------------------------------------------------------------------------
@@ -462,14 +502,11 @@ def _zb_refusal(pipeline: str = "zb-h1", **knobs) -> str | None:
 def pin_conflict(req: Request) -> str | None:
     """One line naming what a zero-bubble `pipeline` pin conflicts with where that leaves the
     request no candidate (`ratrain.schedule.zerobubble.refuse_unsupported`): a pinned
-    activation offload, a pinned fsdp-pp schedule, or families that are all fsdp-pp;
-    None otherwise."""
+    fsdp-pp schedule, or families that are all fsdp-pp; None otherwise."""
     pinned = req.pins.get("pipeline")
     if pinned not in SPLIT_PIPELINES:
         return None
     conflicts = []
-    if req.pins.get("offload_activations") is True:
-        conflicts.append(("--pin offload_activations=true", {"offload_activations": True}))
     schedules = [family_of(n).schedule for n in req.families]
     if "schedule" in req.pins:
         sch = str(req.pins["schedule"])
