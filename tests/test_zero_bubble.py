@@ -268,18 +268,46 @@ def test_realistic_simulation_is_faster_and_checked():
     assert r["zb-h1"].bubble_fraction < r["1f1b"].bubble_fraction
 
 
-@pytest.mark.parametrize(
-    "kw, name",
-    [
-        (dict(schedule="fsdp-pp", shard_optimizer=True), "schedule fsdp-pp"),
-        (dict(offload_activations=True), "offload_activations"),
-    ],
-)
-def test_unsupported_features_are_refused_in_one_line(kw, name):
+@pytest.mark.parametrize("pipeline", ["zb-h1", "zb-h2"])
+def test_fsdp_pp_is_refused_in_one_line(pipeline):
     spec = get_preset("tiny")
-    with pytest.raises(RatrainError, match=f"pipeline zb-h1 does not support {name}") as e:
-        build_schedule(spec, _plan(2, 4, **kw))
+    plan = _plan(2, 4, pipeline, schedule="fsdp-pp", shard_optimizer=True)
+    with pytest.raises(RatrainError, match=f"{pipeline} does not support schedule fsdp-pp") as e:
+        build_schedule(spec, plan)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("pipeline", ["zb-h1", "zb-h2"])
+@pytest.mark.parametrize("pp, m", [(2, 8), (4, 8)])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_offload_under_a_split_backward(pipeline, pp, m, recompute):
+    """Activation offload with a split backward: a microbatch with another forward between
+    its F and its B_IN is offloaded after F and reloaded before its B_IN (or the RECOMPUTE
+    before it), which the checker requires; no B_W waits on a RELOAD (it reads only what
+    B_IN kept on the device). Offloading never raises a stage's ledger peak and, where
+    what is offloaded is more than a checkpoint, lowers stage 0's, which holds the most
+    microbatches."""
+    spec = get_preset("llama2-7b")
+    peaks = {}
+    for off in (False, True):
+        plan = _plan(pp, m, pipeline, seq=4096, recompute=recompute, offload_activations=off)
+        sch = build_schedule(spec, plan)
+        check_schedule(sch, spec, plan)
+        peaks[off] = [st.peak_bytes for st in replay(sch, spec, plan).stages]
+    for s, acts in enumerate(sch.stages):
+        order = pass_order(pp, m, s, pipeline)
+        f_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.F}
+        bi_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.B_IN}
+        between = {mb: [op for op, _ in order[f_at[mb] + 1 : bi_at[mb]]] for mb in range(m)}
+        want = {mb for mb, ops in between.items() if Op.F in ops}
+        assert {a.mb for a in acts if a.op is Op.OFFLOAD} == want, s
+        assert {a.mb for a in acts if a.op is Op.RELOAD} == want, s
+        for a in acts:
+            if a.op is Op.B_W:
+                assert not any(d.op is Op.RELOAD for d in sch.deps_of(a)), a
+    assert all(b <= a for a, b in zip(peaks[False], peaks[True], strict=True))
+    if recompute != "full":  # a full recompute's checkpoints can be too small to decide it
+        assert peaks[True][0] < peaks[False][0]
 
 
 RUNTIME_PLAN = Plan(
@@ -365,6 +393,8 @@ ZB_LIFECYCLE = {
     # recomputed units: RECOMPUTE before B_IN, the weight pass from the recomputed graph
     "full-recompute": dict(recompute="full"),
     "selective-recompute": dict(recompute="selective"),
+    # offloaded, with the attention core recomputed inside B_IN
+    "offload-selective": dict(offload_activations=True, recompute="selective"),
     # bf16 views fetched per use and all-gathered from ZeRO-1 shards; dropped after B_IN
     # (B_W does not read the view: dW = dYᵀ·X)
     "bf16-transient-sharded-recompute": dict(
@@ -397,7 +427,7 @@ def test_runtime_zb_h1_lifecycle_options_equal_1f1b(name):
 @pytest.mark.timeout(300)
 def test_runtime_zb_four_stages_equals_1f1b():
     """Four stages, zb-h1 and zb-h2 (stage 0 runs 6 forwards before its first B_IN, 7 in
-    flight), recomputing under zb-h2 too."""
+    flight), recomputing under zb-h2 too, and offloading under both."""
     pytest.importorskip("torch")
     plan = RUNTIME_PLAN.replace(pp=4, dp=1, recompute="none")
     variants = [
@@ -405,9 +435,20 @@ def test_runtime_zb_four_stages_equals_1f1b():
         ("zb", {"schedule": "ratrain", "pipeline": "zb-h1"}),
         ("zb2", {"schedule": "ratrain", "pipeline": "zb-h2"}),
         ("zb2-recompute", {"schedule": "ratrain", "pipeline": "zb-h2", "recompute": "full"}),
+        # offloaded microbatches: B_IN's holder moved out after F and back before B_IN
+        ("zb-offload", {"schedule": "ratrain", "pipeline": "zb-h1", "offload_activations": True}),
+        (
+            "zb2-offload-recompute",
+            {
+                "schedule": "ratrain",
+                "pipeline": "zb-h2",
+                "offload_activations": True,
+                "recompute": "full",
+            },
+        ),
     ]
     out, ref, _ = _runtime_losses(plan, variants, steps=3)
-    for name in ("zb", "zb2", "zb2-recompute"):
+    for name in ("zb", "zb2", "zb2-recompute", "zb-offload", "zb2-offload-recompute"):
         assert out[name] == out["1f1b"], name
     assert max(abs(a - b) / abs(b) for a, b in zip(out["zb"], ref, strict=True)) <= 1e-5
 
@@ -428,9 +469,9 @@ def test_train_refuses_an_unsupported_zb_h1_plan_before_any_rank_starts(tmp_path
     from ratrain.config import save_plan
 
     path = tmp_path / "zb.yaml"
-    save_plan(_plan(2, 4, model="tiny", offload_activations=True), path)
+    save_plan(_plan(2, 4, model="tiny", schedule="fsdp-pp", shard_optimizer=True), path)
     err = one_line_error(capsys, ["train", "--plan", str(path), "--steps", "1"])
-    assert "pipeline zb-h1 does not support offload_activations" in err
+    assert "pipeline zb-h1 does not support schedule fsdp-pp" in err
     assert capsys.readouterr().out == ""  # nothing started: no header
 
 

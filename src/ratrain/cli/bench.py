@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--zb-only",
         action="store_true",
-        help="only what zero-bubble ZB-H1 adds to RATrain per model (no baselines, ablation "
+        help="only what the zero-bubble pass orders (zb-h1, zb-h2) add to RATrain per model "
+        "(no baselines, ablation "
         "or scaling curve; writes the Markdown and JSON files)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -123,8 +124,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _zb_only(platform, models, files: list[Path], progress, t0: float) -> int:
-    """`--zb-only`: RATrain with the pipeline searched, with 1F1B only, and with zb-h1
-    pinned, per model."""
+    """`--zb-only`: RATrain with the pipeline searched, with 1F1B only, and with each
+    zero-bubble pipeline pinned, per model."""
     from ratrain.cli.bench_ablation import zb_json, zb_markdown
     from ratrain.planner.paper import compare_models, zero_bubble
 

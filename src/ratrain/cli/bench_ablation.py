@@ -4,6 +4,8 @@ zero-bubble pass order adds (`ratrain.planner.paper.zero_bubble`)."""
 
 from __future__ import annotations
 
+from ratrain.config import SPLIT_PIPELINES
+
 __all__ = ["ablation_markdown", "ablation_json", "zb_markdown", "zb_json"]
 
 _LABELS = {
@@ -12,7 +14,7 @@ _LABELS = {
     "ratrain-no-per-stage-recompute": "per-stage recompute",
     "ratrain-no-offload": "offload",
     "ratrain-no-uneven-split": "uneven splits",
-    "ratrain-no-zb-h1": "zb-h1",
+    "ratrain-no-zb": "zero bubble",
 }
 
 
@@ -65,39 +67,46 @@ def _describe(c) -> str:
 
 def zb_markdown(rows, platform: str) -> list[str]:
     """Markdown lines (none when `rows` is empty): per model, RATrain with the 1F1B pass
-    order only, with the pipeline searched (1f1b or zb-h1), and its best zb-h1 plan."""
+    order only, with the pipeline searched, and its best plan with each zero-bubble
+    pipeline pinned."""
     if not rows:
         return []
+    pipes = list(SPLIT_PIPELINES)
     lines = [
         "",
-        f"## What zero-bubble ZB-H1 adds ({platform}, 1024 clusters)",
+        f"## What zero-bubble pass orders add ({platform}, 1024 clusters)",
         "",
         "RATrain re-planned under the same cap with the 1F1B pass order only, with the "
-        "pipeline searched (1f1b or zb-h1, `plan.pipeline`), and with zb-h1 pinned. ZB-H1 "
-        "splits each backward into its input-gradient and weight-gradient halves and defers "
-        "the latter into the bubble; the planner tries it with every recompute policy and "
-        "only with the knobs ZB-H1 supports (`ratrain.schedule.zerobubble.refuse_unsupported`: "
-        "no offload, no fsdp-pp).",
+        f"pipeline searched (1f1b, {', '.join(pipes)}: `plan.pipeline`), and with each "
+        "zero-bubble pipeline pinned. Both split each backward into its input-gradient and "
+        "weight-gradient halves and defer the latter into the bubble; zb-h2 also doubles the "
+        "warm-up (stage 0 holds up to 2pp - 1 microbatches). The planner tries them with "
+        "every recompute policy and only with the knobs a split backward supports "
+        "(`ratrain.schedule.zerobubble.refuse_unsupported`: no fsdp-pp).",
         "",
-        "| model | ratrain (1f1b) tokens/s | ratrain + zb-h1 tokens/s | gain | chosen pipeline "
-        "| best zb-h1 plan tokens/s | zb-h1 vs 1f1b |",
-        "| --- | ---: | ---: | ---: | --- | ---: | ---: |",
+        "| model | ratrain (1f1b) tokens/s | ratrain (pipeline searched) tokens/s | gain "
+        "| chosen pipeline | "
+        + " | ".join(f"best {p} plan tokens/s | {p} vs 1f1b" for p in pipes)
+        + " |",
+        "| --- | ---: | ---: | ---: | --- | " + " | ".join("---: | ---:" for _ in pipes) + " |",
     ]
     for r in rows:
         pipe = "—" if r.best is None else r.best.plan.pipeline
+        cells = " | ".join(f"{_tps(r.zb.get(p))} | {_ratio(r.zb_ratio(p))}" for p in pipes)
         lines.append(
             f"| {r.model} | {_tps(r.onef1b)} | {_tps(r.best)} | {_ratio(r.gain())} | {pipe} "
-            f"| {_tps(r.zb)} | {_ratio(r.zb_ratio())} |"
+            f"| {cells} |"
         )
-    lines += ["", "Best zb-h1 plans (or, where none fits, the search's nearest miss):", ""]
-    lines += [f"- {r.model}: {_zb_plan(r)}" for r in rows]
+    for p in pipes:
+        lines += ["", f"Best {p} plans (or, where none fits, the search's nearest miss):", ""]
+        lines += [f"- {r.model}: {_zb_plan(r, p)}" for r in rows]
     return lines
 
 
-def _zb_plan(r) -> str:
-    if r.zb is not None or r.zb_near is None:
-        return f"`{_describe(r.zb)}`"
-    n = r.zb_near
+def _zb_plan(r, pipeline: str) -> str:
+    best, n = r.zb.get(pipeline), r.zb_near.get(pipeline)
+    if best is not None or n is None:
+        return f"`{_describe(best)}`"
     how = "by the ledger" if n.measured else "at least, by the memory bound"
     return (
         f"none fits; nearest miss found `{_describe(n)}`, stage {n.worst_stage} over the cap by "
@@ -106,25 +115,27 @@ def _zb_plan(r) -> str:
 
 
 def zb_json(rows) -> list[dict]:
-    return [
-        {
+    out = []
+    for r in rows:
+        row = {
             "model": r.model,
             "ratrain_1f1b_tokens_per_s": r.onef1b and r.onef1b.tokens_per_s,
             "ratrain_zb_tokens_per_s": r.best and r.best.tokens_per_s,
             "gain": r.gain(),
             "chosen_pipeline": r.best and r.best.plan.pipeline,
-            "best_zb_h1_tokens_per_s": r.zb and r.zb.tokens_per_s,
-            "zb_h1_vs_1f1b": r.zb_ratio(),
-            "best_zb_h1_plan": r.zb and r.zb.plan.to_dict(),
-            "closest_zb_h1_miss": r.zb_near
-            and {
-                "plan": r.zb_near.plan.to_dict(),
-                "over_bytes": r.zb_near.over_bytes,
-                "measured": r.zb_near.measured,
-            },
         }
-        for r in rows
-    ]
+        for p in SPLIT_PIPELINES:
+            key, best, near = p.replace("-", "_"), r.zb.get(p), r.zb_near.get(p)
+            row[f"best_{key}_tokens_per_s"] = best and best.tokens_per_s
+            row[f"{key}_vs_1f1b"] = r.zb_ratio(p)
+            row[f"best_{key}_plan"] = best and best.plan.to_dict()
+            row[f"closest_{key}_miss"] = near and {
+                "plan": near.plan.to_dict(),
+                "over_bytes": near.over_bytes,
+                "measured": near.measured,
+            }
+        out.append(row)
+    return out
 
 
 def ablation_json(rows) -> list[dict]:

@@ -11,8 +11,8 @@ knobs taken away, searched (re-planned) under the same memory cap as the full fa
 - ``no-per-stage-recompute``: one recompute policy for every stage.
 - ``no-offload``: no activation offload.
 - ``no-uneven-split``: blocks split evenly over the stages.
-- ``no-zb-h1``: the 1F1B pass order only (no zero-bubble ZB-H1, `ratrain.schedule.
-  zerobubble`): what the split backward adds where it is supported.
+- ``no-zb``: the 1F1B pass order only (no zero-bubble ZB-H1 or ZB-H2,
+  `ratrain.schedule.zerobubble`): what the split backward adds where it is supported.
 
 Pure Python.
 """
@@ -34,7 +34,7 @@ def ablation_families() -> dict[str, Family]:
         "no-per-stage-recompute": dict(per_stage_recompute=False),
         "no-offload": dict(offload=(False,)),
         "no-uneven-split": dict(split_modes=("even",)),
-        "no-zb-h1": dict(pipelines=("1f1b",)),
+        "no-zb": dict(pipelines=("1f1b",)),
     }
     return {
         f"ratrain-{k}": replace(full, name=f"ratrain-{k}", description=f"ratrain, {k}", **kw)

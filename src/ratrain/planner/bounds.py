@@ -275,9 +275,9 @@ def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
 
 
 @lru_cache(maxsize=4096)
-def _offloaded_count(pp: int, m: int, s: int) -> int:
+def _offloaded_count(pp: int, m: int, s: int, pipeline: str) -> int:
     """Microbatches stage `s` offloads: the lowering's own choice."""
-    return len(offloaded_mbs(pp, m, s))
+    return len(offloaded_mbs(pp, m, s, pipeline))
 
 
 @dataclass(frozen=True)
@@ -332,7 +332,7 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
         blocks = [u for u in units[s] if counts.is_block(spec, u)]
         others = [u for u in units[s] if not counts.is_block(spec, u)]
         if models:
-            n_off = _offloaded_count(plan.pp, m, s)
+            n_off = _offloaded_count(plan.pp, m, s, plan.pipeline)
             other_units = sum(_round_trip_s(models["none"], s, u) for u in others)
             alike = {counts.unit_params(spec, u): u for u in blocks}
             block = tuple(

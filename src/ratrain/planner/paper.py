@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ratrain.config import SPLIT_PIPELINES
 from ratrain.models.presets import get_preset
 from ratrain.planner.families import BASELINE_FAMILIES
 from ratrain.planner.search import Candidate, Near, search
@@ -145,28 +146,29 @@ def ablate(
 
 @dataclass
 class ZbRow:
-    """What the zero-bubble pass order (ZB-H1, `ratrain.schedule.zerobubble`) adds to
+    """What the zero-bubble pass orders (ZB-H1, ZB-H2, `ratrain.schedule.zerobubble`) add to
     RATrain for one model under the same cap."""
 
     model: str
     onef1b: Candidate | None
-    """RATrain's best plan with the 1F1B pass order only (`ratrain-no-zb-h1`)."""
+    """RATrain's best plan with the 1F1B pass order only (`ratrain-no-zb`)."""
     best: Candidate | None
-    """RATrain's best plan with the pipeline searched (1f1b or zb-h1)."""
-    zb: Candidate | None
-    """RATrain's best zb-h1 plan with a bubble (pinned, pp > 1: on one stage zb-h1 is 1F1B
-    with the backward split), under every recompute policy and only the knobs ZB-H1
-    supports, whether or not it wins."""
-    zb_near: Near | None = None
-    """When no such plan fits: the one that came closest (`SearchResult.near`)."""
+    """RATrain's best plan with the pipeline searched (1f1b, zb-h1 or zb-h2)."""
+    zb: dict[str, Candidate | None] = field(default_factory=dict)
+    """Per zero-bubble pipeline: RATrain's best plan with it pinned and a bubble (pp > 1: on
+    one stage a zero-bubble order is 1F1B with the backward split), under every recompute
+    policy and only the knobs a split backward supports, whether or not it wins."""
+    zb_near: dict[str, Near | None] = field(default_factory=dict)
+    """Per zero-bubble pipeline with no such plan: the one that came closest
+    (`SearchResult.near`)."""
 
     def gain(self) -> float | None:
         """tokens/s with the pipeline searched over tokens/s with 1F1B only."""
         return _ratio(self.best, self.onef1b)
 
-    def zb_ratio(self) -> float | None:
-        """tokens/s of the best zb-h1 plan over the best 1F1B plan."""
-        return _ratio(self.zb, self.onef1b)
+    def zb_ratio(self, pipeline: str) -> float | None:
+        """tokens/s of the best `pipeline` plan over the best 1F1B plan."""
+        return _ratio(self.zb.get(pipeline), self.onef1b)
 
 
 def _ratio(a: Candidate | None, b: Candidate | None) -> float | None:
@@ -180,33 +182,33 @@ def zero_bubble(
     clusters: int = 1024,
     progress: Callable[[str], None] | None = None,
 ) -> list[ZbRow]:
-    """Per model of `rows` (from `compare_models`, whose RATrain search tries zb-h1):
-    RATrain with 1F1B only (from `ablations` when they have it) and with zb-h1 pinned."""
+    """Per model of `rows` (from `compare_models`, whose RATrain search tries every
+    pipeline): RATrain with 1F1B only (from `ablations` when they have it) and with each
+    zero-bubble pipeline pinned."""
     out = []
     gb = BATCH_TOKENS // SEQ
-    done = {
-        a.model: a.off.get("ratrain-no-zb-h1") for a in ablations if "ratrain-no-zb-h1" in a.off
-    }
+    done = {a.model: a.off.get("ratrain-no-zb") for a in ablations if "ratrain-no-zb" in a.off}
     for r in rows:
         if r.model in done:
             onef1b = done[r.model]
         else:
-            onef1b = search(
-                _req(r.model, platform, clusters, gb, ("ratrain-no-zb-h1",)), top=1
-            ).best
-        pinned = _req(r.model, platform, clusters, gb, ("ratrain",)).with_(
-            pins={"pipeline": "zb-h1"}
-        )
-        best, near = _zb_with_bubble(pinned)
-        out.append(ZbRow(r.model, onef1b, r.ratrain, best, near))
-        if progress:
-            progress(f"{r.model}: zb-h1")
+            onef1b = search(_req(r.model, platform, clusters, gb, ("ratrain-no-zb",)), top=1).best
+        row = ZbRow(r.model, onef1b, r.ratrain)
+        for pipeline in SPLIT_PIPELINES:
+            pinned = _req(r.model, platform, clusters, gb, ("ratrain",)).with_(
+                pins={"pipeline": pipeline}
+            )
+            row.zb[pipeline], row.zb_near[pipeline] = _zb_with_bubble(pinned)
+            if progress:
+                progress(f"{r.model}: {pipeline}")
+        out.append(row)
     return out
 
 
 def _zb_with_bubble(pinned: Request) -> tuple[Candidate | None, Near | None]:
-    """The best zb-h1 plan of `pinned` with pp > 1, or the nearest miss among those: one
-    search, and where its best runs one stage, one per pipeline depth from 2."""
+    """The best plan of `pinned` (a zero-bubble pipeline pinned) with pp > 1, or the nearest
+    miss among those: one search, and where its best runs one stage, one per pipeline depth
+    from 2."""
     res = search(pinned, top=1)
     if res.best is None or res.best.plan.pp > 1:
         return res.best, res.near

@@ -39,8 +39,9 @@ re-runs it with autograd just before B. "selective" checkpoints the attention co
 the block (`torch.utils.checkpoint`): its recomputation happens inside B, so the
 RECOMPUTE action itself has nothing left to do. Offload: OFFLOAD(u, mb) moves what
 (u, mb) keeps for its backward (the checkpoint under "full", else the tensors autograd
-saved, parameters excepted) to the host tier, RELOAD brings it back; on a CPU device the
-host tier is the same memory, so the copies happen but save nothing.
+saved, parameters excepted; under a split backward, B_IN's holder before B_IN) to the
+host tier, RELOAD brings it back; on a CPU device the host tier is the same memory, so
+nothing moves.
 """
 
 from __future__ import annotations
@@ -340,7 +341,8 @@ class StageExecutor:
 
     def _saving(self, u: int, mb: int):
         """Where autograd keeps what (u, mb) saves: a movable stash if it is offloaded;
-        under a split backward, a holder B_IN can release what B_W does not read."""
+        under a split backward, a holder B_IN can release what B_W does not read (movable
+        too: OFFLOAD and RELOAD move it whole, before B_IN)."""
         if self.split:
             held = self.s.saved[(u, mb)] = SavedActivations(self.model.units[u].module_params)
             return held.hooks()
@@ -527,13 +529,13 @@ class StageExecutor:
             stash = Stash(())
             stash.tensors = [self.s.ckpt[key]]
             self.s.ckpt[key] = stash
-        else:
-            stash = self.s.stash[key]
+        else:  # what autograd saved: a stash, or under a split backward the B_IN holder
+            stash = self.s.saved[key] if self.split else self.s.stash[key]
         stash.move(self.host, self.copy_stream)
 
     def _reload(self, a: Action) -> None:
         key = (a.unit, a.mb)
         stash = self.s.ckpt.get(key)
         if not isinstance(stash, Stash):
-            stash = self.s.stash[key]
+            stash = self.s.saved[key] if self.split else self.s.stash[key]
         stash.move(self.grid.device, self.copy_stream)

@@ -17,7 +17,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-__all__ = ["Stash", "CheckpointedAttention"]
+__all__ = ["Stash", "CheckpointedAttention", "move_tensors"]
 
 
 class Stash:
@@ -44,24 +44,34 @@ class Stash:
         return self.tensors[v]
 
     def move(self, device: torch.device, stream: torch.cuda.Stream | None) -> None:
-        """Copy every tensor to `device`; on CUDA on the copy stream, pinned on the host. On
-        a CPU device the host tier is the device memory: nothing to move."""
-        if stream is None:
-            return
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            moved = []
-            for t in self.tensors:
-                dst = torch.empty(
-                    t.shape, dtype=t.dtype, device=device, pin_memory=device.type == "cpu"
-                )
-                dst.copy_(t, non_blocking=True)
-                if t.is_cuda:  # keep the device block from reuse until the copy is done
-                    t.record_stream(stream)
-                moved.append(dst)
-            self.ready = torch.cuda.Event()
-            self.ready.record(stream)
-        self.tensors = moved
+        """Copy every tensor to `device` (`move_tensors`)."""
+        moved = move_tensors(self.tensors, device, stream)
+        if moved is not None:
+            self.tensors, self.ready = moved
+
+
+def move_tensors(
+    tensors: list[torch.Tensor], device: torch.device, stream: torch.cuda.Stream | None
+) -> tuple[list[torch.Tensor], torch.cuda.Event] | None:
+    """Copies of `tensors` on `device`, made on the copy `stream` (pinned on the host), and
+    the event a reader waits on; None where there is no copy stream (a CPU device: the
+    host tier is the device memory, nothing moves)."""
+    if stream is None:
+        return None
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        moved = []
+        for t in tensors:
+            dst = torch.empty(
+                t.shape, dtype=t.dtype, device=device, pin_memory=device.type == "cpu"
+            )
+            dst.copy_(t, non_blocking=True)
+            if t.is_cuda:  # keep the device block from reuse until the copy is done
+                t.record_stream(stream)
+            moved.append(dst)
+        ready = torch.cuda.Event()
+        ready.record(stream)
+    return moved, ready
 
 
 class CheckpointedAttention:

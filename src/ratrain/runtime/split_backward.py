@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
+from ratrain.runtime.lifecycle import move_tensors
+
 __all__ = ["SavedActivations", "WeightWork", "backward_input", "backward_weight"]
 
 
@@ -106,6 +108,7 @@ class SavedActivations:
         self.skip = {id(p) for p in params}
         self.tensors: dict[int, torch.Tensor] = {}
         self.reading: set[int] | None = None
+        self.ready: torch.cuda.Event | None = None
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -126,7 +129,18 @@ class SavedActivations:
             return v
         if self.reading is not None:
             self.reading.add(v)
+        if self.ready is not None:
+            torch.cuda.current_stream().wait_event(self.ready)
         return self.tensors[v]
+
+    def move(self, device: torch.device, stream: torch.cuda.Stream | None) -> None:
+        """OFFLOAD / RELOAD of what the forward saved (before B_IN, so all of it): copied
+        to `device` on the copy stream (`ratrain.runtime.lifecycle.move_tensors`)."""
+        keys = list(self.tensors)
+        moved = move_tensors([self.tensors[k] for k in keys], device, stream)
+        if moved is not None:
+            self.tensors = dict(zip(keys, moved[0], strict=True))
+            self.ready = moved[1]
 
     def keep_for(self, nodes: set[Node]) -> None:
         """Release every tensor but those the saved variables of `nodes` refer to."""

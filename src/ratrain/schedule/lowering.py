@@ -19,7 +19,8 @@ training-state lifecycle, with their dependencies, per stage:
   ahead and dropped after a use unless the unit is used again within the lookahead.
   With ``offload_activations`` a microbatch whose F and B are separated by another
   forward pass has OFFLOAD(u, mb) after F(u, mb) and RELOAD(u, mb) `RELOAD_AHEAD_UNITS`
-  units ahead of its B.
+  units ahead of its B; under a split backward, of its B_IN (B_W reads only what B_IN
+  keeps, which stays on the device).
 
 All three place RECOMPUTE(u, mb) just before the B(u, mb) that needs it (policy
 ``plan.recompute_of``), keep persistent views in baseline and gpu-style, and follow the
@@ -58,7 +59,7 @@ one UPDATE (and refresh) per bucket; ``gpu-style`` fills its buckets with whole 
 from __future__ import annotations
 
 from ratrain import deadline
-from ratrain.config import Plan
+from ratrain.config import SPLIT_PIPELINES, Plan
 from ratrain.models.counts import unit_params
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Schedule
@@ -71,6 +72,7 @@ from ratrain.schedule.passes import (
     last_b_index,
     stage_checks,
 )
+from ratrain.schedule.zerobubble import pass_order as zb_pass_order
 from ratrain.sizes.activations import activation_bytes, boundary_bytes
 from ratrain.sizes.states import (
     ADAM_BYTES_PER_PARAM,
@@ -185,12 +187,17 @@ def lower_ratrain(spec: ModelSpec, plan: Plan) -> Schedule:
     return sch
 
 
-def offloaded_mbs(pp: int, m: int, s: int) -> set[int]:
-    """Microbatches with another forward pass between their forward and backward passes:
-    the others go straight from F to B, where an offload would only add traffic."""
-    order = pass_order(pp, m, s)
+def offloaded_mbs(pp: int, m: int, s: int, pipeline: str = "1f1b") -> set[int]:
+    """Microbatches with another forward pass between their forward and backward passes
+    (under a split backward, their input-gradient pass: the weight pass reads only what
+    B_IN keeps on the device): the others go straight from F to B, where an offload would
+    only add traffic."""
+    if pipeline in SPLIT_PIPELINES:
+        order = zb_pass_order(pp, m, s, pipeline)
+    else:
+        order = pass_order(pp, m, s)
     f_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.F}
-    b_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.B}
+    b_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.B or op is Op.B_IN}
     forwards_before = [0]
     for op, _ in order:
         forwards_before.append(forwards_before[-1] + (op is Op.F))
@@ -201,11 +208,11 @@ def _add_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
     deps = sch.deps
     for s, acts in enumerate(sch.stages):
         units = sch.meta["stage_units"][s]
-        offloaded = offloaded_mbs(plan.pp, plan.microbatches, s)
+        offloaded = offloaded_mbs(plan.pp, plan.microbatches, s, plan.pipeline)
         f_at: dict[tuple[int, int], int] = {}
         work_at: dict[tuple[int, int], int] = {}  # where the backward work of (u, mb) starts
         pass_start: dict[int, int] = {}  # mb -> first action of its backward pass
-        f, b, rc, recv_b = Op.F, Op.B, Op.RECOMPUTE, Op.RECV_B  # locals: no enum lookups
+        f, b, b_in, rc, recv_b = Op.F, Op.B, Op.B_IN, Op.RECOMPUTE, Op.RECV_B  # no lookups
         for i, a in enumerate(acts):
             if (mb := a.mb) not in offloaded:
                 continue
@@ -213,7 +220,7 @@ def _add_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
             if op is f:
                 f_at[(a.units[0], mb)] = i
                 continue
-            if op is b or op is rc:
+            if op is b or op is b_in or op is rc:  # B_W reads only what B_IN kept
                 work_at.setdefault((a.units[0], mb), i)
             elif op is not recv_b:
                 continue

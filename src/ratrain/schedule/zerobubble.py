@@ -113,10 +113,7 @@ def build_zb(spec: ModelSpec, plan: Plan, kind: str) -> Schedule:
     return sch
 
 
-_UNSUPPORTED = (
-    (lambda p: p.schedule == "fsdp-pp", "schedule fsdp-pp"),
-    (lambda p: p.offload_activations, "offload_activations"),
-)
+_UNSUPPORTED = ((lambda p: p.schedule == "fsdp-pp", "schedule fsdp-pp"),)
 
 
 def refuse_unsupported(plan: Plan) -> None:

@@ -53,6 +53,7 @@ _DEFAULT = (
     ("s-pp2-zb", "small", dict(pp=2, micro_batch=2, compute_dtype="fp32", pipeline="zb-h1")),
     ("m-pp2", "medium", dict(pp=2, micro_batch=2)),
     ("m-pp2-zb", "medium", dict(pp=2, micro_batch=2, pipeline="zb-h1")),
+    ("m-pp2-zb2", "medium", dict(pp=2, micro_batch=2, pipeline="zb-h2")),
     ("m-pp2-full-base", "medium", dict(pp=2, micro_batch=2, recompute="full", schedule="baseline")),
     (
         "m-pp2-mb4-sel-gpu",
