@@ -341,15 +341,22 @@ def test_bench_tables_show_what_zero_bubble_adds():
     abl = AblationRow("tiny", best, {"ratrain-no-zb": one})
     assert "no zero bubble" in "\n".join(ablation_markdown([abl], "a100-80g"))
     assert ablation_json([abl])[0]["relative"]["ratrain-no-zb"] == pytest.approx(1 / row.gain())
-    # Where no zb-h1 plan fits (what each deferred B_W needs outgrows what recomputation
-    # saves) the search keeps 1F1B with pp > 1, and the table says so and names the
-    # nearest miss (a zb-h1 plan, recomputing).
+    # Where, without offload, no zb-h1 plan fits (what each deferred B_W needs outgrows
+    # what recomputation saves) the search keeps 1F1B with pp > 1, and the table says so
+    # and names the nearest miss (a zb-h1 plan, recomputing).
     tight = replace(A100, usable_memory_bytes=1_800_000, workspace_bytes=100_000)
-    res = search(_req({"pipeline": "zb-h1"}, platform=tight), top=1)
+    res = search(_req({"pipeline": "zb-h1", "offload_activations": False}, platform=tight))
     assert res.best is None and res.near.plan.pipeline == "zb-h1"
     assert set(res.near.plan.recompute) != {"none"}
-    kept = search(_req(platform=tight), top=1).best
+    kept = search(_req({"offload_activations": False}, platform=tight), top=1).best
     assert kept.plan.pipeline == "1f1b" and kept.plan.pp > 1
+    # A little more memory: still none without offload, but with it (what B_IN keeps for a
+    # deferred B_W leaves the device too) one fits.
+    roomier = replace(tight, usable_memory_bytes=2_000_000)
+    pins = {"pipeline": "zb-h1", "offload_activations": False}
+    assert search(_req(pins, platform=roomier), top=1).best is None
+    fits = search(_req({"pipeline": "zb-h1"}, platform=roomier), top=1).best
+    assert fits is not None and fits.plan.offload_activations and fits.plan.pp > 1
     row = ZbRow("tiny", kept, kept, {"zb-h1": None}, {"zb-h1": res.near})
     miss = "\n".join(zb_markdown([row], "x"))
     assert "| none fits | — |" in miss and "none fits; nearest miss found" in miss

@@ -281,12 +281,15 @@ def test_fsdp_pp_is_refused_in_one_line(pipeline):
 @pytest.mark.parametrize("pp, m", [(2, 8), (4, 8)])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_offload_under_a_split_backward(pipeline, pp, m, recompute):
-    """Activation offload with a split backward: a microbatch with another forward between
-    its F and its B_IN is offloaded after F and reloaded before its B_IN (or the RECOMPUTE
-    before it), which the checker requires; no B_W waits on a RELOAD (it reads only what
-    B_IN kept on the device). Offloading never raises a stage's ledger peak and, where
-    what is offloaded is more than a checkpoint, lowers stage 0's, which holds the most
-    microbatches."""
+    """Offload with a split backward moves two things, and the checker requires each move
+    before its use:
+    - a microbatch with another forward between its F and its B_IN: its activations, after
+      F, back (``#0``) before its B_IN (or the RECOMPUTE before it);
+    - a microbatch whose weight pass waits behind another forward or input-gradient pass:
+      what each block's B_IN keeps for B_W, after B_IN, back (``#1``) before B_W.
+    Offloading never raises a stage's ledger peak; it lowers stage 0's (which holds the
+    most microbatches' activations) where what is offloaded is more than a checkpoint,
+    and the last stage's (which holds up to p microbatches' weight-pass state)."""
     spec = get_preset("llama2-7b")
     peaks = {}
     for off in (False, True):
@@ -296,18 +299,46 @@ def test_offload_under_a_split_backward(pipeline, pp, m, recompute):
         peaks[off] = [st.peak_bytes for st in replay(sch, spec, plan).stages]
     for s, acts in enumerate(sch.stages):
         order = pass_order(pp, m, s, pipeline)
-        f_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.F}
-        bi_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.B_IN}
-        between = {mb: [op for op, _ in order[f_at[mb] + 1 : bi_at[mb]]] for mb in range(m)}
-        want = {mb for mb, ops in between.items() if Op.F in ops}
-        assert {a.mb for a in acts if a.op is Op.OFFLOAD} == want, s
-        assert {a.mb for a in acts if a.op is Op.RELOAD} == want, s
+        at = {(op, mb): i for i, (op, mb) in enumerate(order)}
+        f_to_bi = {
+            mb: [op for op, _ in order[at[Op.F, mb] + 1 : at[Op.B_IN, mb]]] for mb in range(m)
+        }
+        bi_to_bw = {
+            mb: [op for op, _ in order[at[Op.B_IN, mb] + 1 : at[Op.B_W, mb]]] for mb in range(m)
+        }
+        acts_out = {mb for mb, ops in f_to_bi.items() if Op.F in ops}
+        w_out = {mb for mb, ops in bi_to_bw.items() if set(ops) - {Op.B_W}}
+        blocks = [u for u in plan.stage_units(spec, s) if is_block(spec, u)]
+        for visit, mbs, units in ((0, acts_out, plan.stage_units(spec, s)), (1, w_out, blocks)):
+            want = {(u, mb) for u in units for mb in mbs}
+            for op in (Op.OFFLOAD, Op.RELOAD):
+                got = {(a.unit, a.mb) for a in acts if a.op is op and a.visit == visit}
+                assert got == want, (s, op, visit)
         for a in acts:
             if a.op is Op.B_W:
-                assert not any(d.op is Op.RELOAD for d in sch.deps_of(a)), a
+                reloads = {d.visit for d in sch.deps_of(a) if d.op is Op.RELOAD}
+                assert reloads == (
+                    {1} if (a.unit, a.mb) in {(u, mb) for u in blocks for mb in w_out} else set()
+                ), a
     assert all(b <= a for a, b in zip(peaks[False], peaks[True], strict=True))
     if recompute != "full":  # a full recompute's checkpoints can be too small to decide it
         assert peaks[True][0] < peaks[False][0]
+    assert peaks[True][-1] < peaks[False][-1]
+
+
+def test_the_checker_wants_b_w_state_reloaded_before_b_w():
+    spec = get_preset("tiny")
+    plan = _plan(2, 4, offload_activations=True)
+    sch = build_schedule(spec, plan)
+    (rel,) = [a for a in sch.stages[1] if a.op is Op.RELOAD and a.visit == 1][:1]
+    bw = Action(Op.B_W, rel.stage, rel.units, rel.mb)
+    sch.deps[bw] = tuple(d for d in sch.deps_of(bw) if d != rel)
+    assert any(
+        "does not depend on the RELOAD of what its B_IN kept" in p
+        for p in find_problems(sch, spec, plan)
+    )
+    sch.stages[1] = [a for a in sch.stages[1] if a != rel]
+    assert any("offloaded, without a RELOAD" in p for p in find_problems(sch, spec, plan))
 
 
 RUNTIME_PLAN = Plan(

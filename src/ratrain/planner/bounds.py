@@ -32,7 +32,7 @@ from ratrain.models.spec import ModelSpec
 from ratrain.planner.cache import Memo
 from ratrain.platforms import Platform
 from ratrain.schedule.ir import Action, Op, Resource
-from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS, offloaded_mbs
+from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS, deferred_weight_mbs, offloaded_mbs
 from ratrain.schedule.passes import global_checks
 from ratrain.schedule.zerobubble import inflight_limit, order_of, warmup
 from ratrain.sizes.activations import (
@@ -560,14 +560,18 @@ _TABLES: Memo[tuple] = Memo(1024)
 
 
 @lru_cache(maxsize=4096)
-def _zb_profile(pp: int, m: int, w: int, pipeline: str) -> tuple[tuple[int, bool], ...]:
+def _zb_profile(pp: int, m: int, w: int, pipeline: str) -> tuple[tuple[int, bool, bool], ...]:
     """Per input-gradient pass mb of a zero-bubble stage with warm-up w (in its pass order,
     `ratrain.schedule.zerobubble.pass_order`), as B_IN(., mb) starts: the microbatches
-    whose B_IN pass has run and whose B_W pass has not, and whether some B_W pass has run."""
+    whose B_IN pass has run and whose B_W pass has not, whether some B_W pass has run, and
+    whether mb's own weight pass waits behind another pass (with offload, what its B_IN
+    keeps then leaves the device: `ratrain.schedule.lowering.weight_offloaded_mbs`)."""
+    order = order_of(m, w, inflight_limit(pp, w, pipeline))
+    deferred = deferred_weight_mbs(order)
     out, done_in, done_w = [], 0, 0
-    for op, _ in order_of(m, w, inflight_limit(pp, w, pipeline)):
+    for op, _ in order:
         if op is Op.B_IN:
-            out.append((done_in - done_w, done_w > 0))
+            out.append((done_in - done_w, done_w > 0, done_in in deferred))
             done_in += 1
         elif op is Op.B_W:
             done_w += 1
@@ -832,16 +836,19 @@ class MemoryBound:
         if self.prefetch and k != "emb" and below_kind == "block":
             ahead_view = self.params["block"] * self.vbp
         running += ahead_view
+        above_w = 0
         if self.zb:
             # B_IN(u, mb) adds u's output gradients as it starts, and every unit above u
-            # has run its B_IN of mb: each keeps what its B_W needs.
-            w_upto = lay.w_below0[r] + (j + 1) * self.w_keep[k]
-            running += self.w_out[k] + lay.total_w - w_upto
+            # has run its B_IN of mb: each keeps what its B_W needs (`above_w`; with
+            # offload, a microbatch whose weight pass is deferred moves it off the device,
+            # `_add_weight_offload`: not counted then).
+            running += self.w_out[k]
+            above_w = lay.total_w - (lay.w_below0[r] + (j + 1) * self.w_keep[k])
         upto = lay.below0[r] + (j + 1) * keep_u  # keep of units 0..u
         # An offloaded microbatch holds the unit running and the ones reloaded ahead.
         mine_off = upto - lay.below(max(0, u - RELOAD_AHEAD_UNITS))
         met = lay.met0[r] + j * self.params[k]
-        return k, running, upto, mine_off, lay.all_grads - met * self.gbp, ahead_view
+        return k, running, upto, mine_off, lay.all_grads - met * self.gbp, ahead_view, above_w
 
     def _stage(
         self, n_blocks: int, emb: bool, head: bool, w: int, policy: str, parts: bool = False
@@ -857,17 +864,18 @@ class MemoryBound:
         terms = [self._unit(lay, u, r, j) for u, r, j in lay.at]
         largest: dict[tuple[bool, bool], tuple] = {}
 
-        def largest_unit(grads_all: bool, off: bool) -> tuple:
-            hit = largest.get((grads_all, off))
+        def largest_unit(grads_all: bool, off: bool, above: bool) -> tuple:
+            hit = largest.get((grads_all, off, above))
             if hit is None:
                 top, arg = None, None
-                for k, running, upto, mine_off, grads_some, ahead_view in terms:
+                for k, running, upto, mine_off, grads_some, ahead_view, above_w in terms:
                     grads = all_grads if grads_all else grads_some
                     mine = mine_off if off else upto
-                    v = grads + mine + running
+                    run = running + above_w if above else running
+                    v = grads + mine + run
                     if top is None or v > top:
-                        top, arg = v, (grads, mine, running, k, ahead_view)
-                hit = largest[(grads_all, off)] = (top, arg)
+                        top, arg = v, (grads, mine, run, k, ahead_view)
+                hit = largest[(grads_all, off, above)] = (top, arg)
             return hit
 
         best, at_best = 0, None
@@ -892,10 +900,12 @@ class MemoryBound:
             off, others_b = self._offload(mb, others, m, w, total_keep)
             sent = (0 if head else min(mb + w, m - 1) + 1) + (0 if emb else mb)
             held = sent * self.held_send_bytes
-            v, (grads, mine, running, k, ahead_view) = largest_unit(grads_all, off)
+            moved = bool(profile) and plan.offload_activations and profile[mb][2]
+            v, (grads, mine, running, k, ahead_view) = largest_unit(grads_all, off, not moved)
             if profile:
-                waiting, w_started = profile[mb]
-                others_b += waiting * lay.total_w  # each keeps what its B_W pass needs
+                waiting, w_started, _ = profile[mb]
+                if not plan.offload_activations:  # else offloaded until its B_W nears
+                    others_b += waiting * lay.total_w  # each keeps what its B_W pass needs
                 grads += lay.zb_grads if w_started else 0
                 v += lay.zb_grads if w_started else 0
             total = static + others_b + held + v

@@ -40,8 +40,9 @@ the block (`torch.utils.checkpoint`): its recomputation happens inside B, so the
 RECOMPUTE action itself has nothing left to do. Offload: OFFLOAD(u, mb) moves what
 (u, mb) keeps for its backward (the checkpoint under "full", else the tensors autograd
 saved, parameters excepted; under a split backward, B_IN's holder before B_IN) to the
-host tier, RELOAD brings it back; on a CPU device the host tier is the same memory, so
-nothing moves.
+host tier, RELOAD brings it back; OFFLOAD and RELOAD #1 (`WEIGHT_VISIT`) move what B_IN
+left for a deferred B_W (`WeightWork.move`). On a CPU device the host tier is the same
+memory, so nothing moves.
 """
 
 from __future__ import annotations
@@ -65,9 +66,14 @@ from ratrain.runtime.lifecycle import CheckpointedAttention, Stash
 from ratrain.runtime.lr import lr_at
 from ratrain.runtime.optim import clip_coefficient
 from ratrain.runtime.precision import LossScaler
-from ratrain.runtime.split_backward import SavedActivations, backward_input, backward_weight
+from ratrain.runtime.split_backward import (
+    SavedActivations,
+    WeightWork,
+    backward_input,
+    backward_weight,
+)
 from ratrain.runtime.stage import StageModel
-from ratrain.schedule.ir import Action, Op, Resource, Schedule
+from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Resource, Schedule
 
 __all__ = ["StageExecutor", "StepResult"]
 
@@ -169,7 +175,9 @@ class StageExecutor:
         self.owner_stage = {u: s for s, us in enumerate(schedule.meta["stage_units"]) for u in us}
         self.checks = set(schedule.meta.get("global_checks", ()))
         self.recompute = {u: plan.recompute_of(spec, grid.stage, u) for u in self.units}
-        self.offloaded = {(a.unit, a.mb) for a in self.acts if a.op is Op.OFFLOAD}
+        self.offloaded = {
+            (a.unit, a.mb) for a in self.acts if a.op is Op.OFFLOAD and a.visit != WEIGHT_VISIT
+        }
         self.split = any(a.op is Op.B_IN for a in self.acts)
         self.host = torch.device("cpu")
         self.copy_stream = torch.cuda.Stream(grid.device) if grid.device.type == "cuda" else None
@@ -398,6 +406,11 @@ class StageExecutor:
         if u > 0:
             s.grad_in[(u, mb)] = dx
 
+    def _weight_state(self, key: tuple[int, int]) -> WeightWork:
+        """What B_IN(key) left for B_W; an empty one where B_IN ran the unit whole (a custom
+        autograd Function, a compiled block: nothing is kept, nothing moves)."""
+        return self.s.weight_work.get(key) or WeightWork()
+
     def _backward_weight(self, a: Action) -> None:
         work = self.s.weight_work.pop((a.unit, a.mb), None)
         if work is None:  # unsplit: B_IN accumulated the weights' gradients
@@ -525,6 +538,9 @@ class StageExecutor:
     # -- offload --------------------------------------------------------------------------
     def _offload(self, a: Action) -> None:
         key = (a.unit, a.mb)
+        if a.visit == WEIGHT_VISIT:  # after B_IN: what B_W reads
+            self._weight_state(key).move(self.host, self.copy_stream)
+            return
         if key in self.s.ckpt:  # full recompute: the checkpoint is all (u, mb) keeps
             stash = Stash(())
             stash.tensors = [self.s.ckpt[key]]
@@ -535,6 +551,9 @@ class StageExecutor:
 
     def _reload(self, a: Action) -> None:
         key = (a.unit, a.mb)
+        if a.visit == WEIGHT_VISIT:
+            self._weight_state(key).move(self.grid.device, self.copy_stream)
+            return
         stash = self.s.ckpt.get(key)
         if not isinstance(stash, Stash):
             stash = self.s.saved[key] if self.split else self.s.stash[key]

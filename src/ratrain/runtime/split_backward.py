@@ -66,6 +66,29 @@ class WeightWork:
     small: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     """(weight, gradient) of the one-dimensional weights (norms, biases): computed by B_IN
     (reductions over tokens of what it holds), accumulated by B_W."""
+    saved: SavedActivations | None = None
+    """Where the forward's tensors the weight pass reads are held (None: in the graph)."""
+    ready: torch.cuda.Event | None = None
+
+    def move(self, device: torch.device, stream: torch.cuda.Stream | None) -> None:
+        """OFFLOAD / RELOAD #1: what B_W reads (the forward's tensors the holder kept, the
+        kept output gradients, the small weights' gradients) copied to `device` on the copy
+        stream (`ratrain.runtime.lifecycle.move_tensors`; on a CPU device nothing moves)."""
+        if self.saved is not None:
+            self.saved.move(device, stream)
+        flat = [t for g in self.groups for kept in g.grads for t in kept or () if t is not None]
+        flat += [gr for _, gr in self.small]
+        moved = move_tensors(flat, device, stream)
+        if moved is None:
+            return
+        it = iter(moved[0])
+        for g in self.groups:
+            g.grads = [
+                None if kept is None else tuple(None if t is None else next(it) for t in kept)
+                for kept in g.grads
+            ]
+        self.small = [(p, next(it)) for p, _ in self.small]
+        self.ready = moved[1]
 
 
 def _parents(root: Node) -> dict[Node, list[Node]]:
@@ -234,12 +257,14 @@ def backward_input(
     if saved is not None:
         saved.keep_for(w_nodes)
     kept = [(p, g) for p, g in zip(small, gs, strict=True) if g is not None]
-    return dx, WeightWork(groups, small=kept)
+    return dx, WeightWork(groups, small=kept, saved=saved)
 
 
 def backward_weight(work: WeightWork) -> None:
     """B_W: accumulate the weights' gradients from what `backward_input` kept, releasing
     the graph."""
+    if work.ready is not None:  # reloaded on the copy stream
+        torch.cuda.current_stream().wait_event(work.ready)
     if work.whole is not None:
         torch.autograd.backward(*work.whole)
         work.whole = None

@@ -36,7 +36,7 @@ from ratrain.config import Plan
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.eval import FORWARD_OPS
-from ratrain.schedule.ir import Action, Op, Resource, Schedule, format_action
+from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Resource, Schedule, format_action
 from ratrain.schedule.passes import global_checks, reads_view
 
 __all__ = ["ScheduleError", "check_schedule", "find_problems", "dry_run"]
@@ -236,15 +236,30 @@ def _activation_lifetimes(sch, spec, plan, s: int, acts: list[Action]) -> list[s
             state[key] = "device"
             continue
         if a.op is Op.B_W:  # needs what its B_IN kept, on this stage, before
-            if st != "weight":
+            if st == "weight-host":
+                out.append(f"{_f(a)} reads what its B_IN kept, offloaded, without a RELOAD")
+            elif st != "weight":
                 out.append(f"{_f(a)} before its B_IN" if st != "freed" else f"{_f(a)} runs again")
             elif Action(Op.B_IN, s, a.units, a.mb) not in sch.deps_of(a):
                 out.append(f"{_f(a)} does not depend on its B_IN")
+            if key in reloads and reloads.pop(key) not in sch.deps_of(a):
+                out.append(f"{_f(a)} does not depend on the RELOAD of what its B_IN kept")
             state[key] = "freed"
             continue
-        if st == "weight":
-            out.append(f"{_f(a)} uses activations its B_IN already freed")
+        if st in ("weight", "weight-host"):  # between B_IN and B_W: only moves, visit #1
+            moves = {"weight": (Op.OFFLOAD, "weight-host"), "weight-host": (Op.RELOAD, "weight")}
+            op, then = moves[st]
+            if a.op is op and a.visit == WEIGHT_VISIT:
+                state[key] = then
+                if op is Op.RELOAD:
+                    reloads[key] = a
+            elif a.op in (Op.OFFLOAD, Op.RELOAD):
+                out.append(f"{_f(a)} moves what B_IN kept for B_W: expected {op.name}#1")
+            else:
+                out.append(f"{_f(a)} uses activations its B_IN already freed")
             continue
+        if a.op in (Op.OFFLOAD, Op.RELOAD) and a.visit != 0:
+            out.append(f"{_f(a)} moves activations before their B_IN: expected visit 0")
         if st is None:
             when = "before its F" if f_at.get(key, -1) > i else "without its F"
             out.append(f"{_f(a)} {when}")

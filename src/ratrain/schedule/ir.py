@@ -39,7 +39,9 @@ runs): each stage walks its list in order with one issuing thread.
   produces the unit's weight gradient; it frees them. The unit's gradient state starts at
   its first B_W of the step (not at B_IN), so GRAD_SYNC(u) follows the last B_W(u). B_IN
   reads the unit's parameter view (dX = dY·W), B_W does not (dW = dYᵀ·X). A RECOMPUTE
-  precedes the B_IN (the first pass that needs the activations).
+  precedes the B_IN (the first pass that needs the activations). With offload, what B_IN
+  keeps for a deferred B_W moves too: OFFLOAD(u, mb)#1 after B_IN, RELOAD(u, mb)#1 before
+  B_W (`WEIGHT_VISIT`).
 - Global reductions (NORM, OVF) are one collective over all stages (and DP replicas):
   each stage's instance starts when every stage's instance has been issued and its deps
   have completed.
@@ -51,7 +53,15 @@ import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["Op", "Resource", "Action", "Schedule", "format_action", "parse_action"]
+__all__ = [
+    "Op",
+    "Resource",
+    "Action",
+    "Schedule",
+    "WEIGHT_VISIT",
+    "format_action",
+    "parse_action",
+]
 
 
 class Op(enum.Enum):
@@ -87,6 +97,11 @@ class Resource(enum.Enum):
     P2P = "p2p"  # stage-to-stage links
     NONE = "none"  # bookkeeping (VIEW_DROP)
 
+
+WEIGHT_VISIT = 1
+"""The `Action.visit` of an OFFLOAD / RELOAD that moves what B_IN(u, mb) keeps for its
+deferred B_W(u, mb) (the linear layers' inputs and output gradients: ``0OFF3@5#1``); visit
+0 moves (u, mb)'s activations between its F and its B_IN (or B)."""
 
 _MB_OPS = {
     Op.F,

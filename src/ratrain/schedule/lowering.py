@@ -60,9 +60,9 @@ from __future__ import annotations
 
 from ratrain import deadline
 from ratrain.config import SPLIT_PIPELINES, Plan
-from ratrain.models.counts import unit_params
+from ratrain.models.counts import is_block, unit_params
 from ratrain.models.spec import ModelSpec
-from ratrain.schedule.ir import Action, Op, Schedule
+from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Schedule
 from ratrain.schedule.onef1b import pass_order, splice
 from ratrain.schedule.passes import (
     add_transient_views,
@@ -73,7 +73,7 @@ from ratrain.schedule.passes import (
     stage_checks,
 )
 from ratrain.schedule.zerobubble import pass_order as zb_pass_order
-from ratrain.sizes.activations import activation_bytes, boundary_bytes
+from ratrain.sizes.activations import activation_bytes, boundary_bytes, weight_grad_bytes
 from ratrain.sizes.states import (
     ADAM_BYTES_PER_PARAM,
     MASTER_BYTES_PER_PARAM,
@@ -89,6 +89,8 @@ __all__ = [
     "lower_ratrain",
     "action_bytes",
     "offloaded_mbs",
+    "weight_offloaded_mbs",
+    "deferred_weight_mbs",
     "RELOAD_AHEAD_UNITS",
 ]
 
@@ -204,7 +206,84 @@ def offloaded_mbs(pp: int, m: int, s: int, pipeline: str = "1f1b") -> set[int]:
     return {mb for mb in range(m) if forwards_before[b_at[mb]] - forwards_before[f_at[mb] + 1] > 0}
 
 
+def weight_offloaded_mbs(pp: int, m: int, s: int, pipeline: str) -> set[int]:
+    """Under a split backward, the microbatches whose weight pass waits behind another
+    forward or input-gradient pass: what their B_IN kept for B_W is offloaded meanwhile
+    (`WEIGHT_VISIT`). The others run B_W right after B_IN (or after nothing but other
+    weight passes), where an offload would only add traffic."""
+    if pipeline not in SPLIT_PIPELINES:
+        return set()
+    return deferred_weight_mbs(zb_pass_order(pp, m, s, pipeline))
+
+
+def deferred_weight_mbs(order: list[tuple[Op, int]]) -> set[int]:
+    """`weight_offloaded_mbs` of a zero-bubble pass order."""
+    bi_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.B_IN}
+    bw_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.B_W}
+    return {
+        mb for mb in bi_at if any(op is not Op.B_W for op, _ in order[bi_at[mb] + 1 : bw_at[mb]])
+    }
+
+
 def _add_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
+    _add_activation_offload(sch, spec, plan)
+    if plan.split_backward:
+        _add_weight_offload(sch, spec, plan)
+
+
+def _add_weight_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
+    """Under a split backward: for each block of a microbatch whose weight pass is deferred
+    behind other passes (`weight_offloaded_mbs`), OFFLOAD(u, mb)#1 right after B_IN(u, mb)
+    and RELOAD(u, mb)#1 before B_W(u, mb): `RELOAD_AHEAD_UNITS` units ahead in the weight
+    pass, and for its first units before the compute action that precedes the pass; not
+    where that leaves no compute action between the two (a round trip with nothing to
+    gain)."""
+    deps = sch.deps
+    for s, acts in enumerate(sch.stages):
+        units = sch.meta["stage_units"][s]
+        moved = weight_offloaded_mbs(plan.pp, plan.microbatches, s, plan.pipeline)
+        if not moved:
+            continue
+        bi_at: dict[tuple[int, int], int] = {}
+        bw_at: dict[tuple[int, int], int] = {}
+        lead: dict[int, int] = {}  # mb -> the compute action before its weight pass
+        computes = [0]  # computes[i]: compute actions in acts[:i]
+        last_compute = 0
+        for i, a in enumerate(acts):
+            op = a.op
+            if op is Op.B_W and a.mb in moved:
+                bw_at[(a.units[0], a.mb)] = i
+                lead.setdefault(a.mb, last_compute)
+            elif op is Op.B_IN and a.mb in moved:
+                bi_at[(a.units[0], a.mb)] = i
+            if op in _COMPUTE:
+                last_compute = i
+            computes.append(computes[-1] + (op in _COMPUTE))
+        before: dict[int, list[Action]] = {}
+        after: dict[int, list[Action]] = {}
+        for (u, mb), i in bi_at.items():
+            if not is_block(spec, u):  # the embedding and head keep little for B_W
+                continue
+            ahead = u + RELOAD_AHEAD_UNITS
+            at = bw_at[(ahead, mb)] if ahead <= units[-1] else lead[mb]
+            if computes[at] == computes[i + 1]:  # back before any compute: only traffic
+                continue
+            off = Action(Op.OFFLOAD, s, (u,), mb, WEIGHT_VISIT)
+            rel = Action(Op.RELOAD, s, (u,), mb, WEIGHT_VISIT)
+            deps[off] = (acts[i],)
+            deps[rel] = (off,)
+            after.setdefault(i, []).append(off)
+            before.setdefault(at, []).append(rel)
+            sch.add_dep(acts[bw_at[(u, mb)]], rel)
+        for lst in before.values():
+            lst.sort(key=lambda a: -a.units[0])  # the unit needed first is reloaded first
+        sch.stages[s] = splice(acts, before, after)
+
+
+_COMPUTE = (Op.F, Op.B, Op.B_IN, Op.B_W, Op.RECOMPUTE)
+
+
+def _add_activation_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
     deps = sch.deps
     for s, acts in enumerate(sch.stages):
         units = sch.meta["stage_units"][s]
@@ -249,7 +328,7 @@ def action_bytes(action: Action, spec: ModelSpec, plan: Plan, *, flash: bool = T
     GRAD_SYNC: the full gradient of its units in grad_dtype (the collective's input; see
     meta["grad_sync"] for all-reduce vs reduce-scatter). VIEW_FETCH: the full view of its
     units (meta["view_fetch"]: cast or all-gather). OFFLOAD/RELOAD: what (unit, mb) keeps
-    under its recompute policy. NORM/OVF: one fp32 scalar. UPDATE: the optimizer step's
+    under its recompute policy (#1: what its B_IN keeps for B_W, `weight_grad_bytes`). NORM/OVF: one fp32 scalar. UPDATE: the optimizer step's
     memory traffic on this replica: read the gradient, read and write the fp32 master and
     Adam's m and v (shard share when sharded). F/B/RECOMPUTE/VIEW_DROP: 0 (compute is
     costed by FLOPs, see `ratrain.models.counts`).
@@ -267,6 +346,8 @@ def action_bytes(action: Action, spec: ModelSpec, plan: Plan, *, flash: bool = T
     if op is Op.VIEW_FETCH:
         return params * view_bytes_per_param(plan)
     if op in (Op.OFFLOAD, Op.RELOAD):
+        if action.visit == WEIGHT_VISIT:  # what B_IN keeps for B_W
+            return sum(weight_grad_bytes(spec, plan, action.unit, flash=flash))
         policy = plan.recompute_of(spec, action.stage, action.unit)
         return activation_bytes(spec, plan, action.unit, policy, flash=flash)
     if op in (Op.GRAD_NORM, Op.OVERFLOW):
