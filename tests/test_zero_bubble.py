@@ -286,7 +286,8 @@ def test_offload_under_a_split_backward(pipeline, pp, m, recompute):
     - a microbatch with another forward between its F and its B_IN: its activations, after
       F, back (``#0``) before its B_IN (or the RECOMPUTE before it);
     - a microbatch whose weight pass waits behind another forward or input-gradient pass:
-      what each block's B_IN keeps for B_W, after B_IN, back (``#1``) before B_W.
+      what each block's and the head's B_IN keeps for B_W, after B_IN, back (``#1``)
+      before B_W.
     Offloading never raises a stage's ledger peak; it lowers stage 0's (which holds the
     most microbatches' activations) where what is offloaded is more than a checkpoint,
     and the last stage's (which holds up to p microbatches' weight-pass state)."""
@@ -308,8 +309,9 @@ def test_offload_under_a_split_backward(pipeline, pp, m, recompute):
         }
         acts_out = {mb for mb, ops in f_to_bi.items() if Op.F in ops}
         w_out = {mb for mb, ops in bi_to_bw.items() if set(ops) - {Op.B_W}}
-        blocks = [u for u in plan.stage_units(spec, s) if is_block(spec, u)]
-        for visit, mbs, units in ((0, acts_out, plan.stage_units(spec, s)), (1, w_out, blocks)):
+        # the blocks and the head split (no fused loss here); the embedding's B_W runs whole
+        split = [u for u in plan.stage_units(spec, s) if u > 0]
+        for visit, mbs, units in ((0, acts_out, plan.stage_units(spec, s)), (1, w_out, split)):
             want = {(u, mb) for u in units for mb in mbs}
             for op in (Op.OFFLOAD, Op.RELOAD):
                 got = {(a.unit, a.mb) for a in acts if a.op is op and a.visit == visit}
@@ -318,7 +320,7 @@ def test_offload_under_a_split_backward(pipeline, pp, m, recompute):
             if a.op is Op.B_W:
                 reloads = {d.visit for d in sch.deps_of(a) if d.op is Op.RELOAD}
                 assert reloads == (
-                    {1} if (a.unit, a.mb) in {(u, mb) for u in blocks for mb in w_out} else set()
+                    {1} if (a.unit, a.mb) in {(u, mb) for u in split for mb in w_out} else set()
                 ), a
     assert all(b <= a for a, b in zip(peaks[False], peaks[True], strict=True))
     if recompute != "full":  # a full recompute's checkpoints can be too small to decide it

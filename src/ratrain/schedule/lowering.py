@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from ratrain import deadline
 from ratrain.config import SPLIT_PIPELINES, Plan
-from ratrain.models.counts import is_block, unit_params
+from ratrain.models.counts import head_unit, is_block, unit_params
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Schedule
 from ratrain.schedule.onef1b import pass_order, splice
@@ -232,18 +232,23 @@ def _add_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
 
 
 def _add_weight_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
-    """Under a split backward: for each block of a microbatch whose weight pass is deferred
-    behind other passes (`weight_offloaded_mbs`), OFFLOAD(u, mb)#1 right after B_IN(u, mb)
-    and RELOAD(u, mb)#1 before B_W(u, mb): `RELOAD_AHEAD_UNITS` units ahead in the weight
-    pass, and for its first units before the compute action that precedes the pass; not
-    where that leaves no compute action between the two (a round trip with nothing to
-    gain)."""
+    """Under a split backward: for each block, and the head (its dlogits, V wide per
+    token, are the largest weight-pass state) unless the fused chunked loss runs it whole,
+    of a microbatch whose weight pass is deferred behind other passes
+    (`weight_offloaded_mbs`): OFFLOAD(u, mb)#1 right after B_IN(u, mb) and RELOAD(u, mb)#1
+    before B_W(u, mb), `RELOAD_AHEAD_UNITS` units ahead in the weight pass, and for its
+    first units before the compute action that precedes the pass; not where that leaves
+    no compute action between the two (a round trip with nothing to gain). The
+    embedding's B_W runs whole and keeps only token ids and its output gradient."""
     deps = sch.deps
     for s, acts in enumerate(sch.stages):
         units = sch.meta["stage_units"][s]
         moved = weight_offloaded_mbs(plan.pp, plan.microbatches, s, plan.pipeline)
         if not moved:
             continue
+        split = {u for u in units if is_block(spec, u)}
+        if not plan.loss_chunk_tokens and head_unit(spec) in units:
+            split.add(head_unit(spec))
         bi_at: dict[tuple[int, int], int] = {}
         bw_at: dict[tuple[int, int], int] = {}
         lead: dict[int, int] = {}  # mb -> the compute action before its weight pass
@@ -262,7 +267,7 @@ def _add_weight_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
         before: dict[int, list[Action]] = {}
         after: dict[int, list[Action]] = {}
         for (u, mb), i in bi_at.items():
-            if not is_block(spec, u):  # the embedding and head keep little for B_W
+            if u not in split:  # the embedding's B_W runs whole; the fused loss keeps nothing
                 continue
             ahead = u + RELOAD_AHEAD_UNITS
             at = bw_at[(ahead, mb)] if ahead <= units[-1] else lead[mb]
