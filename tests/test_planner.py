@@ -294,6 +294,15 @@ def test_request_pins_the_search_could_never_match_are_user_errors(pins):
         Request(TINY, load("mt3000"), 4, 8, 128, pins=pins)
 
 
+def test_min_pp_searches_only_pipelines_that_deep():
+    req = Request(TINY, load("mt3000"), 4, 8, 128)
+    assert search(req, top=1).best.plan.pp == 1  # the tiny model fits on one stage
+    deeper = search(req.with_(min_pp=2), top=8)
+    assert deeper.ranked and all(c.plan.pp >= 2 for c in deeper.ranked)
+    with pytest.raises(RatrainError, match="min_pp must be a positive integer"):
+        Request(TINY, load("mt3000"), 4, 8, 128, min_pp=0)
+
+
 def test_infeasible_search_reports_the_nearest_miss():
     from ratrain.planner import explain
 

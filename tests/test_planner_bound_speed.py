@@ -37,7 +37,10 @@ class _UnitByUnit(MemoryBound):
             sent = (0 if head else min(mb + w, m - 1) + 1) + (0 if emb else mb)
             held = sent * self.held_send_bytes
             for u, r, j in lay.at:
-                k, running, upto, off_keep, grads_some, ahead_view = self._unit(lay, u, r, j)
+                k, running, upto, off_keep, grads_some, ahead_view, above_w = self._unit(
+                    lay, u, r, j
+                )
+                running += above_w  # zero bubble: the units above keep what B_W needs
                 mine = off_keep if mine_off else upto
                 grads = lay.all_grads if grads_all else grads_some
                 total = lay.static + grads + mine + others_b + running + held

@@ -40,7 +40,7 @@ def test_default_grid_covers_the_issue_axes():
     assert {p.schedule for p in plans} == {"baseline", "gpu-style", "ratrain"}
     assert {p.recompute[0] for p in plans} == {"none", "selective", "full"}
     assert {p.compute_dtype for p in plans} == {"fp32", "bf16"}
-    assert {p.pipeline for p in plans} == {"1f1b", "zb-h1"}
+    assert {p.pipeline for p in plans} == {"1f1b", "zb-h1", "zb-h2"}
     assert any(p.shard_optimizer for p in plans) and any(
         p.view_policy == "transient" for p in plans
     )

@@ -207,23 +207,13 @@ def zero_bubble(
 
 def _zb_with_bubble(pinned: Request) -> tuple[Candidate | None, Near | None]:
     """The best plan of `pinned` (a zero-bubble pipeline pinned) with pp > 1, or the nearest
-    miss among those: one search, and where its best runs one stage, one per pipeline depth
-    from 2."""
+    miss among those: one search, and where its best runs one stage, one more over the
+    pipelines of two stages and more (`Request.min_pp`)."""
     res = search(pinned, top=1)
     if res.best is None or res.best.plan.pp > 1:
         return res.best, res.near
-    found: list[Candidate] = []
-    misses: list[Near] = []
-    for pp in range(2, min(pinned.spec.n_layers, pinned.clusters) + 1):
-        deeper = search(pinned.with_(pins={**pinned.pins, "pp": pp}), top=1)
-        if deeper.best is not None:
-            found.append(deeper.best)
-        elif deeper.near is not None:
-            misses.append(deeper.near)
-    if found:
-        return max(found, key=lambda c: c.tokens_per_s), None
-    # A miss measured by the ledger before one only bounded, then the least over the cap.
-    return None, min(misses, key=lambda n: (not n.measured, n.over_bytes), default=None)
+    deeper = search(pinned.with_(min_pp=2), top=1)
+    return deeper.best, deeper.near
 
 
 def scaling_curve(

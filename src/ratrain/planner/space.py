@@ -77,9 +77,11 @@ class Request:
     seq: int
     pins: Mapping[str, object] = field(default_factory=dict)
     families: tuple[str, ...] = ALL_FAMILIES
+    min_pp: int = 1
+    """The shallowest pipeline searched (2: only plans with a bubble)."""
 
     def __post_init__(self) -> None:
-        for f in ("clusters", "global_batch", "seq"):
+        for f in ("clusters", "global_batch", "seq", "min_pp"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise RatrainError(f"plan request: {f} must be a positive integer, got {v!r}")
@@ -350,6 +352,7 @@ def structures(req: Request, family: Family) -> Iterator[Structure]:
     """
     pins, L, N, gb = req.pins, req.spec.n_layers, req.clusters, req.global_batch
     pps = [pins["pp"]] if "pp" in pins else range(1, min(L, N) + 1)
+    pps = [pp for pp in pps if pp >= req.min_pp]
     mbs = [pins["micro_batch"]] if "micro_batch" in pins else MICRO_BATCHES
     for pp in pps:
         if pp > L or pp > N:
