@@ -862,7 +862,7 @@ class MemoryBound:
         # and each moment adds its own terms to it (integers: the same sums as unit by
         # unit, and the first unit at the largest, as before).
         terms = [self._unit(lay, u, r, j) for u, r, j in lay.at]
-        largest: dict[tuple[bool, bool], tuple] = {}
+        largest: dict[tuple[bool, bool, bool], tuple] = {}
 
         def largest_unit(grads_all: bool, off: bool, above: bool) -> tuple:
             hit = largest.get((grads_all, off, above))

@@ -112,8 +112,12 @@ def pick_compute_dtype(platform: Platform) -> str:
 # -- pins ------------------------------------------------------------------------------------
 
 
+_DEFAULTS = Plan()
+"""Each pinnable field's type, read from its default."""
+
+
 def _convert(name: str, text: str):
-    default = getattr(Plan(), name)
+    default = getattr(_DEFAULTS, name)
     low = text.strip().lower()
     if name == "layer_split":
         try:
@@ -191,8 +195,7 @@ def normalize_pins(pins: Mapping[str, object]) -> dict[str, object]:
             raise RatrainError(
                 f"pin {name}={value!r}: unknown field {name!r}; pinnable: {', '.join(_PINNABLE)}"
             )
-        default = getattr(Plan(), name)
-        if isinstance(value, str) and not isinstance(default, str):
+        if isinstance(value, str) and not isinstance(getattr(_DEFAULTS, name), str):
             value = _convert(name, value)
         if name == "layer_split" and isinstance(value, list):
             value = tuple(value)

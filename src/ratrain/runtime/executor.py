@@ -537,24 +537,23 @@ class StageExecutor:
 
     # -- offload --------------------------------------------------------------------------
     def _offload(self, a: Action) -> None:
-        key = (a.unit, a.mb)
-        if a.visit == WEIGHT_VISIT:  # after B_IN: what B_W reads
-            self._weight_state(key).move(self.host, self.copy_stream)
-            return
-        if key in self.s.ckpt:  # full recompute: the checkpoint is all (u, mb) keeps
-            stash = Stash(())
-            stash.tensors = [self.s.ckpt[key]]
-            self.s.ckpt[key] = stash
-        else:  # what autograd saved: a stash, or under a split backward the B_IN holder
-            stash = self.s.saved[key] if self.split else self.s.stash[key]
-        stash.move(self.host, self.copy_stream)
+        self._moved(a).move(self.host, self.copy_stream)
 
     def _reload(self, a: Action) -> None:
+        self._moved(a).move(self.grid.device, self.copy_stream)
+
+    def _moved(self, a: Action) -> Stash | SavedActivations | WeightWork:
+        """What an OFFLOAD / RELOAD of (u, mb) moves: #1, what B_IN left for B_W; else the
+        checkpoint under full recompute (wrapped in a stash at its OFFLOAD), or what
+        autograd saved (a stash, or under a split backward B_IN's holder)."""
         key = (a.unit, a.mb)
-        if a.visit == WEIGHT_VISIT:
-            self._weight_state(key).move(self.grid.device, self.copy_stream)
-            return
-        stash = self.s.ckpt.get(key)
-        if not isinstance(stash, Stash):
-            stash = self.s.saved[key] if self.split else self.s.stash[key]
-        stash.move(self.grid.device, self.copy_stream)
+        if a.visit == WEIGHT_VISIT:  # after B_IN: what B_W reads
+            return self._weight_state(key)
+        held = self.s.ckpt.get(key)
+        if held is not None:  # full recompute: the checkpoint is all (u, mb) keeps
+            if not isinstance(held, Stash):
+                stash = self.s.ckpt[key] = Stash(())
+                stash.tensors = [held]
+                return stash
+            return held
+        return self.s.saved[key] if self.split else self.s.stash[key]

@@ -62,7 +62,7 @@ from ratrain import deadline
 from ratrain.config import SPLIT_PIPELINES, Plan
 from ratrain.models.counts import head_unit, is_block, unit_params
 from ratrain.models.spec import ModelSpec
-from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Schedule
+from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Resource, Schedule
 from ratrain.schedule.onef1b import pass_order, splice
 from ratrain.schedule.passes import (
     add_transient_views,
@@ -261,9 +261,10 @@ def _add_weight_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
                 lead.setdefault(a.mb, last_compute)
             elif op is Op.B_IN and a.mb in moved:
                 bi_at[(a.units[0], a.mb)] = i
-            if op in _COMPUTE:
+            compute = a.resource is Resource.COMPUTE
+            if compute:
                 last_compute = i
-            computes.append(computes[-1] + (op in _COMPUTE))
+            computes.append(computes[-1] + compute)
         before: dict[int, list[Action]] = {}
         after: dict[int, list[Action]] = {}
         for (u, mb), i in bi_at.items():
@@ -283,9 +284,6 @@ def _add_weight_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
         for lst in before.values():
             lst.sort(key=lambda a: -a.units[0])  # the unit needed first is reloaded first
         sch.stages[s] = splice(acts, before, after)
-
-
-_COMPUTE = (Op.F, Op.B, Op.B_IN, Op.B_W, Op.RECOMPUTE)
 
 
 def _add_activation_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
