@@ -2,7 +2,7 @@
 
     python benchmarks/runtime_vs_peers.py [--quick] [--json out.json] [--layouts 2x1,2x2]
         [--repeats 3] [--steps 6] [--warmup 2]
-        [--systems ratrain,ratrain-zb,ratrain-zb2,torch-1f1b,torch-interleaved-1f1b,torch-izb,
+        [--systems ratrain,ratrain-plan,ratrain-zb,ratrain-zb2,torch-1f1b,torch-interleaved-1f1b,torch-izb,
                    torch-zbv,torch-dualpipev,deepspeed (the default)]
         [--compile | --no-compile] [--loss-chunk-tokens 256] [--platform FILE]
         [--malloc-mmap-threshold 131072 (ratrain-lowrss's)]
@@ -14,6 +14,10 @@ seq 256; fp32; micro-batch 2; 8 microbatches per pipeline; one thread per rank; 
 gradient clipping (the peers' schedules have no global-norm step). Layouts are pp x dp.
 
 Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as given),
+`ratrain-plan` (ratrain as a user runs it: `ratrain plan` for the job on `--split-platform`,
+pp and dp pinned to the layout, fp32 and no clipping pinned, its default time budget; then
+that plan as `ratrain train --plan` runs it, compile off; reported with the plan's
+predicted tokens/s),
 `ratrain-eager` (no compile, plain loss: the runtime before these two),
 `ratrain-compiled` (`ratrain` with compile forced on, to measure compile),
 `ratrain-zb` and `ratrain-zb2` (`ratrain` with a zero-bubble pass order, `--pipeline
@@ -79,6 +83,8 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
+import tempfile
 
 from peers import (
     TORCH_SCHEDULES,
@@ -116,8 +122,12 @@ ZB_SYSTEMS = {"ratrain-zb": "zb-h1", "ratrain-zb2": "zb-h2"}
 """`ratrain` with a zero-bubble pass order (`--pipeline`), on the split the planner picks
 for it."""
 
+PLANNED = "ratrain-plan"
+"""ratrain as a user runs it: `ratrain plan` for the job, then that plan (`user_plan`)."""
+
 KNOWN_SYSTEMS = (
     "ratrain",
+    PLANNED,
     *ZB_SYSTEMS,
     "ratrain-eager",
     "ratrain-compiled",
@@ -127,7 +137,7 @@ KNOWN_SYSTEMS = (
     "deepspeed",
 )
 
-DEFAULT_SYSTEMS = ",".join(["ratrain", *ZB_SYSTEMS, *TORCH_SCHEDULES, "deepspeed"])
+DEFAULT_SYSTEMS = ",".join(["ratrain", PLANNED, *ZB_SYSTEMS, *TORCH_SCHEDULES, "deepspeed"])
 
 LOSS_RTOL = 1e-5
 """A torch peer whose first-step loss differs from torch-1f1b's by more (relative) is
@@ -200,6 +210,38 @@ def planner_split(
     if best is None:
         raise SystemExit(f"the planner found no feasible plan for {spec.name} on {platform}")
     return tuple(best.plan.layer_split or plan.blocks_per_stage(spec))
+
+
+def user_plan(spec: ModelSpec, plan: Plan, platform: str, workdir: str) -> tuple[Plan, float]:
+    """The plan `ratrain plan` writes for the job, run as a user runs it (a subprocess, its
+    default time budget), and its predicted tokens/s. The job fixes the model, the ranks'
+    layout (pp and dp pinned: the peers run that layout), the global batch, seq, fp32 and no
+    clipping; the planner picks the rest: micro-batch, layer split, pass order, loss,
+    recompute, offload, sharding, views. (It does not pick `--compile`, which is not a plan
+    field.) A spec that is not a preset goes as a Hugging Face config.json."""
+    from ratrain.config import load_plan
+    from ratrain.models.presets import PRESETS
+
+    model = spec.name
+    if model not in PRESETS:
+        from ratrain.models.hf_config import to_hf_config
+
+        model = os.path.join(workdir, "config.json")
+        with open(model, "w") as f:
+            json.dump(to_hf_config(spec), f)
+    out = os.path.join(workdir, f"plan-{plan.pp}x{plan.dp}.yaml")
+    cmd = [
+        *("ratrain", "plan", "--model", model, "--platform", platform),
+        *("--clusters", str(plan.pp * plan.dp), "--global-batch", str(plan.global_batch)),
+        *("--seq", str(plan.seq), "--pin", f"pp={plan.pp}", "--pin", f"dp={plan.dp}"),
+        *("--pin", "compute_dtype=fp32", "--pin", "clip_grad=none", "--quiet", "-o", out),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)}: {done.stderr.strip() or done.stdout.strip()}")
+    print("  " + done.stdout.splitlines()[0], flush=True)
+    planned, meta = load_plan(out)
+    return planned, float(meta["predicted"]["tokens_per_s"])
 
 
 def _ratrain_split(a, spec: ModelSpec, plan: Plan) -> tuple[int, ...] | None:
@@ -338,6 +380,11 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
     zb_note = "".join(f", {s} {_fmt(x)}" for s, x in zb_split.items() if x != own.layer_split)
     print(f"  split: ratrain {_fmt(own_split)}{zb_note}, peers {_fmt(peer_split)}", flush=True)
     plans = {s: own if s.startswith("ratrain") else plan for s in systems}
+    predicted = None
+    if PLANNED in systems:
+        with tempfile.TemporaryDirectory() as tmp:
+            plans[PLANNED], predicted = user_plan(spec, plan, a.split_platform, tmp)
+        print(f"  {PLANNED}: {plan_line(spec, plans[PLANNED])}", flush=True)
     if own_split != peer_split and a.peers_on_ratrain_split:
         for s in [s for s in systems if not s.startswith("ratrain")]:
             name = f"{s}@{_fmt(own_split)}"
@@ -384,6 +431,8 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
                     continue
             elif s == "ratrain":
                 r = run_ratrain(spec, fast, cfg, source, a.compile, prof, 0)
+            elif s == PLANNED:  # `ratrain train --plan`: compile off, its default
+                r = run_ratrain(spec, plans[s], cfg, source, False, prof, 0)
             elif s == "ratrain-compiled":  # ratrain with --compile whatever the flag says
                 r = run_ratrain(spec, fast, cfg, source, True, prof, 0)
             elif s == "ratrain-eager":  # the runtime without compile or the chunked loss
@@ -447,9 +496,18 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             "rss_vs_better_peer": rows["ratrain"]["peak_rss_bytes_max"]
             / rows[best_rss]["peak_rss_bytes_max"],
         }
-        for s in ZB_SYSTEMS:
+        for s in (PLANNED, *ZB_SYSTEMS):
             if s in rows:
                 ratios[_vs_peer_key(s)] = rows[s]["tokens_per_s"] / rows[best_speed]["tokens_per_s"]
+        if PLANNED in rows:
+            ratios["planned_vs_better_peer_per_repeat"] = [
+                runs[PLANNED][i]["tokens_per_s"] / max(runs[p][i]["tokens_per_s"] for p in peers)
+                for i in range(len(runs[PLANNED]))
+            ]
+    if PLANNED in rows:
+        rows[PLANNED]["plan"] = plans[PLANNED].to_dict()
+        rows[PLANNED]["predicted_tokens_per_s"] = predicted
+        ratios["planned_measured_over_predicted"] = rows[PLANNED]["tokens_per_s"] / predicted
     if "ratrain" in rows:  # interleaved pairs: ratrain / system, repeat by repeat
         ratios["ratrain_over_system_per_repeat"] = {
             s: [
@@ -477,6 +535,18 @@ def _vs_peer_key(system: str) -> str:
     """The ratio key of a zero-bubble system against the better peer, e.g.
     ``ratrain_zb_speed_vs_better_peer``."""
     return f"{system.replace('-', '_')}_speed_vs_better_peer"
+
+
+def plan_line(spec: ModelSpec, plan: Plan) -> str:
+    """What the planner chose, in one line."""
+    loss = f"fused loss/{plan.loss_chunk_tokens}" if plan.loss_chunk_tokens else "plain loss"
+    rec = plan.recompute if isinstance(plan.recompute, str) else ",".join(plan.recompute)
+    return (
+        f"mb={plan.micro_batch} m={plan.microbatches} split={_fmt(plan.blocks_per_stage(spec))} "
+        f"pipeline={plan.pipeline} {loss} recompute={rec} offload={plan.offload_activations} "
+        f"shard={plan.shard_optimizer} views={plan.view_policy} "
+        f"sync_buckets={plan.sync_bucket_bytes}"
+    )
 
 
 def _fmt(split) -> str:
@@ -517,9 +587,19 @@ def print_layout(name: str, res: dict, warmup: int) -> None:
             f"(per repeat, against the fastest peer of each: {reps}); "
             f"ratrain / {q['better_peer_rss']} peak RSS: {q['rss_vs_better_peer']:.3f}"
         )
-        for s in ZB_SYSTEMS:
+        for s in (PLANNED, *ZB_SYSTEMS):
             if _vs_peer_key(s) in q:
                 print(f"{s} / {q['better_peer_speed']} tokens/s: {q[_vs_peer_key(s)]:.3f}")
+        if "planned_vs_better_peer_per_repeat" in q:
+            reps = " ".join(f"{x:.3f}" for x in q["planned_vs_better_peer_per_repeat"])
+            print(f"{PLANNED} / the fastest peer of each repeat: {reps}")
+    if "planned_measured_over_predicted" in q:
+        row = res["rows"][PLANNED]
+        print(
+            f"{PLANNED}: measured {row['tokens_per_s']:,.0f} tokens/s, `ratrain plan` predicted "
+            f"{row['predicted_tokens_per_s']:,.0f}: measured / predicted "
+            f"{q['planned_measured_over_predicted']:.3f}"
+        )
     for other, xs in q.get("ratrain_over_system_per_repeat", {}).items():
         print(f"ratrain / {other} tokens/s per repeat: " + " ".join(f"{x:.3f}" for x in xs))
     for name, row in res["rows"].items():

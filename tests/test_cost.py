@@ -158,3 +158,38 @@ def test_view_fetch_cast_or_all_gather():
     assert gather.action(vf).algorithm.startswith("all_gather:")
     assert gather.resource(vf) is Resource.DP_NET
     assert gather.action(Action(Op.GRAD_SYNC, 1, (5,))).algorithm.startswith("reduce_scatter:")
+
+
+@pytest.mark.parametrize("name", ["llama2-7b", "bench-512"])
+def test_the_fused_loss_moves_the_heads_gemms_into_its_forward(name):
+    # `ratrain.nn.chunked_loss` computes dL/dh and dL/dw in its forward; the backward only
+    # scales them. Same GEMM FLOPs in all, none of the plain loss's backward pass.
+    spec, b, s = get_preset(name), 2, 512
+    head = counts.head_unit(spec)
+
+    def ks(kind, chunk, unit=head):
+        return unit_kernels(spec, unit, b, s, kind, loss_chunk_tokens=chunk)
+
+    def flops(kind, chunk):
+        return sum(k.flops for k in ks(kind, chunk))
+
+    assert flops("F", 256) == flops("F", None) + flops("B", None)
+    assert flops("B", 256) == 0
+    assert ks("BI", 256) == ks("B", 256) and ks("BW", 256) == []  # not split
+    assert "cross_entropy.bwd" in {k.name for k in ks("B", None)}
+    assert "cross_entropy.bwd" not in {k.name for k in ks("B", 256) + ks("F", 256)}
+    for kind in ("F", "B", "BI", "BW"):  # blocks and the embedding are the same
+        for unit in (0, 1):
+            assert ks(kind, 256, unit) == ks(kind, None, unit)
+
+
+def test_the_cost_model_times_the_fused_head_by_its_own_kernels():
+    spec, cpu = get_preset("bench-512"), load("cpu-local")
+    plain = CostModel(spec, Plan(pp=2, micro_batch=2, global_batch=4, seq=256), cpu)
+    fused = CostModel(spec, plain.plan.replace(loss_chunk_tokens=256), cpu)
+    head = Action(Op.F, 1, (counts.head_unit(spec),), 0)
+    back = Action(Op.B, 1, (counts.head_unit(spec),), 0)
+    assert fused.time_s(head) > plain.time_s(head)
+    assert fused.time_s(back) < plain.time_s(back)
+    block = Action(Op.F, 1, (5,), 0)
+    assert fused.time_s(block) == plain.time_s(block)

@@ -21,7 +21,13 @@ from ratrain.planner.bounds import (
 )
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.fit import stage_options
-from ratrain.planner.space import knob_combos, make_plan, structures
+from ratrain.planner.space import (
+    LOSS_CHUNK_TOKENS,
+    knob_combos,
+    loss_chunks,
+    make_plan,
+    structures,
+)
 from ratrain.platforms.load import load
 from ratrain.schedule import build_schedule
 from ratrain.sim import simulate
@@ -260,6 +266,29 @@ def test_pins_are_respected():
     split = parse_pins(["layer_split=1,3", "recompute=none,full"])
     res = search(Request(TINY, load("mt3000"), 4, 8, 128, pins={"pp": 2, **split}), top=1)
     assert res.best.plan.layer_split == (1, 3) and res.best.plan.recompute == ("none", "full")
+
+
+def test_pinned_loss_and_sync_buckets_reach_the_plan():
+    pins = parse_pins(["loss_chunk_tokens=64", "sync_bucket_bytes=1048576"])
+    res = search(Request(TINY, load("mt3000"), 4, 8, 128, pins=pins), top=3)
+    assert res.ranked
+    for c in res.ranked:
+        assert (c.plan.loss_chunk_tokens, c.plan.sync_bucket_bytes) == (64, 2**20)
+
+
+def test_the_fused_loss_is_searched_where_the_platform_measured_the_loss():
+    mt = Request(TINY, load("mt3000"), 4, 8, 128)
+    assert loss_chunks(mt) == (None,)  # no loss pass measured: timed alike, plain kept
+    assert loss_chunks(mt.with_(pins={"loss_chunk_tokens": 64})) == (64,)
+    cpu = Request(get_preset("bench-512"), load("cpu-local"), 2, 16, 256, pins={"pp": 2})
+    assert loss_chunks(cpu) == (None, LOSS_CHUNK_TOKENS)
+    assert loss_chunks(cpu.with_(pins={"pp": 2, "loss_chunk_tokens": None})) == (None,)
+    res = search(cpu, top=1, time_budget_s=None)
+    best = res.best.plan
+    # the search's choice of loss is the simulator's: the other loss on the same plan is
+    # no faster
+    other = best.replace(loss_chunk_tokens=None if best.loss_chunk_tokens else LOSS_CHUNK_TOKENS)
+    assert simulate(cpu.spec, other, cpu.platform).tokens_per_s <= res.best.tokens_per_s
 
 
 @pytest.mark.parametrize(

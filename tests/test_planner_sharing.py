@@ -38,15 +38,17 @@ def test_peak_speed_bounds_the_busy_speed():
 
 def test_step_bound_never_exceeds_the_simulation_with_shared_cores():
     checked = 0
-    for pp, dp, m, sched, rec, shard in itertools.product(
+    for pp, dp, m, sched, rec, shard, loss, pipe in itertools.product(
         (1, 2, 4),
         (1, 2),
         (1, 3, 6),
         ("baseline", "gpu-style", "ratrain"),
         ("none", "full"),
         (False, True),
+        (None, 64),  # the plain loss; the fused chunked one (the head's work in F)
+        ("1f1b", "zb-h1"),
     ):
-        if pp * dp > 4 or (shard and dp == 1):
+        if pp * dp > 4 or (shard and dp == 1) or (pipe != "1f1b" and (pp == 1 or shard)):
             continue
         plan = Plan(
             pp=pp,
@@ -56,18 +58,23 @@ def test_step_bound_never_exceeds_the_simulation_with_shared_cores():
             schedule=sched,
             recompute=rec,
             shard_optimizer=shard,
+            loss_chunk_tokens=loss,
+            pipeline=pipe,
         )
-        ut = unit_times(TINY, CPU, 1, 128, "fp32")
+        ut = unit_times(TINY, CPU, 1, 128, "fp32", loss)
         over = overheads(TINY, plan, CPU)
-        lb = step_time_lower_bound_s(plan.blocks_per_stage(TINY), m, ut, plan.recompute, over)
+        lb = step_time_lower_bound_s(
+            plan.blocks_per_stage(TINY), m, ut, plan.recompute, over, pipeline=pipe
+        )
         step = simulate(TINY, plan, CPU, memory_timeline=False).step_time_s
         assert lb <= step * (1 + 1e-12), (plan, lb, step)
         checked += 1
-    assert checked > 50
+    assert checked > 150
 
 
 @pytest.mark.timeout(240)
-def test_pruning_never_drops_the_exhaustive_best_with_shared_cores():
+@pytest.mark.parametrize("loss", ["plain", "searched"])
+def test_pruning_never_drops_the_exhaustive_best_with_shared_cores(loss):
     # The fused counts: the exhaustive search's replay and the planner's simulation then
     # count memory alike (with eager_kernels the simulation's ledger counts more than the
     # planner's replay, a separate matter from the bounds checked here).
@@ -76,12 +83,18 @@ def test_pruning_never_drops_the_exhaustive_best_with_shared_cores():
         eager_kernels=False,
         waiting_ranks_lend_cores=True,
     )
-    req = Request(TINY, cap, 4, 4, 128)
+    # cpu-local measured the loss: the plain and the fused chunked loss are both searched
+    # unless pinned (`space.loss_chunks`)
+    pins = {"loss_chunk_tokens": None} if loss == "plain" else {}
+    req = Request(TINY, cap, 4, 4, 128, pins=pins)
     want, feasible, infeasible = _exhaustive(req)
     assert feasible and infeasible  # the cap binds: recompute and sharding matter
     pruned = search(req, top=1)
     assert pruned.best.tokens_per_s == pytest.approx(want, rel=1e-12)
-    assert pruned.best.plan.pp > 1  # a pipeline: its stages' bubbles lend their cores
+    if loss == "plain":
+        assert pruned.best.plan.pp > 1  # a pipeline: its stages' bubbles lend their cores
+    else:  # the fused loss holds less: one stage recomputes fewer blocks, and wins
+        assert pruned.best.plan.loss_chunk_tokens is not None
     assert all(p <= usable_bytes(req) for p in pruned.best.peak_memory_bytes)
 
 

@@ -40,6 +40,11 @@ PIPELINES = ("1f1b", "zb-h1", "zb-h2")
 SPLIT_PIPELINES = ("zb-h1", "zb-h2")
 """The pass orders that split each backward into B_IN and B_W (`ratrain.schedule.zerobubble`)."""
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+DEFAULT_LOSS_CHUNK_TOKENS = 256
+"""The fused chunked loss's tokens per chunk where none is given (`ratrain.nn.chunked_loss`,
+`ratrain plan`'s search). assumed: large enough that each chunk's GEMMs run at full rate on
+a CPU core, small enough that a chunk's fp32 logits (256 x V) are a fraction of a
+microbatch's."""
 
 MAX_STAGES = 2**16
 """assumed: more pipeline stages than any model has blocks (the largest have about 128); a

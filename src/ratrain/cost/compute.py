@@ -193,11 +193,19 @@ def _grad_accumulate(spec: ModelSpec, unit: int) -> Kernel:
 
 
 def unit_kernels(
-    spec: ModelSpec, unit: int, micro_batch: int, seq: int, kind: str, *, dtype: str = "bf16"
+    spec: ModelSpec,
+    unit: int,
+    micro_batch: int,
+    seq: int,
+    kind: str,
+    *,
+    dtype: str = "bf16",
+    loss_chunk_tokens: int | None = None,
 ) -> list[Kernel]:
     """The kernels of one unit's forward ("F"), backward ("B") or recomputation
     ("RC:full" / "RC:selective") for one microbatch; a split backward's halves are "BI"
     (input gradient) and "BW" (weight gradient), which together are "B"'s kernels.
+    `loss_chunk_tokens` (`Plan.loss_chunk_tokens`) moves the head's work: see `_fused_head`.
 
     derived: for a linear layer Y = X·Wᵀ the backward is two GEMMs of the forward's size,
     dX = dY·W (B_IN) and dW = dYᵀ·X (B_W), each about the forward's FLOPs. The attention
@@ -205,10 +213,12 @@ def unit_kernels(
     of their own (the norms' weight gradients are per-token reductions, left in B_IN):
     all B_IN. B_W adds the weight gradients into the gradient buffer (grad_accumulate).
     The embedding has no input gradient: its B_IN is empty, its B_W is the scatter-add."""
+    tokens = micro_batch * seq
+    if loss_chunk_tokens and unit == counts.head_unit(spec):
+        return _fused_head(spec, tokens, kind)
     if kind in ("BI", "BW"):
         ks = unit_kernels(spec, unit, micro_batch, seq, "B", dtype=dtype)
         return [k for k in ks if _weight_grad_kernel(k) == (kind == "BW")]
-    tokens = micro_batch * seq
     if unit == counts.embedding_unit(spec):
         # A gather of rows forward; a scatter-add into the table's gradient backward.
         row_bytes = tokens * spec.hidden * DTYPE_BYTES[dtype]
@@ -249,6 +259,36 @@ def unit_kernels(
     if kind == "RC:none":
         return []
     raise ValueError(f"unknown kernel group {kind!r}")
+
+
+def _fused_head(spec: ModelSpec, tokens: int, kind: str) -> list[Kernel]:
+    """The head under the fused chunked loss (`ratrain.nn.chunked_loss`): its forward runs
+    the loss's gradient too, chunk by chunk (the logits' GEMM, then dL/dh and dL/dw from the
+    chunk's softmax minus one-hot), so F holds all three GEMMs and the norm's forward; the
+    backward only scales dL/dh and dL/dw by the loss's incoming gradient, runs the norm's
+    backward and adds dL/dw into the gradient buffer. The runtime does not split it (B_IN
+    runs it whole, B_W nothing: `ratrain.schedule.lowering`).
+
+    assumed: the fused loss's passes over the tokens x vocab logits cost what the plain
+    loss's forward passes cost (the "cross_entropy" forward), its backward passes over them
+    none: it builds the gradient in place in the same chunk (docs/runtime.md measured the
+    plain loss at 1.16-2.54x the fused one, same GEMMs); the scaling costs a residual add's
+    pass per element ("add")."""
+    gemm = ("lm_head", tokens, spec.vocab, spec.hidden)
+    if kind == "F":
+        return [
+            Kernel("gemm", gemm[0], gemm[1:]),
+            *_gemm_bwd(*gemm),
+            *_elementwise(spec, tokens, "head", False),
+        ]
+    if kind in ("B", "BI"):
+        scale = tokens * spec.hidden + spec.vocab * spec.hidden
+        return [
+            Kernel("elementwise", "rmsnorm.bwd", ("rmsnorm", tokens * spec.hidden, True)),
+            Kernel("elementwise", "loss_scale.fwd", ("add", scale, False)),
+            _grad_accumulate(spec, counts.head_unit(spec)),
+        ]
+    return []
 
 
 def _weight_grad_kernel(k: Kernel) -> bool:

@@ -162,10 +162,17 @@ UNIT_DIRECTIONS = {"F": "fwd", "B": "bwd", "BI": "bin", "BW": "bw"}
 recomputation is charged as a forward)."""
 
 
-def unit_factor(platform: Platform, spec, unit: int, direction: str, dtype: str) -> float:
+def unit_factor(
+    platform: Platform, spec, unit: int, direction: str, dtype: str, fused_loss: bool = False
+) -> float:
     """The measured time of a unit's kernels inside the unit over their sum timed apart
     (`Platform.unit_time_factor`): blocks and the head; 1 for the embedding (a gather, no
     GEMM) and where the platform did not measure it.
+
+    `fused_loss`: the head runs the fused chunked loss (`Plan.loss_chunk_tokens`), whose
+    factors are "head-fused.<direction>.<dtype>" where the platform measured them; else the
+    plain head's (assumed: the fused head's kernels run as much slower inside the unit as
+    the plain head's do). Its backward is not split: "bin" takes "bwd"'s.
 
     `direction`: "fwd", "bwd", or a split backward's halves "bin" (B_IN's kernels) and
     "bw" (B_W's), which `ratrain calibrate` measures through the runtime's own split
@@ -177,6 +184,11 @@ def unit_factor(platform: Platform, spec, unit: int, direction: str, dtype: str)
         return 1.0
     kind = "head" if unit == spec.n_layers + 1 else "block"
     factors = platform.unit_time_factor
+    if kind == "head" and fused_loss:
+        direction = "bwd" if direction in ("bin", "bw") else direction
+        got = factors.get(f"head-fused.{direction}.{dtype}")
+        if got is not None:
+            return got
     got = factors.get(f"{kind}.{direction}.{dtype}")
     if got is None and direction in ("bin", "bw"):
         got = factors.get(f"{kind}.bwd.{dtype}")

@@ -202,7 +202,15 @@ class CostModel:
         return [
             k
             for u in a.units
-            for k in unit_kernels(self.spec, u, p.micro_batch, p.seq, kind, dtype=p.compute_dtype)
+            for k in unit_kernels(
+                self.spec,
+                u,
+                p.micro_batch,
+                p.seq,
+                kind,
+                dtype=p.compute_dtype,
+                loss_chunk_tokens=p.loss_chunk_tokens,
+            )
         ]
 
     # -- costs ------------------------------------------------------------------------------
@@ -309,7 +317,8 @@ class CostModel:
             ks = self.kernels(Action(a.op, a.stage, (u,), a.mb))
             t, b = kernels_time_s(ks, dt, self.platform)
             direction = UNIT_DIRECTIONS[a.op.value]
-            t *= unit_factor(self.platform, self.spec, u, direction, dt) / self.speed
+            fused = bool(self.plan.loss_chunk_tokens)
+            t *= unit_factor(self.platform, self.spec, u, direction, dt, fused) / self.speed
             total += t * self.scale["compute" if counts.is_block(self.spec, u) else "edge"]
             flops += sum(k.flops for k in ks)
             if t > best:

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["chunked_cross_entropy", "DEFAULT_LOSS_CHUNK_TOKENS"]
+from ratrain.config import DEFAULT_LOSS_CHUNK_TOKENS
 
-DEFAULT_LOSS_CHUNK_TOKENS = 256
-"""assumed: large enough that each chunk's GEMMs run at full rate on a CPU core, small
-enough that a chunk's fp32 logits (256 x V) are a fraction of a microbatch's."""
+__all__ = ["chunked_cross_entropy", "DEFAULT_LOSS_CHUNK_TOKENS"]
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):

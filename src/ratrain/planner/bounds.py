@@ -22,6 +22,7 @@ Memory: `MemoryBound`, a lower bound on each stage's ledger peak. Pure Python.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -53,6 +54,7 @@ __all__ = [
     "UnitTimes",
     "unit_times",
     "unit_times_known",
+    "lowest_unit_times",
     "peak_unit_times",
     "stage_times",
     "recompute_time_s",
@@ -99,30 +101,62 @@ _UNIT_TIMES: Memo[tuple[Platform, UnitTimes]] = Memo(None)
 
 
 def unit_times(
-    spec: ModelSpec, platform: Platform, micro_batch: int, seq: int, dtype: str
+    spec: ModelSpec,
+    platform: Platform,
+    micro_batch: int,
+    seq: int,
+    dtype: str,
+    loss_chunk_tokens: int | None = None,
 ) -> UnitTimes:
-    """Compute times per unit kind (cached per model, platform and microbatch shape)."""
-    key = (spec, id(platform), micro_batch, seq, dtype)
+    """Compute times per unit kind (cached per model, platform, microbatch shape and loss:
+    the fused chunked loss moves the head's work from B into F, `ratrain.cost.compute`)."""
+    key = (spec, id(platform), micro_batch, seq, dtype, loss_chunk_tokens)
     hit = _UNIT_TIMES.get(key)
     if hit is not None and hit[0] is platform:
         return hit[1]
-    ut = _unit_times(spec, platform, micro_batch, seq, dtype)
+    ut = _unit_times(spec, platform, micro_batch, seq, dtype, loss_chunk_tokens)
     _UNIT_TIMES.put(key, (platform, ut))
     return ut
 
 
 def unit_times_known(
-    spec: ModelSpec, platform: Platform, micro_batch: int, seq: int, dtype: str
+    spec: ModelSpec,
+    platform: Platform,
+    micro_batch: int,
+    seq: int,
+    dtype: str,
+    loss_chunk_tokens: int | None = None,
 ) -> bool:
     """Whether `unit_times` has these in its cache (no kernel model to run)."""
-    hit = _UNIT_TIMES.get((spec, id(platform), micro_batch, seq, dtype))
+    hit = _UNIT_TIMES.get((spec, id(platform), micro_batch, seq, dtype, loss_chunk_tokens))
     return hit is not None and hit[0] is platform
 
 
+def lowest_unit_times(times: list[UnitTimes]) -> UnitTimes:
+    """Each field's smallest over `times` (one per loss variant a structure's knobs try): a
+    step-time bound is no larger at any smaller unit time, so this bounds every variant."""
+    if len(times) == 1:
+        return times[0]
+    return UnitTimes(
+        **{f.name: min(getattr(t, f.name) for t in times) for f in dataclasses.fields(UnitTimes)}
+    )
+
+
 def _unit_times(
-    spec: ModelSpec, platform: Platform, micro_batch: int, seq: int, dtype: str
+    spec: ModelSpec,
+    platform: Platform,
+    micro_batch: int,
+    seq: int,
+    dtype: str,
+    loss_chunk_tokens: int | None = None,
 ) -> UnitTimes:
-    plan = Plan(micro_batch=micro_batch, global_batch=micro_batch, seq=seq, compute_dtype=dtype)
+    plan = Plan(
+        micro_batch=micro_batch,
+        global_batch=micro_batch,
+        seq=seq,
+        compute_dtype=dtype,
+        loss_chunk_tokens=loss_chunk_tokens,
+    )
     cm = CostModel(spec, plan, platform)
     emb, head = counts.embedding_unit(spec), counts.head_unit(spec)
 
@@ -151,7 +185,12 @@ def _unit_times(
 
 
 def peak_unit_times(
-    spec: ModelSpec, platform: Platform, micro_batch: int, seq: int, dtype: str
+    spec: ModelSpec,
+    platform: Platform,
+    micro_batch: int,
+    seq: int,
+    dtype: str,
+    loss_chunk_tokens: int | None = None,
 ) -> UnitTimes:
     """Compute times at the dtype's peak FLOP/s: no kernel model is faster (assumed: a
     kernel never beats its unit's peak), so these bound `unit_times` from below at no
@@ -161,7 +200,9 @@ def peak_unit_times(
     peak = platform.peak_flops[dtype]
 
     def t(unit: int, kind: str) -> float:
-        ks = unit_kernels(spec, unit, micro_batch, seq, kind, dtype=dtype)
+        ks = unit_kernels(
+            spec, unit, micro_batch, seq, kind, dtype=dtype, loss_chunk_tokens=loss_chunk_tokens
+        )
         return sum(k.flops for k in ks) / peak
 
     head = counts.head_unit(spec)
@@ -739,6 +780,7 @@ class MemoryBound:
             plan.offload_activations,
             prefetched_views_of(plan.schedule, plan.view_policy, plan.view_lookahead),
             plan.pipeline,
+            plan.loss_chunk_tokens,
         )
 
     def stage_key(self, stage: int) -> tuple[int, bool, bool, int]:

@@ -117,6 +117,7 @@ def structure_bound(req: Request, st: Structure, kn: Knobs) -> MemoryBound:
             kn.offload_activations,
             prefetched_views_of(kn.schedule, kn.view_policy, kn.view_lookahead),
             kn.pipeline,
+            kn.loss_chunk_tokens,
         ),
     )
     mb = _BOUNDS.get(key)

@@ -22,6 +22,7 @@ _KNOBS = (
     ("grad_dtype", "gradient dtype"),
     ("offload_activations", "offload"),
     ("pipeline", "pipeline"),
+    ("loss_chunk_tokens", "fused loss chunk"),
 )
 
 
@@ -51,6 +52,8 @@ def describe(p: Plan) -> str:
         f"offload={'yes' if p.offload_activations else 'no'}"
         + (f" layout={p.rank_layout}" if p.rank_layout != "pp-inner" else "")
         + (f" pipeline={p.pipeline}" if p.pipeline != "1f1b" else "")
+        + (f" loss=fused/{p.loss_chunk_tokens}" if p.loss_chunk_tokens else "")
+        + (f" sync_buckets={p.sync_bucket_bytes}" if p.sync_bucket_bytes else "")
     )
 
 

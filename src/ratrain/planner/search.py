@@ -27,6 +27,8 @@ from functools import lru_cache
 from ratrain import deadline
 from ratrain.config import PIPELINES, Plan
 from ratrain.planner.bounds import (
+    UnitTimes,
+    lowest_unit_times,
     overheads,
     peak_unit_times,
     persistent_bound_of,
@@ -272,19 +274,35 @@ def _tasks(req: Request, families: tuple[str, ...], state: _State) -> tuple[list
         kept = passed.get(i)
         if kept is not None and not kept:
             continue  # ruled out by the memory proof
-        if st.micro_batch not in known:
-            known[st.micro_batch] = peak_unit_times(
-                req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype
+        losses = _losses(kept or kns)
+        if (st.micro_batch, losses) not in known:
+            known[st.micro_batch, losses] = lowest_unit_times(
+                [
+                    peak_unit_times(
+                        req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype, loss
+                    )
+                    for loss in losses
+                ]
             )
         zb = _zb_pipelines(kept or kns)
-        lb = seen.get((st, zb))
+        lb = seen.get((st, zb, losses))
         if lb is None:  # families share structures: bound each once
             m = st.microbatches(req.global_batch)
-            lb = seen[st, zb] = _structure_bound_s(st, m, known[st.micro_batch], zb)
+            lb = seen[st, zb, losses] = _structure_bound_s(st, m, known[st.micro_batch, losses], zb)
         mark = None if kept is None else _PASSED
         out.append((lb, order, len(out), _PEAK, st, fam, kept or kns, mark))
     heapq.heapify(out)
     return out, total
+
+
+def _losses(kns) -> tuple[int | None, ...]:
+    """The losses its knobs try (`space.loss_chunks`; the plain one first: a cache key)."""
+    return tuple(sorted({kn.loss_chunk_tokens for kn in kns}, key=lambda c: c or 0))
+
+
+def _unit_times(req: Request, st: Structure, loss: int | None) -> UnitTimes:
+    """`unit_times` of a structure under one loss (`Knobs.loss_chunk_tokens`)."""
+    return unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype, loss)
 
 
 def _zb_pipelines(kns) -> tuple[str, ...]:
@@ -372,8 +390,7 @@ def _work(req: Request, ev: Evaluator, tasks: list, best: _Top, state: _State, p
         if level != _KNOBS:
             _refine(req, tasks, entry, state)
             continue
-        ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
-        _run_queue(ev, req, st, fam, ut, queue, best, state, prune)
+        _run_queue(ev, req, st, fam, queue, best, state, prune)
         if state.stopped:
             state.pruned = len(tasks) + 1
             return None
@@ -417,12 +434,11 @@ def _refine(req: Request, tasks: list, entry: tuple, state: _State) -> None:
         if queue is not _PASSED:
             kns = _memory_pass(req, st, fam, kns, state)
         if kns:
-            ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
+            ut = lowest_unit_times([_unit_times(req, st, loss) for loss in _losses(kns)])
             lb = _structure_bound_s(st, st.microbatches(req.global_batch), ut, _zb_pipelines(kns))
             heapq.heappush(tasks, (lb, order, seq, _KERNELS, st, fam, kns, None))
         return
-    ut = unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
-    queue = _bound_knobs(req, st, fam, kns, ut, state)
+    queue = _bound_knobs(req, st, fam, kns, state)
     if queue:
         heapq.heappush(tasks, (queue[0][0], order, seq, _KNOBS, st, fam, kns, queue))
 
@@ -482,7 +498,8 @@ def _tighten(req: Request, tasks: list, until: float) -> float | None:
         if level == _KNOBS:
             break
         args = (req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype)
-        if level == _PEAK and not unit_times_known(*args):
+        losses = _losses(tasks[0][6])
+        if level == _PEAK and not all(unit_times_known(*args, loss) for loss in losses):
             break
         _refine(req, tasks, heapq.heappop(tasks), scratch)
     return tasks[0][0] if tasks else None
@@ -552,6 +569,15 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
     The zero-bubble misses are recorded only where no 1F1B combination is searched (its
     twins' are)."""
     limit = usable_bytes(req)
+    losses = _losses(kns)
+    if len(losses) > 1:  # the losses hold different activations: bounded apart
+        return [
+            kn
+            for loss in losses
+            for kn in _memory_pass(
+                req, st, fam, [kn for kn in kns if kn.loss_chunk_tokens == loss], state
+            )
+        ]
     pipes = sorted({kn.pipeline for kn in kns}, key=PIPELINES.index)  # 1f1b first
     if len(pipes) > 1:
         out = []
@@ -598,6 +624,7 @@ def _saves(a, b) -> bool:
 
     return (
         a.compute_dtype == b.compute_dtype != "fp32"
+        and a.loss_chunk_tokens == b.loss_chunk_tokens
         and a.shard_optimizer >= b.shard_optimizer
         and _view_rank(a) <= _view_rank(b)
         and DTYPE_BYTES[a.grad_dtype] <= DTYPE_BYTES[b.grad_dtype]
@@ -668,7 +695,7 @@ def _ruled_out(req, st, fam, kn, limit: int, state: _State) -> bool:
     return False
 
 
-def _bound_knobs(req, st, fam, kns, ut, state: _State) -> list[tuple]:
+def _bound_knobs(req, st, fam, kns, state: _State) -> list[tuple]:
     """Each knob combination of a structure that the memory bound lets fit (`_memory_pass`
     kept), with its step-time bound (recomputation the bound forces, and the overheads),
     fastest first."""
@@ -676,6 +703,7 @@ def _bound_knobs(req, st, fam, kns, ut, state: _State) -> list[tuple]:
     queue = []
     limit = usable_bytes(req)
     for kn in kns:
+        ut = _unit_times(req, st, kn.loss_chunk_tokens)
         opts = options(req, st, kn, ut)
         if not opts.feasible(fam.per_stage_recompute):  # no one policy fits every stage
             if kn.pipeline != "1f1b" and req.pins.get("pipeline") != kn.pipeline:
@@ -691,10 +719,11 @@ def _bound_knobs(req, st, fam, kns, ut, state: _State) -> list[tuple]:
     return queue
 
 
-def _run_queue(ev, req, st, fam, ut, queue, best: _Top, state: _State, prune: bool) -> None:
+def _run_queue(ev, req, st, fam, queue, best: _Top, state: _State, prune: bool) -> None:
     """Fit and simulate the knob combinations of one structure that can still place."""
     m = st.microbatches(req.global_batch)
     for lb, _, kn, opts, over in queue:
+        ut = _unit_times(req, st, kn.loss_chunk_tokens)
         if prune and best.beaten(lb):
             continue
         if state.out_of_time(best):  # the queue is sorted: lb is its smallest bound left

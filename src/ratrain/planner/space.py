@@ -22,7 +22,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
-from ratrain.config import DTYPES, PIPELINES, SCHEDULES, SPLIT_PIPELINES, Plan, even_split
+from ratrain.config import (
+    DEFAULT_LOSS_CHUNK_TOKENS,
+    DTYPES,
+    PIPELINES,
+    SCHEDULES,
+    SPLIT_PIPELINES,
+    Plan,
+    even_split,
+)
 from ratrain.errors import RatrainError
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
@@ -398,6 +406,30 @@ class Knobs:
     pipeline: str = "1f1b"
     """The pass order (`Plan.pipeline`): zb-h1 or zb-h2 only with pp > 1 and the knobs they support
     (`pipelines`, `zb_supported`), under every recompute policy the plan allows."""
+    loss_chunk_tokens: int | None = None
+    """The loss (`Plan.loss_chunk_tokens`): the plain one (None) or the fused chunked one
+    (`loss_chunks`)."""
+
+
+LOSS_CHUNK_TOKENS = DEFAULT_LOSS_CHUNK_TOKENS
+"""The fused loss's chunk the search tries (`ratrain.nn.chunked_loss`)."""
+
+
+def loss_chunks(req: Request) -> tuple[int | None, ...]:
+    """The losses to try: the pin; else the plain loss and the fused chunked one where the
+    platform measured the loss's passes over the logits at the compute dtype (the
+    "cross_entropy" memory-bound kernel, part of which the fused loss saves: `ratrain.cost.
+    compute._fused_head`); else the plain loss alone. Without that measurement the cost
+    model times the two alike, and the plain loss is the one the reference trainer computes
+    bit for bit (`ratrain verify`)."""
+    if "loss_chunk_tokens" in req.pins:
+        return (req.pins["loss_chunk_tokens"],)
+    from ratrain.cost.measured import memory_bound_key
+
+    key = memory_bound_key("cross_entropy", True, req.compute_dtype)
+    if key in req.platform.memory_bound_bytes_per_s:
+        return (None, LOSS_CHUNK_TOKENS)
+    return (None,)
 
 
 def rank_layouts(req: Request, st: Structure) -> tuple[str, ...]:
@@ -461,8 +493,12 @@ def knob_combos(req: Request, family: Family, st: Structure) -> list[Knobs]:
         offload = [False]
     out = []
     layouts = rank_layouts(req, st)
-    for sh, (vp, la), gd, off, rl in itertools.product(shard, views, grads, offload, layouts):
-        out.append(Knobs(family.name, family.schedule, sh, vp, la, cdt, gd, off, rl))
+    losses = loss_chunks(req)
+    for sh, (vp, la), gd, off, rl, loss in itertools.product(
+        shard, views, grads, offload, layouts, losses
+    ):
+        kn = Knobs(family.name, family.schedule, sh, vp, la, cdt, gd, off, rl)
+        out.append(replace(kn, loss_chunk_tokens=loss) if loss else kn)
     return _with_pipelines(req, family, st, out)
 
 
@@ -546,7 +582,9 @@ _PLANS: Memo[Plan] = Memo(200_000)
 def make_plan(req: Request, st: Structure, kn: Knobs, recompute: tuple[str, ...]) -> Plan:
     """The Plan of one candidate; pins of fields the search does not vary are applied here.
     (Memoised: the search builds the same candidate's plan several times.)"""
-    extra = {k: v for k, v in req.pins.items() if k in ("bucket_bytes", "clip_grad")}
+    extra = {
+        k: v for k, v in req.pins.items() if k in ("bucket_bytes", "clip_grad", "sync_bucket_bytes")
+    }
     key = (req.spec.name, req.global_batch, req.seq, st, kn, recompute, tuple(extra.items()))
     return _PLANS.get_or(key, _make_plan, req, st, kn, recompute, extra)
 
@@ -570,6 +608,7 @@ def _make_plan(req: Request, st: Structure, kn: Knobs, recompute, extra) -> Plan
         offload_activations=kn.offload_activations,
         rank_layout=kn.rank_layout,
         pipeline=kn.pipeline,
+        loss_chunk_tokens=kn.loss_chunk_tokens,
         model=req.spec.name,
         **extra,
     )
