@@ -29,9 +29,11 @@ def test_items_add_a_split_item_beside_each_unit_item():
     items = U.unit_items(("fp32", "bf16"), quick=True)
     whole = [it for it in items if it[-1] != U.SPLIT]
     plan = U.unit_plan(("fp32", "bf16"), True)
-    tiny = [("tiny", dt, kind) for dt in ("fp32", "bf16") for kind in ("block", "head")]
-    assert whole == tiny + [(dt, i, kind) for dt, i in plan for kind in ("block", "head")]
-    assert [it for it in items if it[-1] == U.SPLIT] == [(*it, U.SPLIT) for it in whole]
+    kinds = ("block", "head", U.FUSED)  # the fused loss's head: not split by the runtime
+    tiny = [("tiny", dt, kind) for dt in ("fp32", "bf16") for kind in kinds]
+    assert whole == tiny + [(dt, i, kind) for dt, i in plan for kind in kinds]
+    split = [(*it, U.SPLIT) for it in whole if it[-1] != U.FUSED]
+    assert [it for it in items if it[-1] == U.SPLIT] == split
     assert U.label(("fp32", 0, "block")) == "units fp32 h320 b1 block"
     assert U.label(("fp32", 0, "block", U.SPLIT)) == "units fp32 h320 b1 block split"
     assert U.label(("tiny", "bf16", "head", U.SPLIT)) == "units bf16 tiny head split"
@@ -187,7 +189,9 @@ def test_a_quick_unit_calibration_gives_the_halves_factors(one_thread):
     items = U.unit_items(("fp32",), quick=True)
     got = run_windows(items, lambda it: U.measure_unit(it, CPU, timer), 1, 0.15, U.label)
     units = U.assemble_units({it: w.value for it, w in got.items()})
-    assert all(len(row) == 13 and row[-1] == 1.0 for row in units["fp32"])
+    split_rows = [row for row in units["fp32"] if row[3] != U.FUSED]
+    assert split_rows and all(len(row) == 13 and row[-1] == 1.0 for row in split_rows)
+    assert all(len(row) == 8 for row in units["fp32"] if row[3] == U.FUSED)
     data = yaml.safe_load((_DIR / "cpu-local.yaml").read_text())
     data["compute"].pop("unit_time_factor", None)
     windows = {U.label(it): w for it, w in got.items()}
@@ -197,6 +201,10 @@ def test_a_quick_unit_calibration_gives_the_halves_factors(one_thread):
             entry = factors[f"{kind}.{d}.fp32"]
             assert entry["value"] > 0 and entry["note"].startswith("measured"), (kind, d)
             assert "median of 1 windows" in entry["note"] or "spread" in entry["note"]
+    # the fused loss's head: its forward (all three GEMMs) measured over its own kernels
+    entry = factors[f"{U.FUSED}.fwd.fp32"]
+    assert entry["value"] > 0 and "head-fused unit fwd" in entry["note"]
+    assert f"{U.FUSED}.bin.fp32" not in factors
 
 
 def test_halves_factors_below_one_raise_the_peaks_so_bounds_stay_bounds():

@@ -247,6 +247,32 @@ def test_split_backward_halves_take_their_own_factors_else_the_backwards(tmp_pat
     assert kernels_s(only_fwd, Op.B_IN, 1) == pytest.approx(kernels_s(one, Op.B_IN, 1))
 
 
+def test_the_fused_head_takes_its_own_factors_else_the_plain_heads(tmp_path):
+    """Under the fused chunked loss the head's F and B take "head-fused" factors where the
+    platform measured them, else the plain head's; its B_IN (the whole backward: the
+    runtime does not split it) takes "bwd"'s. Blocks never take them."""
+    plan = Plan(pp=1, global_batch=4, seq=64, compute_dtype="fp32", loss_chunk_tokens=32)
+    head = TINY.n_layers + 1
+    plain = {"head.fwd.fp32": 1.2, "head.bwd.fp32": 0.8, "head.bin.fp32": 0.6}
+    fused = {"head-fused.fwd.fp32": 1.5, "head-fused.bwd.fp32": 2.0, "block.fwd.fp32": 1.1}
+    one = CostModel(TINY, plan, _with(tmp_path))
+    old = CostModel(TINY, plan, _with(tmp_path, unit_time_factor=plain))
+    new = CostModel(TINY, plan, _with(tmp_path, unit_time_factor={**plain, **fused}))
+    zb = plan.replace(pipeline="zb-h1")
+    new_zb = CostModel(TINY, zb, _with(tmp_path, unit_time_factor={**plain, **fused}))
+
+    def kernels_s(cm, op, unit=head):
+        a = Action(op, 0, (unit,), 0)
+        return cm.time_s(a) - cm.platform.overhead_s(op.value)
+
+    assert kernels_s(old, Op.F) == pytest.approx(1.2 * kernels_s(one, Op.F))
+    assert kernels_s(old, Op.B) == pytest.approx(0.8 * kernels_s(one, Op.B))
+    assert kernels_s(new, Op.F) == pytest.approx(1.5 * kernels_s(one, Op.F))
+    assert kernels_s(new, Op.B) == pytest.approx(2.0 * kernels_s(one, Op.B))
+    assert kernels_s(new_zb, Op.B_IN) == pytest.approx(2.0 * kernels_s(one, Op.B))
+    assert kernels_s(new, Op.F, 1) == pytest.approx(1.1 * kernels_s(one, Op.F, 1))
+
+
 @pytest.mark.parametrize("name", ["cpu-local", "a100-80g", "mt3000"])
 def test_shipped_platform_files_cost_as_before(tmp_path, name):
     """A platform file as shipped (no "bin"/"bw" factors) loads, and every action of a 1F1B

@@ -9,9 +9,9 @@ import math
 import statistics
 
 from ratrain.calibrate.fit import fit_alpha_beta
-from ratrain.calibrate.shapes import PROBE_WHAT, TINY_SHAPE
+from ratrain.calibrate.shapes import FUSED, PROBE_WHAT, TINY_SHAPE
 from ratrain.calibrate.windows import CALIBRATE_STATISTIC, TIMED_AS
-from ratrain.config import DTYPE_BYTES
+from ratrain.config import DEFAULT_LOSS_CHUNK_TOKENS, DTYPE_BYTES
 from ratrain.cost.compute import kernels_time_s, unit_kernels
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms.host import host_fingerprint
@@ -445,7 +445,9 @@ def _unit_factors(data: dict, units: dict, timer: str, on: str, ctx: dict) -> di
 
     def kernel_s(spec, kind, direction, mb, seq, dt):
         unit = 1 if kind == "block" else spec.n_layers + 1
-        ks = unit_kernels(spec, unit, mb, seq, _KERNEL_GROUP[direction], dtype=dt)
+        chunk = DEFAULT_LOSS_CHUNK_TOKENS if kind == FUSED else None
+        group = _KERNEL_GROUP[direction]
+        ks = unit_kernels(spec, unit, mb, seq, group, dtype=dt, loss_chunk_tokens=chunk)
         return kernels_time_s(ks, dt, plat)[0]
 
     ratios: dict[str, list[float]] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ratrain.models.spec import ModelSpec
 
-__all__ = ["TINY_SPEC", "UNIT_SHAPES", "TINY_SHAPE", "PROBE_SHAPE", "PROBE_WHAT"]
+__all__ = ["TINY_SPEC", "UNIT_SHAPES", "TINY_SHAPE", "PROBE_SHAPE", "PROBE_WHAT", "FUSED"]
 
 TINY_SPEC = ModelSpec(
     name="calib-tiny", n_layers=2, hidden=32, n_heads=2, n_kv_heads=2, ffn=64, vocab=64
@@ -31,3 +31,10 @@ TINY_SHAPE = (TINY_SPEC, 1, 16)
 PROBE_SHAPE = UNIT_SHAPES[2]
 PROBE_WHAT = "the model's Block forward+backward (fp32, hidden 448, 2x128 tokens), one thread"
 """The speed probe (`ratrain.calibrate.probe`) as the platform file's note names it."""
+
+FUSED = "head-fused"
+"""The unit kind of the head under the fused chunked loss (`Plan.loss_chunk_tokens`, at
+`ratrain.config.DEFAULT_LOSS_CHUNK_TOKENS`), measured beside "block" and "head": its
+forward runs the loss's gradient GEMMs too, its backward only scales
+(`ratrain.cost.compute._fused_head`). Its factors are
+`unit_time_factor.head-fused.<fwd/bwd>.<dt>` (`ratrain.cost.measured.unit_factor`)."""

@@ -47,8 +47,9 @@ from __future__ import annotations
 
 import torch
 
-from ratrain.calibrate.shapes import TINY_SHAPE, UNIT_SHAPES
+from ratrain.calibrate.shapes import FUSED, TINY_SHAPE, UNIT_SHAPES
 from ratrain.calibrate.timing import Timer
+from ratrain.config import DEFAULT_LOSS_CHUNK_TOKENS
 from ratrain.models.spec import ModelSpec
 from ratrain.nn.llama import build_unit
 from ratrain.runtime.split_backward import SavedActivations, backward_input, backward_weight
@@ -61,6 +62,7 @@ __all__ = [
     "assemble_units",
     "label",
     "SPLIT",
+    "FUSED",
 ]
 
 
@@ -104,10 +106,12 @@ def _time_unit(timer: Timer, dev, dtype, spec: ModelSpec, kind: str, mb: int, se
     copies, xs, targets = _copies(dev, dtype, spec, kind, mb, seq)
     turn = [0]
 
+    chunk = DEFAULT_LOSS_CHUNK_TOKENS if kind == FUSED else None
+
     def fwd():
         i = turn[0] = (turn[0] + 1) % len(copies)
         m, x = copies[i], xs[i]
-        return (m.loss(x, targets) if kind == "head" else m(x)), m, x
+        return (m(x) if kind == "block" else m.loss(x, targets, chunk)), m, x
 
     def fwd_only():
         return fwd()[0]
@@ -179,16 +183,17 @@ def _time_split(timer: Timer, dev, dtype, spec: ModelSpec, kind: str, mb: int, s
 
 def unit_items(dtypes: tuple[str, ...], quick: bool) -> list[tuple]:
     """The windowed measurements: ("tiny", dtype, kind) for each dtype measured, and
-    (dtype, shape index, kind) for each planned shape, kind "block" or "head": forward and
-    backward (`_time_unit`); then each of them again with `SPLIT` appended: the split
-    backward's B_IN and B_W (`_time_split`)."""
+    (dtype, shape index, kind) for each planned shape, kind "block", "head" or `FUSED`:
+    forward and backward (`_time_unit`); then those of the block and the head again with
+    `SPLIT` appended: the split backward's B_IN and B_W (`_time_split`; the runtime does not
+    split the fused head)."""
     plan = unit_plan(dtypes, quick)
     tiny = [("tiny", dt, kind) for dt in dict.fromkeys(d for d, _ in plan) for kind in _KINDS]
     whole = tiny + [(dt, i, kind) for dt, i in plan for kind in _KINDS]
-    return whole + [(*item, SPLIT) for item in whole]
+    return whole + [(*item, SPLIT) for item in whole if item[-1] != FUSED]
 
 
-_KINDS = ("block", "head")
+_KINDS = ("block", "head", FUSED)
 
 SPLIT = "split"
 """The last element of a split-backward item (`unit_items`)."""
