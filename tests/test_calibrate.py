@@ -29,6 +29,8 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys, m
     assert rc == 0 and "values measured" in capsys.readouterr().out
     p = load(str(out))
     assert p.name == "here"
+    assert p.host_is_main_memory  # a CPU: offload frees nothing, the planner skips it
+    assert "compute.unit_time_factor.head-fused.fwd.fp32" in p.notes
     measured = {k for k, n in p.notes.items() if n.startswith("measured")}
     for key in (
         "compute.efficiency_curves.gemm.fp32",

@@ -268,6 +268,21 @@ def test_pins_are_respected():
     assert res.best.plan.layer_split == (1, 3) and res.best.plan.recompute == ("none", "full")
 
 
+def test_offload_is_not_searched_where_the_host_tier_is_main_memory():
+    # cpu-local: offloading to the host moves nothing and frees nothing (host.same_memory)
+    cpu = Request(get_preset("bench-512"), load("cpu-local"), 4, 16, 256, pins={"pp": 4})
+    assert cpu.platform.host_is_main_memory
+    fam = FAMILIES["ratrain"]
+    for st in structures(cpu, fam):
+        assert not any(kn.offload_activations for kn in knob_combos(cpu, fam, st))
+    pinned = cpu.with_(pins={"pp": 4, "offload_activations": True})
+    st = next(s for s in structures(pinned, fam) if s.microbatches(16) > 1)
+    assert all(kn.offload_activations for kn in knob_combos(pinned, fam, st))
+    gpu = cpu.with_(platform=load("a100-80g"))
+    st = next(s for s in structures(gpu, fam) if s.microbatches(16) > 1)
+    assert any(kn.offload_activations for kn in knob_combos(gpu, fam, st))
+
+
 def test_pinned_loss_and_sync_buckets_reach_the_plan():
     pins = parse_pins(["loss_chunk_tokens=64", "sync_bucket_bytes=1048576"])
     res = search(Request(TINY, load("mt3000"), 4, 8, 128, pins=pins), top=3)

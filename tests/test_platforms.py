@@ -20,9 +20,11 @@ def test_presets_load_and_every_value_has_provenance(name):
         kind = note.split(":")[0].split(" ")[0]
         assert kind in ("sourced", "derived", "assumed", "measured"), key
     # One note per number: 3 peaks + efficiency + cap + workspace + host (2) + links (2x3)
-    # + units + algorithm + 4 per tier; a calibrated preset has its measured sections too.
+    # + units + algorithm + 4 per tier; a calibrated preset has its measured sections too,
+    # and a CPU's host tier is its main memory (host.same_memory).
     base = [k for k in p.notes if not k.startswith(_MEASURED_SECTIONS)]
-    assert len(base) == 16 + 4 * len(p.tiers)
+    assert len(base) == 16 + 4 * len(p.tiers) + p.host_is_main_memory
+    assert p.host_is_main_memory == (name == "cpu-local")
 
 
 _MEASURED_SECTIONS = (
@@ -122,6 +124,10 @@ def _typo(d):
     d["netwrk"] = d.pop("network")
 
 
+def _same_memory_text(d):
+    d["host"]["same_memory"]["value"] = "yes"
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [
@@ -131,6 +137,7 @@ def _typo(d):
         (_bad_note, "host.latency_s has no provenance note"),
         (_bad_algo, "unknown collective algorithm 'butterfly'"),
         (_typo, "unknown field(s) ['netwrk']"),
+        (_same_memory_text, "host.same_memory must be true or false, got 'yes'"),
     ],
 )
 def test_bad_files_give_one_line_errors(tmp_path, mutate, message):

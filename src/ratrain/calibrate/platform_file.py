@@ -195,6 +195,7 @@ def _tier(usable_bytes: int, opt_bytes_per_s: float, timer: str, ctx: dict, on: 
 
 
 def _host(opt_bytes_per_s: float, cpu: bool) -> dict:
+    same = {"same_memory": _v(True, "derived: a CPU's host tier is its own main memory")}
     return {
         "bandwidth_bytes_per_s": _v(
             float(f"{opt_bytes_per_s:.4g}"),
@@ -203,6 +204,7 @@ def _host(opt_bytes_per_s: float, cpu: bool) -> dict:
         if cpu
         else _v(25e9, "assumed: PCIe 4 x16 pinned copies"),
         "latency_s": _v(5e-6, "assumed: 5 us per copy"),
+        **(same if cpu else {}),
     }
 
 

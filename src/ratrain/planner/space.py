@@ -489,8 +489,10 @@ def knob_combos(req: Request, family: Family, st: Structure) -> list[Knobs]:
     offload = (
         [pins["offload_activations"]] if "offload_activations" in pins else list(family.offload)
     )
-    if not _offload_matters(pp, microbatches) and "offload_activations" not in pins:
-        offload = [False]
+    if "offload_activations" not in pins and (
+        not _offload_matters(pp, microbatches) or req.platform.host_is_main_memory
+    ):
+        offload = [False]  # nothing waits, or the host tier is this memory: frees nothing
     out = []
     layouts = rank_layouts(req, st)
     losses = loss_chunks(req)

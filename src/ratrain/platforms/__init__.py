@@ -18,6 +18,7 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
     host:             # the tier activations are offloaded to
       bandwidth_bytes_per_s: {...}
       latency_s: {...}
+      same_memory: {value: true, note}   # optional: the host tier is main memory (CPUs)
     network:
       units_per_node: {...}
       intra_node: {bandwidth_bytes_per_s: {...}, latency_s: {...}, efficiency: {...}}
@@ -160,6 +161,9 @@ class Platform:
     """A point-to-point send reports completion only when waited (gloo's isend), so the
     executor's poll never frees a SEND's buffer before the step's end; the ledger holds
     them that long. False: a send lands after the next compute action (NCCL, polled)."""
+    host_is_main_memory: bool = False
+    """The host tier is the unit's own main memory (a CPU: `host.same_memory`): activation
+    offload moves nothing and frees nothing there, so `ratrain plan` does not try it."""
     waiting_ranks_lend_cores: bool = False
     """On a node whose ranks share its cores, a rank that waits gives its cores to the ranks
     that compute, so the simulator times compute with processor sharing

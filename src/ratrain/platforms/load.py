@@ -305,6 +305,9 @@ def _parse(data, source: str) -> Platform:
             f"unknown collective algorithm {algorithm!r}; choose one of {', '.join(COLLECTIVE_ALGORITHMS)}"
         )
     host = r.section(data, "host", "")
+    same = r.raw(host, "same_memory", "host.") if "same_memory" in host else False
+    if not isinstance(same, bool):
+        raise r.fail(f"host.same_memory must be true or false, got {same!r}")
     usable = r.number(data, "usable_memory_bytes", "", integer=True)
     workspace = r.number(data, "workspace_bytes", "", integer=True, zero=True)
     if workspace >= usable:
@@ -320,6 +323,7 @@ def _parse(data, source: str) -> Platform:
             bandwidth_bytes_per_s=r.number(host, "bandwidth_bytes_per_s", "host."),
             latency_s=r.number(host, "latency_s", "host."),
         ),
+        host_is_main_memory=same,
         intra_node=r.link(net, "intra_node", "network."),
         inter_node=r.link(net, "inter_node", "network."),
         units_per_node=r.number(net, "units_per_node", "network.", integer=True),
