@@ -287,3 +287,37 @@ def test_norm_temporaries_and_held_sends():
     for s, m in enumerate(fused.stages):
         norm = next(i for i, x in enumerate(sch.stages[s]) if x.op is Op.GRAD_NORM)
         assert dict(m.trace)[norm]["workspace"] == 0
+
+
+@pytest.mark.parametrize("pipeline", ["1f1b", "zb-h1", "zb-h2"])
+def test_offload_frees_nothing_where_the_host_tier_is_the_same_memory(pipeline):
+    # On a CPU an OFFLOAD moves nothing (`Platform.host_is_main_memory`): every stage's peak
+    # is the plan's without offload, as the runtime measures it there; elsewhere it saves.
+    spec = get_preset("tiny")
+    plan = Plan(pp=4, micro_batch=1, global_batch=8, seq=64, pipeline=pipeline)
+    off = plan.replace(offload_activations=True)
+    sched = build_schedule(spec, off)
+    assert any(a.op is Op.OFFLOAD for st in sched.stages for a in st)
+    kept = replay(sched, spec, off, offload_frees=False)
+    plain = replay(build_schedule(spec, plan), spec, plan)
+    moved = replay(sched, spec, off)
+    assert [s.peak_bytes for s in kept.stages] == [s.peak_bytes for s in plain.stages]
+    assert sum(s.peak_bytes for s in moved.stages) < sum(s.peak_bytes for s in plain.stages)
+
+
+def test_the_runtime_ledger_and_the_simulator_count_offload_on_a_cpu_as_held():
+    from ratrain.platforms import load
+    from ratrain.sim import simulate
+    from ratrain.train.job import runtime_ledger
+
+    spec = get_preset("tiny")
+    plan = Plan(pp=4, micro_batch=1, global_batch=8, seq=64, compute_dtype="fp32")
+    off = plan.replace(offload_activations=True)
+    cpu = [s.peak_bytes for s in runtime_ledger(spec, off, "cpu").stages]
+    assert cpu == [s.peak_bytes for s in runtime_ledger(spec, plan, "cpu").stages]
+    assert sum(s.peak_bytes for s in runtime_ledger(spec, off, "cuda").stages) < sum(cpu)
+    local = load("cpu-local")
+    assert (
+        simulate(spec, off, local).peak_memory_bytes
+        == simulate(spec, plan, local).peak_memory_bytes
+    )

@@ -159,6 +159,7 @@ def replay(
     keep_trace: bool = True,
     eager_kernels: bool = False,
     sends_held: bool = False,
+    offload_frees: bool = True,
 ) -> Ledger:
     """Replay one step of `schedule` and return per-stage peaks, breakdowns and traces.
 
@@ -166,11 +167,13 @@ def replay(
     skips the per-action trace (faster, for searches that only need the peaks);
     `eager_kernels`: the norms keep what the runtime's eager fp32 RMSNorm keeps
     (`ratrain.sizes.activations`), rather than what a fused norm keeps; `sends_held`:
-    SEND buffers live to the end of the step (`Platform.sends_held_until_waited`).
+    SEND buffers live to the end of the step (`Platform.sends_held_until_waited`);
+    `offload_frees`: False where the host tier is the device's own memory (a CPU:
+    `Platform.host_is_main_memory`), so an OFFLOAD moves nothing and frees nothing.
     """
     landings = _landings(schedule)
     stages = [
-        _StageReplay(schedule, spec, plan, s, flash, eager_kernels).run(
+        _StageReplay(schedule, spec, plan, s, flash, eager_kernels, offload_frees).run(
             landings[s], keep_trace, sends_held
         )
         for s in range(schedule.pp)
@@ -216,8 +219,16 @@ class _StageReplay:
     """One stage's walk. Per-unit sizes are computed once; each action is O(1)."""
 
     def __init__(
-        self, sch: Schedule, spec: ModelSpec, plan: Plan, s: int, flash: bool, eager: bool = False
+        self,
+        sch: Schedule,
+        spec: ModelSpec,
+        plan: Plan,
+        s: int,
+        flash: bool,
+        eager: bool = False,
+        offload_frees: bool = True,
     ):
+        self.offload_frees = offload_frees
         self.sch, self.s, self.acts = sch, s, sch.stages[s]
         self.forward_only = bool(sch.meta.get("forward_only"))
         units = sch.meta["stage_units"][s]
@@ -371,9 +382,10 @@ class _StageReplay:
             st[_COMM] -= self.boundary
         elif a.op is _OFFLOAD:
             key = (a.units[0], a.mb)
-            self.host[key] = self.act[key]
-            st[_ACT] -= self.act[key]
-            self.act[key] = 0
+            moved = self.act[key] if self.offload_frees else 0  # one memory: nothing moves
+            self.host[key] = moved
+            st[_ACT] -= moved
+            self.act[key] -= moved
 
     # -- the walk ---------------------------------------------------------------------------
     def run(self, land: dict[int, int], keep_trace: bool, sends_held: bool) -> StageMemory:

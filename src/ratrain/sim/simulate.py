@@ -224,6 +224,7 @@ def platform_ledger(
         keep_trace=keep_trace,
         eager_kernels=platform.eager_kernels,
         sends_held=platform.sends_held_until_waited,
+        offload_frees=not platform.host_is_main_memory,
     )
 
 

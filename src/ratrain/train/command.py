@@ -73,7 +73,11 @@ def _train(job: Job, resume_from) -> int:
     if job.memory_cap_bytes is not None:  # --memory-cap: refused before the header, too
         for _, overrides in job_variants(job):
             check_fits(
-                job.spec, job.plan.replace(**overrides), job.memory_cap_bytes, job.memory_cap_label
+                job.spec,
+                job.plan.replace(**overrides),
+                job.memory_cap_bytes,
+                job.memory_cap_label,
+                job.device,
             )
     src = job.source()
     held_out = _eval_line(job)  # a bad held-out source is one line here, not one per rank

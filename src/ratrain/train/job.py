@@ -228,7 +228,11 @@ def run_job(job: Job) -> list[RankResult]:
     if job.memory_cap_bytes is not None:
         for _, overrides in job_variants(job):
             check_fits(
-                job.spec, job.plan.replace(**overrides), job.memory_cap_bytes, job.memory_cap_label
+                job.spec,
+                job.plan.replace(**overrides),
+                job.memory_cap_bytes,
+                job.memory_cap_label,
+                job.device,
             )
     if rdzv is not None:
         return [rank_main(rdzv, job)]
@@ -314,15 +318,22 @@ def check_local(job: Job) -> None:
     plan = job.plan
 
     def tensor_bytes() -> int:
-        return plan.dp * sum(m.peak_bytes for m in runtime_ledger(job.spec, plan).stages)
+        ledger = runtime_ledger(job.spec, plan, job.device)
+        return plan.dp * sum(m.peak_bytes for m in ledger.stages)
 
     check_local_launch(plan.pp * plan.dp, tensor_bytes, f"the plan (pp {plan.pp} x dp {plan.dp})")
 
 
-def runtime_ledger(spec: ModelSpec, plan: Plan):
-    """The ledger of `plan` as this runtime holds its memory: the torch model's eager
-    kernels count what they keep, and SEND buffers are held to the step's end (gloo's sends
-    are; a polled NCCL send frees sooner)."""
+def runtime_ledger(spec: ModelSpec, plan: Plan, device: str | None = "cpu"):
+    """The ledger of `plan` as this runtime holds its memory on `device` (None: cuda when
+    available, as `Job.device`): the torch model's eager kernels count what they keep, SEND
+    buffers are held to the step's end (gloo's sends are; a polled NCCL send frees sooner),
+    and on a CPU an OFFLOAD frees nothing (the host tier is the same memory: nothing
+    moves)."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     return replay(
         build_schedule(spec, plan),
         spec,
@@ -330,14 +341,19 @@ def runtime_ledger(spec: ModelSpec, plan: Plan):
         keep_trace=False,
         eager_kernels=True,
         sends_held=True,
+        offload_frees=device == "cuda",
     )
 
 
 def check_fits(
-    spec: ModelSpec, plan: Plan, cap_bytes: int, label: str = "the declared cap"
+    spec: ModelSpec,
+    plan: Plan,
+    cap_bytes: int,
+    label: str = "the declared cap",
+    device: str | None = "cpu",
 ) -> None:
-    """RatrainError unless every stage's ledger peak fits `cap_bytes`."""
-    ledger = runtime_ledger(spec, plan)
+    """RatrainError unless every stage's ledger peak on `device` fits `cap_bytes`."""
+    ledger = runtime_ledger(spec, plan, device)
     worst = max(ledger.stages, key=lambda m: m.peak_bytes)
     if worst.peak_bytes > cap_bytes:
         raise RatrainError(
