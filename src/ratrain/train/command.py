@@ -25,10 +25,9 @@ from ratrain.train.failures import last_checkpoint_note, run_job_one_line, stop_
 from ratrain.train.job import (
     Job,
     RankResult,
-    check_fits,
+    check_cap,
     check_local,
     eval_batches,
-    job_variants,
 )
 from ratrain.train.request import TrainRequest
 from ratrain.train.summary import memory_note, summary_line
@@ -70,15 +69,7 @@ def _train(job: Job, resume_from) -> int:
     launched = rendezvous_from_env() is not None
     if not launched:
         check_local(job)  # before the header: a plan for a cluster is one line, nothing else
-    if job.memory_cap_bytes is not None:  # --memory-cap: refused before the header, too
-        for _, overrides in job_variants(job):
-            check_fits(
-                job.spec,
-                job.plan.replace(**overrides),
-                job.memory_cap_bytes,
-                job.memory_cap_label,
-                job.device,
-            )
+    check_cap(job)  # --memory-cap: refused before the header, too
     src = job.source()
     held_out = _eval_line(job)  # a bad held-out source is one line here, not one per rank
     if not launched or is_rank0():

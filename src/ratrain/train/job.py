@@ -83,6 +83,7 @@ __all__ = [
     "train_schedule",
     "job_variants",
     "check_fits",
+    "check_cap",
     "check_local",
     "runtime_ledger",
     "held_out_source",
@@ -225,15 +226,7 @@ def run_job(job: Job) -> list[RankResult]:
         raise RatrainError(
             "--compile cannot be combined with --measure-memory on CPU: measure memory eagerly"
         )
-    if job.memory_cap_bytes is not None:
-        for _, overrides in job_variants(job):
-            check_fits(
-                job.spec,
-                job.plan.replace(**overrides),
-                job.memory_cap_bytes,
-                job.memory_cap_label,
-                job.device,
-            )
+    check_cap(job)
     if rdzv is not None:
         return [rank_main(rdzv, job)]
     check_local(job)
@@ -362,6 +355,16 @@ def check_fits(
             f"{label}; use more stages, --recompute full, --shard-optimizer or a smaller "
             "--micro-batch (`ratrain plan` finds one that fits)"
         )
+
+
+def check_cap(job: Job) -> None:
+    """`check_fits` for each run of the job (`job_variants`) under its `--memory-cap`, if
+    it has one, on its device."""
+    if job.memory_cap_bytes is None:
+        return
+    for _, overrides in job_variants(job):
+        plan = job.plan.replace(**overrides)
+        check_fits(job.spec, plan, job.memory_cap_bytes, job.memory_cap_label, job.device)
 
 
 def job_variants(job: Job) -> list[tuple[str, dict]]:
