@@ -108,6 +108,7 @@ from ratrain.models.counts import model_flops_per_token, unit_fwd_flops
 from ratrain.models.presets import get_preset
 from ratrain.models.spec import ModelSpec
 from ratrain.observe.profile import BUCKETS
+from ratrain.planner.report import describe
 from ratrain.train.job import Job, run_job
 
 BENCH_SPEC = ModelSpec("bench-512", 8, 512, 8, 8, 1376, 8192, max_seq=256)
@@ -384,7 +385,7 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
     if PLANNED in systems:
         with tempfile.TemporaryDirectory() as tmp:
             plans[PLANNED], predicted = user_plan(spec, plan, a.split_platform, tmp)
-        print(f"  {PLANNED}: {plan_line(spec, plans[PLANNED])}", flush=True)
+        print(f"  {PLANNED}: {describe(plans[PLANNED])}", flush=True)
     if own_split != peer_split and a.peers_on_ratrain_split:
         for s in [s for s in systems if not s.startswith("ratrain")]:
             name = f"{s}@{_fmt(own_split)}"
@@ -535,18 +536,6 @@ def _vs_peer_key(system: str) -> str:
     """The ratio key of a zero-bubble system against the better peer, e.g.
     ``ratrain_zb_speed_vs_better_peer``."""
     return f"{system.replace('-', '_')}_speed_vs_better_peer"
-
-
-def plan_line(spec: ModelSpec, plan: Plan) -> str:
-    """What the planner chose, in one line."""
-    loss = f"fused loss/{plan.loss_chunk_tokens}" if plan.loss_chunk_tokens else "plain loss"
-    rec = plan.recompute if isinstance(plan.recompute, str) else ",".join(plan.recompute)
-    return (
-        f"mb={plan.micro_batch} m={plan.microbatches} split={_fmt(plan.blocks_per_stage(spec))} "
-        f"pipeline={plan.pipeline} {loss} recompute={rec} offload={plan.offload_activations} "
-        f"shard={plan.shard_optimizer} views={plan.view_policy} "
-        f"sync_buckets={plan.sync_bucket_bytes}"
-    )
 
 
 def _fmt(split) -> str:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from ratrain.config import Plan
+from ratrain.config import DEFAULT_LOSS_CHUNK_TOKENS, Plan
 from ratrain.errors import RatrainError
 from ratrain.memory import replay
 from ratrain.models.presets import get_preset
@@ -22,7 +22,6 @@ from ratrain.planner.bounds import (
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.fit import stage_options
 from ratrain.planner.space import (
-    LOSS_CHUNK_TOKENS,
     knob_combos,
     loss_chunks,
     make_plan,
@@ -296,13 +295,14 @@ def test_the_fused_loss_is_searched_where_the_platform_measured_the_loss():
     assert loss_chunks(mt) == (None,)  # no loss pass measured: timed alike, plain kept
     assert loss_chunks(mt.with_(pins={"loss_chunk_tokens": 64})) == (64,)
     cpu = Request(get_preset("bench-512"), load("cpu-local"), 2, 16, 256, pins={"pp": 2})
-    assert loss_chunks(cpu) == (None, LOSS_CHUNK_TOKENS)
+    assert loss_chunks(cpu) == (None, DEFAULT_LOSS_CHUNK_TOKENS)
     assert loss_chunks(cpu.with_(pins={"pp": 2, "loss_chunk_tokens": None})) == (None,)
     res = search(cpu, top=1, time_budget_s=None)
     best = res.best.plan
     # the search's choice of loss is the simulator's: the other loss on the same plan is
     # no faster
-    other = best.replace(loss_chunk_tokens=None if best.loss_chunk_tokens else LOSS_CHUNK_TOKENS)
+    chunk = None if best.loss_chunk_tokens else DEFAULT_LOSS_CHUNK_TOKENS
+    other = best.replace(loss_chunk_tokens=chunk)
     assert simulate(cpu.spec, other, cpu.platform).tokens_per_s <= res.best.tokens_per_s
 
 

@@ -271,9 +271,10 @@ def _fused_head(spec: ModelSpec, tokens: int, kind: str) -> list[Kernel]:
 
     assumed: the fused loss's passes over the tokens x vocab logits cost what the plain
     loss's forward passes cost (the "cross_entropy" forward), its backward passes over them
-    none: it builds the gradient in place in the same chunk (docs/runtime.md measured the
-    plain loss at 1.16-2.54x the fused one, same GEMMs); the scaling costs a residual add's
-    pass per element ("add")."""
+    none: it builds the gradient in place in the same chunk; the scaling costs a residual
+    add's pass per element ("add"). `benchmarks/loss_head.py` times the head under both
+    losses beside this model (docs/runtime.md: plain over fused measured 1.08-1.19 on the
+    2-core machine, modelled 1.02 on cpu-local)."""
     gemm = ("lm_head", tokens, spec.vocab, spec.hidden)
     if kind == "F":
         return [

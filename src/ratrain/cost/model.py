@@ -313,11 +313,11 @@ class CostModel:
             t *= unit_factor(self.platform, self.spec, a.units[0], "fwd", dt) / self.speed
             return ActionCost(t, "recompute", bound, flops=sum(k.flops for k in ks))
         total, flops, bound, best = 0.0, 0, None, -1.0
+        fused = bool(self.plan.loss_chunk_tokens)
         for u in a.units:
             ks = self.kernels(Action(a.op, a.stage, (u,), a.mb))
             t, b = kernels_time_s(ks, dt, self.platform)
             direction = UNIT_DIRECTIONS[a.op.value]
-            fused = bool(self.plan.loss_chunk_tokens)
             t *= unit_factor(self.platform, self.spec, u, direction, dt, fused) / self.speed
             total += t * self.scale["compute" if counts.is_block(self.spec, u) else "edge"]
             flops += sum(k.flops for k in ks)

@@ -98,9 +98,15 @@ def rendezvous_from_env(env: Mapping[str, str] | None = None) -> Rendezvous | No
     return Rendezvous(rank, world, local, addr or "127.0.0.1", port)
 
 
-def _pick_device(local_rank: int, device: str | None) -> torch.device:
+def device_kind(device: str | None) -> str:
+    """`Job.device` resolved: None is cuda when a CUDA device is visible, else cpu."""
     if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _pick_device(local_rank: int, device: str | None) -> torch.device:
+    device = device_kind(device)
     if device == "cuda":
         if not torch.cuda.is_available():
             raise RatrainError(

@@ -723,7 +723,6 @@ def _run_queue(ev, req, st, fam, queue, best: _Top, state: _State, prune: bool) 
     """Fit and simulate the knob combinations of one structure that can still place."""
     m = st.microbatches(req.global_batch)
     for lb, _, kn, opts, over in queue:
-        ut = _unit_times(req, st, kn.loss_chunk_tokens)
         if prune and best.beaten(lb):
             continue
         if state.out_of_time(best):  # the queue is sorted: lb is its smallest bound left
@@ -732,6 +731,7 @@ def _run_queue(ev, req, st, fam, queue, best: _Top, state: _State, prune: bool) 
         if state.past_hard_deadline() and not best.items:
             state.stopped = True
             return
+        ut = _unit_times(req, st, kn.loss_chunk_tokens)
         ctx = _Ctx(ev, req, st, fam, kn, ut, over, m, best, state, prune, lb)
         if "recompute" in req.pins:
             ctx.try_policy(_pinned(req.pins["recompute"], st.pp))

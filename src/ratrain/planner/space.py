@@ -411,12 +411,9 @@ class Knobs:
     (`loss_chunks`)."""
 
 
-LOSS_CHUNK_TOKENS = DEFAULT_LOSS_CHUNK_TOKENS
-"""The fused loss's chunk the search tries (`ratrain.nn.chunked_loss`)."""
-
-
 def loss_chunks(req: Request) -> tuple[int | None, ...]:
-    """The losses to try: the pin; else the plain loss and the fused chunked one where the
+    """The losses to try: the pin; else the plain loss and the fused chunked one (at
+    `DEFAULT_LOSS_CHUNK_TOKENS`, `ratrain.nn.chunked_loss`) where the
     platform measured the loss's passes over the logits at the compute dtype (the
     "cross_entropy" memory-bound kernel, part of which the fused loss saves: `ratrain.cost.
     compute._fused_head`); else the plain loss alone. Without that measurement the cost
@@ -428,7 +425,7 @@ def loss_chunks(req: Request) -> tuple[int | None, ...]:
 
     key = memory_bound_key("cross_entropy", True, req.compute_dtype)
     if key in req.platform.memory_bound_bytes_per_s:
-        return (None, LOSS_CHUNK_TOKENS)
+        return (None, DEFAULT_LOSS_CHUNK_TOKENS)
     return (None,)
 
 
@@ -499,8 +496,11 @@ def knob_combos(req: Request, family: Family, st: Structure) -> list[Knobs]:
     for sh, (vp, la), gd, off, rl, loss in itertools.product(
         shard, views, grads, offload, layouts, losses
     ):
-        kn = Knobs(family.name, family.schedule, sh, vp, la, cdt, gd, off, rl)
-        out.append(replace(kn, loss_chunk_tokens=loss) if loss else kn)
+        out.append(
+            Knobs(
+                family.name, family.schedule, sh, vp, la, cdt, gd, off, rl, loss_chunk_tokens=loss
+            )
+        )
     return _with_pipelines(req, family, st, out)
 
 

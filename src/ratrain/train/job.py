@@ -54,7 +54,13 @@ from ratrain.launch.faults import (
     signal_name,
     watch_stop_signals,
 )
-from ratrain.launch.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, rendezvous_from_env
+from ratrain.launch.grid import (
+    DEFAULT_TIMEOUT_S,
+    ParallelGrid,
+    Rendezvous,
+    device_kind,
+    rendezvous_from_env,
+)
 from ratrain.launch.host_memory import (
     check_mmap_threshold,
     fix_mmap_threshold,
@@ -323,10 +329,6 @@ def runtime_ledger(spec: ModelSpec, plan: Plan, device: str | None = "cpu"):
     buffers are held to the step's end (gloo's sends are; a polled NCCL send frees sooner),
     and on a CPU an OFFLOAD frees nothing (the host tier is the same memory: nothing
     moves)."""
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     return replay(
         build_schedule(spec, plan),
         spec,
@@ -334,7 +336,7 @@ def runtime_ledger(spec: ModelSpec, plan: Plan, device: str | None = "cpu"):
         keep_trace=False,
         eager_kernels=True,
         sends_held=True,
-        offload_frees=device == "cuda",
+        offload_frees=device_kind(device) == "cuda",
     )
 
 
