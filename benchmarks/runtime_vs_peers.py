@@ -2,7 +2,8 @@
 
     python benchmarks/runtime_vs_peers.py [--quick] [--json out.json] [--layouts 2x1,2x2]
         [--repeats 3] [--steps 6] [--warmup 2]
-        [--systems ratrain,ratrain-plan,ratrain-zb,ratrain-zb2,torch-1f1b,torch-interleaved-1f1b,torch-izb,
+        [--systems ratrain,ratrain-plan,ratrain-zb,ratrain-zb2,ratrain-zbv,torch-1f1b,
+                   torch-interleaved-1f1b,torch-izb,
                    torch-zbv,torch-dualpipev,deepspeed (the default)]
         [--compile | --no-compile] [--loss-chunk-tokens 256] [--platform FILE]
         [--malloc-mmap-threshold 131072 (ratrain-lowrss's)]
@@ -20,9 +21,10 @@ that plan as `ratrain train --plan` runs it, compile off; reported with the plan
 predicted tokens/s),
 `ratrain-eager` (no compile, plain loss: the runtime before these two),
 `ratrain-compiled` (`ratrain` with compile forced on, to measure compile),
-`ratrain-zb` and `ratrain-zb2` (`ratrain` with a zero-bubble pass order, `--pipeline
-zb-h1` and `zb-h2`, each on the split the planner picks for it; when the runtime refuses
-it, reported as "skipped: <its one-line refusal>"),
+`ratrain-zb`, `ratrain-zb2` and `ratrain-zbv` (`ratrain` with a zero-bubble pass order,
+`--pipeline zb-h1`, `zb-h2` and `zb-v`, each on the split the planner picks for it (zb-v:
+blocks per chunk, two chunks per rank in a V); when the runtime refuses it, reported as
+"skipped: <its one-line refusal>"),
 `ratrain-tcmalloc`, `ratrain-jemalloc`, `ratrain-malloc` (`ratrain` with its ranks on that
 host allocator, `--host-allocator`; skipped when it is not installed: `ratrain` itself
 runs on `auto`, the first of tcmalloc, jemalloc found, else glibc's malloc),
@@ -95,7 +97,7 @@ from peers import (
     torch_pipelining_rank,
 )
 
-from ratrain.config import Plan, TrainConfig
+from ratrain.config import V_PIPELINES, Plan, TrainConfig
 from ratrain.data import make_source
 from ratrain.errors import RatrainError
 from ratrain.launch.host_memory import (
@@ -109,6 +111,7 @@ from ratrain.models.presets import get_preset
 from ratrain.models.spec import ModelSpec
 from ratrain.observe.profile import BUCKETS
 from ratrain.planner.report import describe
+from ratrain.planner.space import v_splits
 from ratrain.train.job import Job, run_job
 
 BENCH_SPEC = ModelSpec("bench-512", 8, 512, 8, 8, 1376, 8192, max_seq=256)
@@ -119,7 +122,7 @@ _DEADLINE_S = 3600.0
 HOST_SYSTEMS = {f"ratrain-{a}": a for a in ("tcmalloc", "jemalloc", "malloc")}
 """`ratrain` on each host allocator (`--host-allocator`)."""
 
-ZB_SYSTEMS = {"ratrain-zb": "zb-h1", "ratrain-zb2": "zb-h2"}
+ZB_SYSTEMS = {"ratrain-zb": "zb-h1", "ratrain-zb2": "zb-h2", "ratrain-zbv": "zb-v"}
 """`ratrain` with a zero-bubble pass order (`--pipeline`), on the split the planner picks
 for it."""
 
@@ -376,6 +379,8 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
     for s, pipe in ZB_SYSTEMS.items():
         if s in systems:
             zb_split[s] = own.layer_split
+            if pipe in V_PIPELINES:  # blocks per chunk, two chunks per rank
+                zb_split[s] = v_splits(spec, plan.pp)[0]
             if a.ratrain_split == "planner":  # its own planned split
                 zb_split[s] = planner_split(spec, plan, a.split_platform, pipe)
     zb_note = "".join(f", {s} {_fmt(x)}" for s, x in zb_split.items() if x != own.layer_split)

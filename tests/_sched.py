@@ -9,20 +9,22 @@ def _chain(sch, acts):
         sch.add_dep(later, earlier)
 
 
+# A transfer is named by the unit on its sending side (the IR's convention, by which the
+# simulator pairs a send with its receive): the last unit's output, the first's gradient.
 def _forward(sch, s, pp, units, i):
-    acts = [Action(Op.RECV_F, s, (), i)] if s > 0 else []
+    acts = [Action(Op.RECV_F, s, (units[0] - 1,), i)] if s > 0 else []
     acts += [Action(Op.F, s, (u,), i) for u in units]
     if s < pp - 1:
-        acts.append(Action(Op.SEND_F, s, (), i))
+        acts.append(Action(Op.SEND_F, s, (units[-1],), i))
     _chain(sch, acts)
     return acts
 
 
 def _backward(sch, s, pp, units, i):
-    acts = [Action(Op.RECV_B, s, (), i)] if s < pp - 1 else []
+    acts = [Action(Op.RECV_B, s, (units[-1] + 1,), i)] if s < pp - 1 else []
     acts += [Action(Op.B, s, (u,), i) for u in reversed(units)]
     if s > 0:
-        acts.append(Action(Op.SEND_B, s, (), i))
+        acts.append(Action(Op.SEND_B, s, (units[0],), i))
     _chain(sch, acts)
     sch.add_dep(Action(Op.B, s, (units[-1],), i), Action(Op.F, s, (units[-1],), i))
     return acts

@@ -22,6 +22,8 @@ __all__ = [
     "DTYPES",
     "PIPELINES",
     "SPLIT_PIPELINES",
+    "V_PIPELINES",
+    "PLANNED_ZB_PIPELINES",
     "Plan",
     "TrainConfig",
     "even_split",
@@ -36,9 +38,15 @@ __all__ = [
 SCHEDULES = ("baseline", "gpu-style", "ratrain", "fsdp-pp")
 RECOMPUTE_POLICIES = ("none", "selective", "full")  # plus "first:K" (full on the first K blocks)
 DTYPES = ("fp32", "bf16", "fp16")
-PIPELINES = ("1f1b", "zb-h1", "zb-h2")
-SPLIT_PIPELINES = ("zb-h1", "zb-h2")
-"""The pass orders that split each backward into B_IN and B_W (`ratrain.schedule.zerobubble`)."""
+PIPELINES = ("1f1b", "zb-h1", "zb-h2", "zb-v")
+SPLIT_PIPELINES = ("zb-h1", "zb-h2", "zb-v")
+"""The pass orders that split each backward into B_IN and B_W (`ratrain.schedule.zerobubble`,
+`ratrain.schedule.vshape`)."""
+V_PIPELINES = ("zb-v",)
+"""The pass orders with a V-shaped placement: each stage holds two chunks of the model
+(`ratrain.schedule.vshape`)."""
+PLANNED_ZB_PIPELINES = ("zb-h1", "zb-h2")
+"""The zero-bubble pass orders `ratrain plan` searches (one chunk per stage)."""
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DEFAULT_LOSS_CHUNK_TOKENS = 256
 """The fused chunked loss's tokens per chunk where none is given (`ratrain.nn.chunked_loss`,
@@ -145,11 +153,14 @@ class Plan:
     schedule (ratrain syncs and updates per bucket); 0: one bucket per unit. Unsharded
     optimizer only (sharded, each unit is reduce-scattered alone)."""
     pipeline: str = "1f1b"
-    """1f1b | zb-h1 | zb-h2: the per-stage pass order. The zero-bubble ones (Qi et al.
-    2024, "Zero Bubble Pipeline Parallelism", H1 and H2) split each backward into B_in and
-    a deferred B_w (`ratrain.schedule.zerobubble`; the runtime's split backward is
+    """1f1b | zb-h1 | zb-h2 | zb-v: the per-stage pass order. The zero-bubble ones (Qi et al.
+    2024, "Zero Bubble Pipeline Parallelism", H1, H2 and V) split each backward into B_in
+    and a deferred B_w (`ratrain.schedule.zerobubble`; the runtime's split backward is
     `ratrain.runtime.split_backward`): zb-h1 at 1F1B's activation memory, zb-h2 with up to
-    twice its forwards in flight, to fill the bubble before each stage's first backward."""
+    twice its forwards in flight, to fill the bubble before each stage's first backward;
+    zb-v places two chunks of the model on each stage in a V (stage s holds chunks s and
+    2pp-1-s, so stage 0 holds the embedding and the head; `ratrain.schedule.vshape`), and
+    then layer_split gives 2 x pp counts, blocks per chunk."""
     rank_layout: str = "pp-inner"
     """pp-inner | dp-inner: which global rank holds (stage, replica), consecutive ranks
     filling a node (`ratrain.ranks`): a pipeline's stages are neighbours (pp-inner), or a
@@ -254,15 +265,18 @@ class Plan:
             raise RatrainError(
                 f"plan: layer_split must be a list of blocks per stage, got {split!r}"
             )
-        if len(split) != self.pp:
+        n_parts, what = self.pp * self.chunks, "stage" if self.chunks == 1 else "chunk"
+        if len(split) != n_parts:
             raise RatrainError(
-                f"plan: layer_split has {len(split)} stages for pp={self.pp}; give one count per stage"
+                f"plan: layer_split has {len(split)} counts for pp={self.pp}"
+                + ("" if self.chunks == 1 else f" under pipeline {self.pipeline}")
+                + f"; give one count per {what} ({n_parts})"
             )
         for s, n in enumerate(split):
-            middle = 0 < s < self.pp - 1 or self.pp == 1
+            middle = 0 < s < n_parts - 1 or n_parts == 1
             if not _is_int(n) or n < (1 if middle else 0):
                 raise RatrainError(
-                    f"plan: layer_split[{s}]={n!r}; each stage needs >= 1 block "
+                    f"plan: layer_split[{s}]={n!r}; each {what} needs >= 1 block "
                     "(the first and last may hold 0 besides the embedding/head)"
                 )
         return tuple(split)
@@ -274,6 +288,11 @@ class Plan:
         return self.global_batch // (self.micro_batch * self.dp)
 
     @property
+    def chunks(self) -> int:
+        """Chunks of the model per stage: 2 under a V-shaped pipeline (zb-v), else 1."""
+        return 2 if self.pipeline in V_PIPELINES else 1
+
+    @property
     def split_backward(self) -> bool:
         """Whether the pass order splits each backward into B_IN and B_W (zb-h1, zb-h2)."""
         return self.pipeline in SPLIT_PIPELINES
@@ -282,10 +301,20 @@ class Plan:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq
 
-    def blocks_per_stage(self, spec: ModelSpec) -> tuple[int, ...]:
-        split = (
-            self.layer_split if self.layer_split is not None else even_split(spec.n_layers, self.pp)
-        )
+    def blocks_per_chunk(self, spec: ModelSpec) -> tuple[int, ...]:
+        """Blocks per chunk of the model, in model order (one chunk per stage but under a
+        V-shaped pipeline: `chunks`)."""
+        n = self.pp * self.chunks
+        if self.layer_split is not None:
+            split = self.layer_split
+        elif n > spec.n_layers:
+            raise RatrainError(
+                f"plan: pipeline {self.pipeline} at pp={self.pp} cuts the model into {n} "
+                f"chunks, more than {spec.name}'s {spec.n_layers} layers; use pp <= "
+                f"{spec.n_layers // self.chunks}"
+            )
+        else:
+            split = even_split(spec.n_layers, n)
         if sum(split) != spec.n_layers:
             raise RatrainError(
                 f"plan: layer_split {list(split)} sums to {sum(split)}, but {spec.name} has "
@@ -293,25 +322,69 @@ class Plan:
             )
         return split
 
-    def stage_units(self, spec: ModelSpec, stage: int) -> range:
-        """The units (see `ratrain.models.counts`) that a stage owns, in order."""
-        split = self.blocks_per_stage(spec)
-        start = 1 + sum(split[:stage])
-        end = start + split[stage]
-        if stage == 0:
+    def blocks_per_stage(self, spec: ModelSpec) -> tuple[int, ...]:
+        """Blocks per stage (over its chunks)."""
+        split = self.blocks_per_chunk(spec)
+        if self.chunks == 1:
+            return split
+        out = [0] * self.pp
+        for c, n in enumerate(split):
+            out[self.stage_of_chunk(c)] += n
+        return tuple(out)
+
+    def stage_of_chunk(self, chunk: int) -> int:
+        """The stage that holds a chunk: the chunk itself, or in a V, chunk c < pp on stage
+        c and chunk c >= pp on stage 2pp - 1 - c."""
+        return chunk if chunk < self.pp else 2 * self.pp - 1 - chunk
+
+    def stage_chunks(self, stage: int) -> tuple[int, ...]:
+        """The chunks a stage holds, in model order."""
+        return (stage,) if self.chunks == 1 else (stage, 2 * self.pp - 1 - stage)
+
+    def chunk_units(self, spec: ModelSpec, chunk: int) -> range:
+        """The units (see `ratrain.models.counts`) of one chunk, in order: the first holds
+        the embedding too, the last the head."""
+        split = self.blocks_per_chunk(spec)
+        start = 1 + sum(split[:chunk])
+        end = start + split[chunk]
+        if chunk == 0:
             start = 0
-        if stage == self.pp - 1:
+        if chunk == len(split) - 1:
             end = spec.n_layers + 2
         return range(start, end)
 
+    def stage_units(self, spec: ModelSpec, stage: int) -> range | tuple[int, ...]:
+        """The units that a stage owns, in order (a range: contiguous, but under a
+        V-shaped pipeline, where a stage's two chunks leave a gap between them)."""
+        if self.chunks == 1:
+            return self.chunk_units(spec, stage)
+        first, second = (self.chunk_units(spec, c) for c in self.stage_chunks(stage))
+        if first.stop == second.start:
+            return range(first.start, second.stop)
+        return (*first, *second)
+
+    def stage_of_unit(self, spec: ModelSpec) -> dict[int, int]:
+        """Unit -> the stage that owns it."""
+        return {u: s for s in range(self.pp) for u in self.stage_units(spec, s)}
+
+    def head_stage(self) -> int:
+        """The stage that holds the head (and so computes the loss): the last, or under a
+        V-shaped pipeline the first."""
+        return 0 if self.chunks == 2 else self.pp - 1
+
     def recompute_of(self, spec: ModelSpec, stage: int, unit: int) -> str:
-        """The recompute policy that applies to one unit: none | selective | full."""
+        """The recompute policy that applies to one unit: none | selective | full
+        ("first:K": full on the stage's first K blocks, in model order)."""
         kind, k = _parse_recompute(self.recompute[stage])
         if not 1 <= unit <= spec.n_layers:
             return "none"
         if kind == "first":
-            first_block = self.stage_units(spec, stage)[0] or 1
-            return "full" if unit - first_block < k else "none"
+            units = self.stage_units(spec, stage)
+            first_block = units[0] or 1
+            if isinstance(units, range):
+                return "full" if unit - first_block < k else "none"
+            blocks = [u for u in units if 1 <= u <= spec.n_layers]
+            return "full" if blocks.index(unit) < k else "none"
         return kind
 
     def check_for(self, spec: ModelSpec) -> None:

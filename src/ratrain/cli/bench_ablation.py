@@ -4,7 +4,7 @@ zero-bubble pass order adds (`ratrain.planner.paper.zero_bubble`)."""
 
 from __future__ import annotations
 
-from ratrain.config import SPLIT_PIPELINES
+from ratrain.config import PLANNED_ZB_PIPELINES
 
 __all__ = ["ablation_markdown", "ablation_json", "zb_markdown", "zb_json"]
 
@@ -71,7 +71,7 @@ def zb_markdown(rows, platform: str) -> list[str]:
     pipeline pinned."""
     if not rows:
         return []
-    pipes = list(SPLIT_PIPELINES)
+    pipes = list(PLANNED_ZB_PIPELINES)
     lines = [
         "",
         f"## What zero-bubble pass orders add ({platform}, 1024 clusters)",
@@ -124,7 +124,7 @@ def zb_json(rows) -> list[dict]:
             "gain": r.gain(),
             "chosen_pipeline": r.best and r.best.plan.pipeline,
         }
-        for p in SPLIT_PIPELINES:
+        for p in PLANNED_ZB_PIPELINES:
             key, best, near = p.replace("-", "_"), r.zb.get(p), r.zb_near.get(p)
             row[f"best_{key}_tokens_per_s"] = best and best.tokens_per_s
             row[f"{key}_vs_1f1b"] = r.zb_ratio(p)

@@ -232,9 +232,12 @@ class _StageReplay:
         self.sch, self.s, self.acts = sch, s, sch.stages[s]
         self.forward_only = bool(sch.meta.get("forward_only"))
         units = sch.meta["stage_units"][s]
-        self.first_unit, self.last_unit = units[0], units[-1]
-        self.recv_input = s > 0
-        self.send_output = s < plan.pp - 1
+        # The units at a stage boundary: whose input is received (the unit before is on
+        # another stage) and whose output is sent (the unit after is); one of each but on
+        # the first and last stage, two of each on most stages of a V.
+        mine, head = set(units), spec.n_layers + 1
+        self.recv_units = {u for u in units if u > 0 and u - 1 not in mine}
+        self.send_units = {u for u in units if u < head and u + 1 not in mine}
         self.boundary = boundary_bytes(spec, plan)
         self.sharded = plan.shard_optimizer
         params = stored_params(spec, units)
@@ -294,9 +297,9 @@ class _StageReplay:
             if u in self.token_units and a.mb not in self.token_mbs:
                 self.token_mbs.add(a.mb)  # held to the step's end
                 st[_ACT] += self.token_bytes
-            if u == self.first_unit and self.recv_input:
+            if u in self.recv_units:
                 st[_COMM] -= self.boundary  # the received buffer becomes the unit's input
-            if u == self.last_unit and self.send_output:
+            if u in self.send_units:
                 st[_COMM] += self.boundary  # the output, held until its SEND lands
             st[_WS] += self.fws[u]
             if self.forward_only:  # no_grad: nothing is kept for a backward
@@ -308,11 +311,11 @@ class _StageReplay:
                 for v in self.bucket_of.get(u, (u,)):
                     self.grad[v] = self.grad_full[v]
                     st[_GRAD] += self.grad_full[v]
-            if u == self.first_unit and self.recv_input:
+            if u in self.recv_units:
                 st[_COMM] += self.boundary  # the input gradient, held until its SEND lands
             st[_WS] += self.bws[u]
             ends = [(_WS, self.bws[u]), (_ACT, self.act.pop((u, a.mb)))]
-            if u == self.last_unit and self.send_output:
+            if u in self.send_units:
                 ends.append((_COMM, self.boundary))  # the received gradient is consumed
             return ends
         if op is _B_IN or op is _B_W:
@@ -360,14 +363,14 @@ class _StageReplay:
         if a.op is _B_W:
             st[_WS] += self.wws[u]
             return [(_WS, self.wws[u]), (_ACT, self.act.pop(key))]
-        if u == self.first_unit and self.recv_input:
+        if u in self.recv_units:
             st[_COMM] += self.boundary  # the input gradient, held until its SEND lands
         st[_WS] += self.bws[u]
         st[_ACT] += self.w_out[u]
         act = self.act[key]
         self.act[key] = self.w_in[u] + self.w_out[u]
         ends = [(_WS, self.bws[u]), (_ACT, act - self.w_in[u])]
-        if u == self.last_unit and self.send_output:
+        if u in self.send_units:
             ends.append((_COMM, self.boundary))  # the received gradient is consumed
         return ends
 

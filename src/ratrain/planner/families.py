@@ -27,7 +27,8 @@ class Family:
     split_modes: tuple[str, ...]
     pipelines: tuple[str, ...] = ("1f1b",)
     """Pass orders (`Plan.pipeline`) searched where the pipeline has a bubble
-    (`ratrain.planner.space.pipelines`); zb-h1 and zb-h2 only with the knobs they support."""
+    (`ratrain.planner.space.pipelines`); zb-h1 and zb-h2 only with the knobs they support;
+    zb-v on the structures of the best plans found (`ratrain.planner.search`)."""
 
 
 _ALL_VIEWS = (("persistent", 1), ("transient", 1), ("transient", 2))
@@ -46,7 +47,7 @@ FAMILIES: dict[str, Family] = {
             offload=(False, True),
             split_modes=(*_SPLITS, "memory"),
             # The baselines keep the 1F1B of the systems they stand for.
-            pipelines=("1f1b", "zb-h1", "zb-h2"),
+            pipelines=("1f1b", "zb-h1", "zb-h2", "zb-v"),
         ),
         Family(
             "gpu-style",

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ratrain.config import SPLIT_PIPELINES
+from ratrain.config import PLANNED_ZB_PIPELINES
 from ratrain.models.presets import get_preset
 from ratrain.planner.families import BASELINE_FAMILIES
 from ratrain.planner.search import Candidate, Near, search
@@ -194,7 +194,7 @@ def zero_bubble(
         else:
             onef1b = search(_req(r.model, platform, clusters, gb, ("ratrain-no-zb",)), top=1).best
         row = ZbRow(r.model, onef1b, r.ratrain)
-        for pipeline in SPLIT_PIPELINES:
+        for pipeline in PLANNED_ZB_PIPELINES:
             pinned = _req(r.model, platform, clusters, gb, ("ratrain",)).with_(
                 pins={"pipeline": pipeline}
             )

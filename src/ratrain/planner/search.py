@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ratrain import deadline
-from ratrain.config import PIPELINES, Plan
+from ratrain.config import PIPELINES, V_PIPELINES, Plan
 from ratrain.planner.bounds import (
     UnitTimes,
     lowest_unit_times,
@@ -56,6 +56,7 @@ from ratrain.planner.space import (
     knobs_key,
     make_plan,
     structures,
+    v_splits,
 )
 from ratrain.sizes.states import grad_bytes_per_param, view_bytes_per_param
 
@@ -367,6 +368,8 @@ def search(
     tasks, total = _tasks(req, req.families, state)
     report = _reporter(progress, ev, best, len(tasks), t0)
     queue_floor = _work(req, ev, tasks, best, state, prune, report)
+    if best.items and not state.stopped:
+        best = _v_pass(req, ev, best)
     if state.floor is not None and time_budget_s:
         # Cut: refine the bounds left (no simulation) for a little longer, for a smaller
         # gap; a structure's queue cut midway keeps its own bound.
@@ -376,6 +379,35 @@ def search(
         # Nothing left that may fit: the ranking is the search's to the end.
         state.floor = max(state.floor, min(floors)) if floors else best.items[0].step_time_s
     return _result(req, ev, best, state, total, t0)
+
+
+V_TRIES = 3
+"""assumed: the ranked plans whose structures and knobs zb-v is tried on (`_v_pass`), each
+with `space.v_splits`' three nearest-balanced chunk splits: nine simulations at most."""
+
+
+def _v_pass(req: Request, ev: Evaluator, best: _Top) -> _Top:
+    """zb-v (`ratrain.schedule.vshape`) on the structures and knobs of the `V_TRIES` best
+    plans whose family tries it, each with the chunk splits of `space.v_splits`: the V's
+    plans that fit are ranked with the rest. (Not branch and bound: no bound of a V's step
+    or memory is derived, so the search's gap, where it stops early, is over the plans
+    with one chunk per stage.) A pinned zb-v keeps only the V's plans."""
+    pinned = req.pins.get("pipeline") in V_PIPELINES
+    out = _Top(best.k) if pinned else best
+    for c in list(best.items[:V_TRIES]):
+        fam, p = family_of(c.family), c.plan
+        if not set(V_PIPELINES) & set(fam.pipelines) or p.pp < 2 or p.offload_activations:
+            continue
+        if p.schedule == "fsdp-pp":
+            continue
+        for split in v_splits(req.spec, p.pp):
+            plan = p.replace(pipeline=V_PIPELINES[0], layer_split=split)
+            if "layer_split" in req.pins or not ev.memory(plan).fits:
+                continue
+            res = ev.simulate(plan)
+            if res is not None:
+                out.add(_candidate(res, plan, c.family, usable_bytes(req)))
+    return out
 
 
 def _work(req: Request, ev: Evaluator, tasks: list, best: _Top, state: _State, prune, report):

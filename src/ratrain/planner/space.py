@@ -28,6 +28,7 @@ from ratrain.config import (
     PIPELINES,
     SCHEDULES,
     SPLIT_PIPELINES,
+    V_PIPELINES,
     Plan,
     even_split,
 )
@@ -508,9 +509,12 @@ def pipelines(req: Request, family: Family, st: Structure) -> tuple[str, ...]:
     """The pass orders to try for a structure: the family's (`Family.pipelines`) where the
     pipeline has a bubble (pp > 1; on one stage a zero-bubble order is 1F1B's with each
     backward split in two: nothing to gain); a pin decides."""
-    if "pipeline" in req.pins:
+    if "pipeline" in req.pins and req.pins["pipeline"] not in V_PIPELINES:
         return (str(req.pins["pipeline"]),)
-    return family.pipelines if st.pp > 1 else ("1f1b",)
+    # zb-v is not searched here: its plans are tried on the best plans' structures
+    # (`ratrain.planner.search`), a V pinned among them alone.
+    pipes = tuple(p for p in family.pipelines if p not in V_PIPELINES)
+    return pipes if st.pp > 1 else ("1f1b",)
 
 
 def zb_supported(req: Request, kn: Knobs) -> bool:
@@ -614,3 +618,33 @@ def _make_plan(req: Request, st: Structure, kn: Knobs, recompute, extra) -> Plan
         model=req.spec.name,
         **extra,
     )
+
+
+def v_splits(spec: ModelSpec, pp: int, tries: int = 3) -> list[tuple[int, ...]]:
+    """Chunk splits (`Plan.layer_split` under zb-v: blocks per chunk, 2pp) to try for a V
+    of `pp` stages: stage 0 holds the embedding and the head, so it gets fewer blocks.
+    The stage-0 block counts whose stages come nearest an even load in FLOPs
+    (`ratrain.models.counts`, forward and backward per token; the head counted in full)
+    are tried, `tries` of them, the rest of the blocks spread evenly over the other
+    stages (at least 2 each: a chunk of a middle stage holds a block); each stage's
+    blocks split between its two chunks, the earlier chunk the smaller half."""
+    n, head = spec.n_layers, spec.n_layers + 1
+    if pp < 2 or n < 2 * pp:
+        return []
+    per_block = counts.unit_fwd_flops(spec, 1, 1, 1) + counts.unit_bwd_flops(spec, 1, 1, 1)
+    per_head = counts.unit_fwd_flops(spec, head, 1, 1) + counts.unit_bwd_flops(spec, head, 1, 1)
+    loads = []
+    for b0 in range(0, n - 2 * (pp - 1) + 1):
+        rest = even_split(n - b0, pp - 1)
+        if min(rest) < 2:
+            continue
+        worst = max(b0 * per_block + per_head, max(rest) * per_block)
+        loads.append((worst, b0, rest))
+    out = []
+    for _, b0, rest in sorted(loads)[:tries]:
+        per_stage = (b0, *rest)
+        split = [0] * (2 * pp)
+        for s, b in enumerate(per_stage):
+            split[s], split[2 * pp - 1 - s] = b // 2, b - b // 2
+        out.append(tuple(split))
+    return out

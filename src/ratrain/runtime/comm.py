@@ -17,13 +17,22 @@ import torch.distributed as dist
 
 from ratrain.launch.grid import ParallelGrid
 
-__all__ = ["Handle", "Comm", "DONE", "join"]
+__all__ = ["Handle", "Comm", "DONE", "join", "p2p_tag"]
 
 # torch >= 2.13 renamed the tensor-in / tensor-out collectives; older releases have the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 _TAG_F, _TAG_B = 0, 1 << 20
+
+
+def p2p_tag(backward: bool, unit: int, mb: int) -> int:
+    """The tag of a stage-to-stage message: the unit named on both sides of the transfer
+    (`ratrain.schedule.ir`), its microbatch and its direction, so that the messages a pair
+    of ranks exchange in a step are told apart however many chunks each holds (a V's
+    stages exchange activations and gradients both ways). Within int32 for up to 2**14
+    units at `MAX_MICROBATCHES` (2**16) microbatches."""
+    return ((unit << 16 | mb) << 1) | backward
 
 
 class Handle:
@@ -59,6 +68,13 @@ class Comm:
         self.grid = grid
 
     # -- stage to stage -------------------------------------------------------------------
+    def send_to(self, t: torch.Tensor, stage: int, tag: int) -> Handle:
+        """To the rank of `stage` in this replica (the executor's transfers: `p2p_tag`)."""
+        return Handle(dist.isend(t.contiguous(), self.grid.rank_of(stage), tag=tag))
+
+    def recv_from(self, buf: torch.Tensor, stage: int, tag: int) -> Handle:
+        return Handle(dist.irecv(buf, self.grid.rank_of(stage), tag=tag))
+
     def send_activation(self, t: torch.Tensor, mb: int) -> Handle:
         return Handle(dist.isend(t.contiguous(), self.grid.next_rank, tag=_TAG_F + mb))
 

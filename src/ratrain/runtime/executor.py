@@ -61,7 +61,7 @@ from ratrain.errors import RatrainError
 from ratrain.launch.grid import ParallelGrid
 from ratrain.models.spec import ModelSpec
 from ratrain.observe.trace import Recorder
-from ratrain.runtime.comm import Comm, Handle, join
+from ratrain.runtime.comm import Comm, Handle, join, p2p_tag
 from ratrain.runtime.lifecycle import CheckpointedAttention, Stash
 from ratrain.runtime.lr import lr_at
 from ratrain.runtime.optim import clip_coefficient
@@ -82,7 +82,8 @@ __all__ = ["StageExecutor", "StepResult"]
 class StepResult:
     step: int
     losses: list[float]
-    """Per microbatch of this replica, microbatch order (last stage only; else empty)."""
+    """Per microbatch of this replica, microbatch order (the stage that holds the head
+    only; else empty)."""
     lr: float
     loss_scale: float
     grad_norm: float | None
@@ -123,7 +124,7 @@ class _StepState:
     grad_in: dict = field(default_factory=dict)  # (u, mb) -> gradient of u's input
     weight_work: dict = field(default_factory=dict)  # (u, mb) -> what B_IN left for B_W
     saved: dict = field(default_factory=dict)  # (u, mb) -> SavedActivations (split backward)
-    recv: dict = field(default_factory=dict)  # (op, mb) -> received buffer
+    recv: dict = field(default_factory=dict)  # (op, unit, mb) -> received buffer
     stash: dict = field(default_factory=dict)  # (u, mb) -> Stash (offload)
     losses: dict = field(default_factory=dict)  # mb -> loss tensor (detached)
     tokens: dict = field(default_factory=dict)  # mb -> (inputs, targets)
@@ -173,6 +174,11 @@ class StageExecutor:
         self.wait_s = 0.0
         """Time the last step's walk spent blocked on in-flight asynchronous actions."""
         self.owner_stage = {u: s for s, us in enumerate(schedule.meta["stage_units"]) for u in us}
+        # Units whose input is received, whose output is sent (the neighbour unit is on
+        # another stage): the first and last of a stage, or of each of a V's chunks.
+        mine = set(self.units)
+        self.recv_units = {u for u in self.units if u > 0 and u - 1 not in mine}
+        self.send_units = {u for u in self.units if u < self.head and u + 1 not in mine}
         self.checks = set(schedule.meta.get("global_checks", ()))
         self.recompute = {u: plan.recompute_of(spec, grid.stage, u) for u in self.units}
         self.offloaded = {
@@ -295,7 +301,7 @@ class StageExecutor:
             s.fwd_out[(u, mb)] = module(x)
 
     def _eval_loss(self, m: int) -> float:
-        """Sum of token losses over tokens, from one world all-gather of every last stage's
+        """Sum of token losses over tokens, from one world all-gather of every head stage's
         per-microbatch (mean loss, tokens), summed replica-major in microbatch order (the
         reference trainer's order), in fp64: the same on every rank, whatever pp and dp."""
         vec = torch.zeros(2 * m, dtype=torch.float64)
@@ -306,7 +312,7 @@ class StageExecutor:
         table = table.cpu()
         total, tokens = 0.0, 0
         for r in range(self.plan.dp):
-            row = table[self.grid.rank_of(self.plan.pp - 1, r)].tolist()
+            row = table[self.grid.rank_of(self.plan.head_stage(), r)].tolist()
             for mb in range(m):
                 total += row[2 * mb] * row[2 * mb + 1]
                 tokens += int(row[2 * mb + 1])
@@ -322,8 +328,8 @@ class StageExecutor:
     def _unit_input(self, u: int, mb: int) -> torch.Tensor:
         if u == 0:
             return self._tokens(mb)[0]
-        if u == self.units[0]:
-            x = self.s.recv.pop((Op.RECV_F, mb))
+        if u in self.recv_units:
+            x = self.s.recv.pop((Op.RECV_F, u - 1, mb))
         else:
             x = self.s.fwd_out.pop((u - 1, mb)).detach()
         return x.requires_grad_()
@@ -377,8 +383,8 @@ class StageExecutor:
         s = self.s
         if u == self.head:
             return None
-        if u == self.units[-1]:
-            return s.recv.pop((Op.RECV_B, mb))
+        if u in self.send_units:
+            return s.recv.pop((Op.RECV_B, u + 1, mb))
         return s.grad_in.pop((u + 1, mb))
 
     def _backward(self, a: Action) -> None:
@@ -521,19 +527,23 @@ class StageExecutor:
             self.model.drop_view(u)
 
     # -- stage-to-stage -------------------------------------------------------------------
+    # A transfer is named by the same unit on both sides (`ratrain.schedule.ir`): unit u's
+    # output goes to the owner of u + 1, unit u's input gradient to the owner of u - 1.
     def _send_f(self, a: Action) -> _Pending:
         y = self.s.fwd_out.pop((a.unit, a.mb)).detach()
-        return _Pending(self.comm.send_activation(y, a.mb), None, y)
+        to = self.owner_stage[a.unit + 1]
+        return _Pending(self.comm.send_to(y, to, p2p_tag(False, a.unit, a.mb)), None, y)
 
     def _send_b(self, a: Action) -> _Pending:
         g = self.s.grad_in.pop((a.unit, a.mb))
-        return _Pending(self.comm.send_grad(g, a.mb), None, g)
+        to = self.owner_stage[a.unit - 1]
+        return _Pending(self.comm.send_to(g, to, p2p_tag(True, a.unit, a.mb)), None, g)
 
     def _recv(self, a: Action) -> _Pending:
         buf = torch.empty(self.boundary_shape, dtype=self.model.dtype, device=self.grid.device)
-        self.s.recv[(a.op, a.mb)] = buf
-        recv = self.comm.recv_activation if a.op is Op.RECV_F else self.comm.recv_grad
-        return _Pending(recv(buf, a.mb), None, buf)
+        self.s.recv[(a.op, a.unit, a.mb)] = buf
+        tag = p2p_tag(a.op is Op.RECV_B, a.unit, a.mb)
+        return _Pending(self.comm.recv_from(buf, self.owner_stage[a.unit], tag), None, buf)
 
     # -- offload --------------------------------------------------------------------------
     def _offload(self, a: Action) -> None:

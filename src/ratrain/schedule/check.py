@@ -7,7 +7,7 @@ found; `find_problems` returns them. The checks:
   dependency present in the schedule, microbatches in range;
 - compute: every (unit, mb) of a stage has exactly one F and either one B or one B_IN and
   one B_W (a split backward, `ratrain.schedule.zerobubble`), the F first;
-- transfers: every SEND paired with exactly one RECV on the adjacent stage (same mb and
+- transfers: every SEND paired with exactly one RECV on the stage across its boundary (same mb and
   unit) that depends on it, and every RECV with its SEND;
 - lifetimes, walking each stage's list in program order: a view is read only while live
   (persistent views are live from the start; VIEW_DROP ends a view), and a read after
@@ -162,22 +162,29 @@ def _split_backward(s: int, acts: list[Action], units: set[int], m: int) -> list
 
 
 def _transfers(sch: Schedule) -> list[str]:
+    """Every send has its receive, on the stage that owns the unit on the other side of
+    the boundary (the unit after a SEND_F's, before a SEND_B's: the next or previous stage,
+    or in a V the stage of the other chunk), and the receive depends on it."""
     out = []
-    pair = {Op.SEND_F: (Op.RECV_F, 1), Op.SEND_B: (Op.RECV_B, -1)}
+    owner = {u: s for s, us in enumerate(sch.meta.get("stage_units", ())) for u in us}
+
+    def peer(a: Action, unit: int, step: int) -> int:
+        return owner.get(unit, a.stage + step)
+
     all_acts = set(sch.actions())
     for a in all_acts:
-        if a.op in pair:
-            op, ds = pair[a.op]
-            r = Action(op, a.stage + ds, a.units, a.mb)
+        if a.op is Op.SEND_F or a.op is Op.SEND_B:
+            fwd = a.op is Op.SEND_F
+            op = Op.RECV_F if fwd else Op.RECV_B
+            r = Action(op, peer(a, a.unit + (1 if fwd else -1), 1 if fwd else -1), a.units, a.mb)
             if r not in all_acts:
                 out.append(f"{_f(a)} has no matching {_f(r)}")
             elif a not in sch.deps_of(r):
                 out.append(f"{_f(r)} does not depend on its {_f(a)}")
-    back = {Op.RECV_F: (Op.SEND_F, -1), Op.RECV_B: (Op.SEND_B, 1)}
-    for a in all_acts:
-        if a.op in back:
-            op, ds = back[a.op]
-            snd = Action(op, a.stage + ds, a.units, a.mb)
+        elif a.op is Op.RECV_F or a.op is Op.RECV_B:
+            fwd = a.op is Op.RECV_F
+            op = Op.SEND_F if fwd else Op.SEND_B
+            snd = Action(op, peer(a, a.unit, -1 if fwd else 1), a.units, a.mb)
             if snd not in all_acts:
                 out.append(f"{_f(a)} has no matching {_f(snd)}")
     return sorted(out)

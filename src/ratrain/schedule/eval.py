@@ -22,7 +22,7 @@ from __future__ import annotations
 from ratrain.config import Plan
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Op, Schedule
-from ratrain.schedule.onef1b import build_1f1b
+from ratrain.schedule.onef1b import build_1f1b, build_chunk_passes
 from ratrain.schedule.passes import add_transient_views, sync_buckets
 from ratrain.sizes.states import view_bytes_per_param
 
@@ -52,7 +52,14 @@ def build_eval_schedule(spec: ModelSpec, plan: Plan, n_microbatches: int) -> Sch
     `plan`'s stages (see the module docstring)."""
     ev = eval_plan(plan, n_microbatches)
     ev.check_for(spec)
-    sch = build_1f1b(spec, ev, kind="eval")
+    if plan.chunks == 1:
+        sch = build_1f1b(spec, ev, kind="eval")
+    else:  # each stage's first chunk for every microbatch, then its second's
+        orders = [
+            [(Op.F, c, mb) for c in ev.stage_chunks(s) for mb in range(n_microbatches)]
+            for s in range(ev.pp)
+        ]
+        sch = build_chunk_passes(spec, ev, "eval", orders)
     keep = (Op.F, Op.SEND_F, Op.RECV_F)
     sch.stages = [[a for a in acts if a.op in keep] for acts in sch.stages]
     sch.deps = {a: d for a, d in sch.deps.items() if a.op in keep}

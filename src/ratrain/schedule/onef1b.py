@@ -27,7 +27,14 @@ from ratrain.config import Plan
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Schedule
 
-__all__ = ["warmup_passes", "pass_order", "build_1f1b", "splice"]
+__all__ = [
+    "warmup_passes",
+    "pass_order",
+    "build_1f1b",
+    "build_passes",
+    "build_chunk_passes",
+    "splice",
+]
 
 
 def warmup_passes(pp: int, m: int, stage: int) -> int:
@@ -45,13 +52,19 @@ def pass_order(pp: int, m: int, stage: int) -> list[tuple[Op, int]]:
     return order
 
 
-def _forward_pass(s: int, pp: int, units: range, last_prev: int | None, mb: int, deps: dict):
+def _forward_pass(s: int, units: range, owner: dict, head: int, mb: int, deps: dict):
+    """RECV_F (where the unit before the chunk is on another stage), F over the chunk's
+    units, SEND_F (where the unit after it is on another stage)."""
     acts: list[Action] = []
     prev: Action | None = None
-    if s > 0:
-        prev = Action(Op.RECV_F, s, (last_prev,), mb)
-        deps[prev] = (Action(Op.SEND_F, s - 1, (last_prev,), mb),)
-        acts.append(prev)
+    first, last = units[0], units[-1]
+    if first > 0:
+        if owner[first - 1] != s:
+            prev = Action(Op.RECV_F, s, (first - 1,), mb)
+            deps[prev] = (Action(Op.SEND_F, owner[first - 1], (first - 1,), mb),)
+            acts.append(prev)
+        else:  # the previous chunk is this stage's too (the tip of a V)
+            prev = Action(Op.F, s, (first - 1,), mb)
     op_f = Op.F  # a local: no enum class lookup per unit
     for u in units:
         f = Action(op_f, s, (u,), mb)
@@ -59,35 +72,38 @@ def _forward_pass(s: int, pp: int, units: range, last_prev: int | None, mb: int,
             deps[f] = (prev,)
         acts.append(f)
         prev = f
-    if s < pp - 1:
-        send = Action(Op.SEND_F, s, (units[-1],), mb)
+    if last < head and owner[last + 1] != s:
+        send = Action(Op.SEND_F, s, (last,), mb)
         deps[send] = (prev,)
         acts.append(send)
     return acts
 
 
 def _backward_pass(
-    s: int, pp: int, units: range, first_next: int | None, fwd: list, deps: dict, op_b: Op = Op.B
+    s: int, units: range, owner: dict, head: int, mb: int, deps: dict, op_b: Op = Op.B
 ):
-    """RECV_B, `op_b` (B, or ZB's B_IN) over the units in reverse, SEND_B; `fwd`: the forward
-    pass of the same microbatch (its F actions are reused)."""
+    """RECV_B (where the unit after the chunk is on another stage), `op_b` (B, or ZB's
+    B_IN) over the chunk's units in reverse, each after its F, SEND_B (where the unit
+    before it is on another stage)."""
     acts: list[Action] = []
-    mb = fwd[0].mb
-    op_f = Op.F
-    f_of = {a.units[0]: a for a in fwd if a.op is op_f}
     prev: Action | None = None
-    if s < pp - 1:
-        prev = Action(Op.RECV_B, s, (first_next,), mb)
-        deps[prev] = (Action(Op.SEND_B, s + 1, (first_next,), mb),)
-        acts.append(prev)
+    first, last = units[0], units[-1]
+    if last < head:
+        if owner[last + 1] != s:
+            prev = Action(Op.RECV_B, s, (last + 1,), mb)
+            deps[prev] = (Action(Op.SEND_B, owner[last + 1], (last + 1,), mb),)
+            acts.append(prev)
+        else:  # the next chunk is this stage's too (the tip of a V)
+            prev = Action(op_b, s, (last + 1,), mb)
+    op_f = Op.F
     for u in reversed(units):
         b = Action(op_b, s, (u,), mb)
-        f = f_of[u]
+        f = Action(op_f, s, (u,), mb)
         deps[b] = (f,) if prev is None else (f, prev)
         acts.append(b)
         prev = b
-    if s > 0:
-        send = Action(Op.SEND_B, s, (units[0],), mb)
+    if first > 0 and owner[first - 1] != s:
+        send = Action(Op.SEND_B, s, (first,), mb)
         deps[send] = (prev,)
         acts.append(send)
     return acts
@@ -109,25 +125,36 @@ def build_passes(
     """Compute and stage-boundary transfers of one step, with their dependencies, each
     stage's passes in `order(pp, m, stage)`: (Op.F | Op.B | Op.B_IN | Op.B_W, microbatch)."""
     pp, m = plan.pp, plan.microbatches
-    units = [plan.stage_units(spec, s) for s in range(pp)]
+    orders = [[(op, s, mb) for op, mb in order(pp, m, s)] for s in range(pp)]
+    return build_chunk_passes(spec, plan, kind, orders)
+
+
+def build_chunk_passes(
+    spec: ModelSpec, plan: Plan, kind: str, orders: list[list[tuple[Op, int, int]]]
+) -> Schedule:
+    """Compute and stage-boundary transfers of one step, with their dependencies, stage s's
+    passes in `orders[s]`: (Op.F | Op.B | Op.B_IN | Op.B_W, chunk, microbatch), over the
+    chunk's units (`Plan.chunk_units`: one chunk per stage, or two in a V). A transfer
+    crosses each point where the next unit is on another stage."""
+    n_chunks = plan.pp * plan.chunks
+    chunk_units = [plan.chunk_units(spec, c) for c in range(n_chunks)]
+    owner = {u: plan.stage_of_chunk(c) for c, us in enumerate(chunk_units) for u in us}
+    head = spec.n_layers + 1
     sch = Schedule(stages=[], kind=kind)
-    for s in range(pp):
-        last_prev = units[s - 1][-1] if s > 0 else None
-        first_next = units[s + 1][0] if s < pp - 1 else None
+    deps = sch.deps
+    for s, order in enumerate(orders):
         acts: list[Action] = []
-        forward: dict[int, list[Action]] = {}
-        for op, mb in order(pp, m, s):
+        for op, c, mb in order:
+            units = chunk_units[c]
             if op is Op.F:
-                forward[mb] = _forward_pass(s, pp, units[s], last_prev, mb, sch.deps)
-                acts += forward[mb]
+                acts += _forward_pass(s, units, owner, head, mb, deps)
             elif op is Op.B_W:
-                acts += _weight_pass(s, units[s], mb, sch.deps)
+                acts += _weight_pass(s, units, mb, deps)
             else:
-                fwd = forward.pop(mb)
-                acts += _backward_pass(s, pp, units[s], first_next, fwd, sch.deps, op)
+                acts += _backward_pass(s, units, owner, head, mb, deps, op)
         sch.stages.append(acts)
-    sch.meta["microbatches"] = m
-    sch.meta["stage_units"] = [tuple(u) for u in units]
+    sch.meta["microbatches"] = plan.microbatches
+    sch.meta["stage_units"] = [tuple(plan.stage_units(spec, s)) for s in range(plan.pp)]
     return sch
 
 

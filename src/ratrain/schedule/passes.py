@@ -11,6 +11,7 @@ from ratrain.config import Plan
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Action, Op, Schedule
 from ratrain.schedule.onef1b import build_1f1b, splice
+from ratrain.schedule.vshape import build_v
 from ratrain.schedule.zerobubble import build_zb
 from ratrain.sizes.states import grad_bytes_per_param, stored_params, view_bytes_per_param
 
@@ -51,7 +52,9 @@ def base_schedule(spec: ModelSpec, plan: Plan, kind: str, view_policy: str) -> S
     """The 1F1B step of a lowering `kind` (the zero-bubble one with ``plan.pipeline``
     zb-h1 or zb-h2, `ratrain.schedule.zerobubble`), with the meta every lowering sets (see
     `ratrain.schedule.lowering`) and RECOMPUTE placed (`add_recompute`)."""
-    if plan.split_backward:
+    if plan.chunks == 2:
+        sch = build_v(spec, plan, kind)
+    elif plan.split_backward:
         sch = build_zb(spec, plan, kind)
     else:
         sch = build_1f1b(spec, plan, kind)

@@ -113,7 +113,10 @@ def build_zb(spec: ModelSpec, plan: Plan, kind: str) -> Schedule:
     return sch
 
 
-_UNSUPPORTED = ((lambda p: p.schedule == "fsdp-pp", "schedule fsdp-pp"),)
+_UNSUPPORTED = (
+    (lambda p: p.schedule == "fsdp-pp", "schedule fsdp-pp"),
+    (lambda p: p.chunks == 2 and p.offload_activations, "offload_activations"),
+)
 
 
 def refuse_unsupported(plan: Plan) -> None:

@@ -8,9 +8,9 @@ semantics (the docstring of `ratrain.schedule.ir`):
 - a global reduction (NORM, OVF) starts on every stage at once, when every stage's instance
   is at the head of its resource with its deps completed.
 
-A receive cannot complete before its matching send: the k-th RECV_F of stage s pairs with the
-k-th SEND_F of stage s−1 (RECV_B of s with SEND_B of s+1), as point-to-point libraries match
-messages in order, and the pair becomes a dependency if the schedule did not state it.
+A receive cannot complete before its matching send: a RECV_F pairs with the SEND_F of the
+same unit and microbatch (RECV_B with SEND_B), as the runtime tags its messages by both,
+and the pair becomes a dependency if the schedule did not state it.
 
 Time advances through a heap of (time, sequence, action) completion events; every start
 happens at the time of the event that enabled it, so the result does not depend on the
@@ -47,8 +47,8 @@ class Timing(NamedTuple):
 
 
 def p2p_pairs(schedule: Schedule) -> list[tuple[Action, Action]]:
-    """(send, recv) pairs, matched in order per stage boundary and direction (the flat
-    engine's pairing, `ratrain.sim.flat`, as actions)."""
+    """(send, recv) pairs, matched by unit and microbatch (the flat engine's pairing,
+    `ratrain.sim.flat`, as actions)."""
     acts = [a for stage in schedule.stages for a in stage]
     first = list(itertools.accumulate((len(st) for st in schedule.stages), initial=0))
     return [(acts[i], acts[j]) for i, j in sends_recvs(schedule, first)]

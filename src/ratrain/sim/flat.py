@@ -23,7 +23,7 @@ from ratrain.schedule.ir import _RESOURCE, Op, Resource, Schedule
 __all__ = ["Graph", "graph", "run_plain", "sends_recvs"]
 
 _GLOBAL = (Op.GRAD_NORM, Op.OVERFLOW)
-_PAIRS = ((Op.SEND_F, Op.RECV_F, 1), (Op.SEND_B, Op.RECV_B, -1))
+_PAIRS = ((Op.SEND_F, Op.RECV_F), (Op.SEND_B, Op.RECV_B))
 # `Action.resource` by op, for a membership test by identity hash in the hot paths.
 _COMPUTE_OPS = frozenset(op for op, r in _RESOURCE.items() if r is Resource.COMPUTE)
 
@@ -43,24 +43,37 @@ class Graph(NamedTuple):
 
 
 def sends_recvs(schedule: Schedule, first: list[int]) -> list[tuple[int, int]]:
-    """(send, recv) global ids (`first[s]`: stage s's first id), matched in order per stage
-    boundary and direction: every send needs a matching receive."""
+    """(send, recv) global ids (`first[s]`: stage s's first id): a send and the receive
+    that name the same unit and microbatch (the runtime tags each message by both), on
+    whichever stages they are. Every send needs a matching receive and every receive a
+    send."""
+    recvs: dict[tuple, int] = {}
+    recv_ops = {recv_op: send_op for send_op, recv_op in _PAIRS}
+    send_ops = {send_op: recv_op for send_op, recv_op in _PAIRS}
+    sends = []
+    for s, lst in enumerate(schedule.stages):
+        base = first[s]
+        for k, a in enumerate(lst):
+            op = a.op
+            if op in recv_ops:
+                recvs[(op, a.units, a.mb)] = base + k
+            elif op in send_ops:
+                sends.append((base + k, a))
     out = []
-    pp = schedule.pp
-    for send_op, recv_op, step in _PAIRS:
-        for s in range(pp):
-            peer = s + step
-            if not 0 <= peer < pp:
-                continue
-            fs, fp = first[s], first[peer]
-            sends = [fs + k for k, a in enumerate(schedule.stages[s]) if a.op is send_op]
-            recvs = [fp + k for k, a in enumerate(schedule.stages[peer]) if a.op is recv_op]
-            if len(sends) != len(recvs):
-                raise RatrainError(
-                    f"schedule: stage {s} has {len(sends)} {send_op.value} but stage {peer} has "
-                    f"{len(recvs)} {recv_op.value}; every send needs a matching receive"
-                )
-            out.extend(zip(sends, recvs, strict=True))
+    for i, a in sends:
+        j = recvs.pop((send_ops[a.op], a.units, a.mb), None)
+        if j is None:
+            raise RatrainError(
+                f"schedule: {a} has no {send_ops[a.op].value} of its unit and microbatch; "
+                "every send needs a matching receive"
+            )
+        out.append((i, j))
+    if recvs:
+        op, units, mb = next(iter(recvs))
+        raise RatrainError(
+            f"schedule: {op.value} of unit {units} microbatch {mb} has no "
+            f"{recv_ops[op].value}; every receive needs a matching send"
+        )
     return out
 
 

@@ -18,7 +18,7 @@ step saves).
 Metrics: at the end of each step every rank contributes (peak tensor bytes, peak RSS,
 step time, its microbatch losses) to one small all-gather, issued asynchronously and read
 at the end of the next step, so bookkeeping makes a rank wait only for ranks more than a
-step behind. The metrics rank (last stage, replica 0) turns it into the step's record: the
+step behind. The metrics rank (the stage that computes the loss, replica 0) turns it into the step's record: the
 global-batch loss summed in the reference trainer's order (replica-major), lr, grad norm,
 tokens/s, step time (the period between step ends), peak tensor bytes per rank (CUDA's
 allocator, or `LiveBytes` with `measure_memory`; else null) and peak RSS per rank; it
@@ -376,8 +376,9 @@ def job_variants(job: Job) -> list[tuple[str, dict]]:
     return [(kind, {"schedule": kind}) for kind in job.schedules or (job.plan.schedule,)]
 
 
-def _metrics_rank(grid: ParallelGrid) -> int:
-    return grid.rank_of(grid.pp - 1, 0)
+def _metrics_rank(grid: ParallelGrid, plan: Plan) -> int:
+    """Replica 0's rank of the stage that computes the loss (`Plan.head_stage`)."""
+    return grid.rank_of(plan.head_stage(), 0)
 
 
 def train_schedule(
@@ -393,7 +394,7 @@ def train_schedule(
     spec, cfg = job.spec, job.cfg
     schedule, batches = _lower(job, kind, plan)
     ev = _lower_eval(job, plan)
-    is_metrics = grid.rank == _metrics_rank(grid)
+    is_metrics = grid.rank == _metrics_rank(grid, plan)
     result = RunResult(kind)
     with PeakMemory(grid.device, job.measure_memory) as mem:
         model, resumed = _build_stage(grid, job, plan, mem, result)
@@ -417,7 +418,7 @@ def train_schedule(
         result.peak_bytes = mem.peak_bytes()
     result.losses = log.losses
     result.records = log.records
-    result.trace = _gather_trace(grid, rec, job, kind)
+    result.trace = _gather_trace(grid, rec, job, kind, plan)
     return result
 
 
@@ -620,11 +621,11 @@ def _barrier(grid: ParallelGrid) -> None:
         dist.barrier()
 
 
-def _gather_trace(grid: ParallelGrid, rec: Recorder, job: Job, kind: str) -> list[dict]:
+def _gather_trace(grid: ParallelGrid, rec: Recorder, job: Job, kind: str, plan: Plan) -> list[dict]:
     if not job.trace_steps:
         return []
     mine = rec.records() if grid.replica == 0 else []
-    dst = _metrics_rank(grid)
+    dst = _metrics_rank(grid, plan)
     gathered: list | None = [None] * grid.world_size if grid.rank == dst else None
     if grid.world_size > 1:
         dist.gather_object(mine, gathered, dst=dst)

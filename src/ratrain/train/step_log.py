@@ -94,7 +94,7 @@ class StepLog:
             return
         loss_sum = 0.0
         for r in range(self.plan.dp):  # replica-major, microbatch order: the reference's sum
-            for v in table[self.grid.rank_of(self.plan.pp - 1, r), 4:].tolist():
+            for v in table[self.grid.rank_of(self.plan.head_stage(), r), 4:].tolist():
                 loss_sum += v
         loss = loss_sum / (self.plan.dp * self.m)
         rss = [int(p) for p in table[:, 1].tolist()]

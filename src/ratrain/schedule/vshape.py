@@ -1,0 +1,154 @@
+"""ZB-V: the zero-bubble pass order on a V-shaped placement (Qi et al., ICLR 2024, "Zero
+Bubble Pipeline Parallelism", §6; the placement of DualPipeV), at layer granularity.
+
+Pure Python (no torch). The model is cut into 2p chunks (``plan.layer_split`` gives
+their blocks); stage s holds chunks s and 2p - 1 - s (`Plan.stage_chunks`). A microbatch's
+forward runs down the stages through chunks 0..p-1 and back up through p..2p-1, so stage 0
+holds both the embedding and the head, and the loss's gradient starts where the forward
+started: the backward runs the V the other way. Stage p - 1 holds chunks p - 1 and p,
+which touch: what passes between them stays on the stage.
+
+Each backward is split as under zb-h1 (`ratrain.schedule.zerobubble`): per chunk and
+microbatch an input-gradient pass (RECV_B where the next unit is on another stage,
+B_IN over the chunk's units in reverse, SEND_B where the previous unit is on another stage)
+and a deferrable weight pass (B_W in reverse, each after its B_IN only).
+
+The pass order of every stage comes from one list scheduling of the passes
+(`pass_orders`), with the ZB paper's heuristics in its priorities: each time a stage is
+free it runs, of the passes whose inputs have arrived,
+
+1. an input-gradient pass (the critical path; the lowest microbatch, then the later
+   chunk, whose gradient the earlier one waits for);
+2. else a forward pass, while the stage holds fewer than `inflight_limit` (chunk,
+   microbatch) pairs whose forward ran and whose weight pass did not (the later chunk
+   first: a microbatch reaches its loss sooner);
+3. else the oldest deferred weight pass, which so fills what would be a bubble.
+
+Each pass is timed by `pass_weights`, the FLOPs of its units (`ratrain.models.counts`;
+assumed: B_IN and B_W each half the backward's), so that the order is the model's and the
+plan's alone, the same for the simulator and the runtime on any platform. The limit is 2p, what 1F1B's stage 0
+holds in chunks of half a stage: the activation memory of 1F1B, the paper's ZB-V bound.
+A list schedule whose simulation runs to the end never deadlocks when run: every stage
+follows the order it simulated, and every pass waits only for what it waited for there.
+Where the limit starves the scheduler (no stage can run anything), it is raised by one
+until the schedule completes.
+"""
+
+from __future__ import annotations
+
+from ratrain.config import Plan
+from ratrain.models.counts import unit_bwd_flops, unit_fwd_flops
+from ratrain.models.spec import ModelSpec
+from ratrain.schedule.ir import Op, Schedule
+from ratrain.schedule.onef1b import build_chunk_passes
+
+__all__ = ["pass_orders", "inflight_limit", "pass_weights", "build_v"]
+
+
+def inflight_limit(pp: int) -> int:
+    """(chunk, microbatch) pairs a stage may hold between their F and their last B_W."""
+    return 2 * pp
+
+
+def pass_weights(spec: ModelSpec, plan: Plan, units: range) -> tuple[float, float, float]:
+    """The scheduler's times of a chunk's F, B_IN and B_W passes: its units' FLOPs per
+    microbatch, in units of a block's forward (at least a hundredth: an embedding-only
+    chunk still takes a step)."""
+    mb, seq = plan.micro_batch, plan.seq
+    block = unit_fwd_flops(spec, 1, mb, seq)
+    f = sum(unit_fwd_flops(spec, u, mb, seq) for u in units) / block
+    b = sum(unit_bwd_flops(spec, u, mb, seq) for u in units) / block
+    return max(f, 0.01), max(b / 2, 0.01), max(b / 2, 0.01)
+
+
+def pass_orders(
+    pp: int, m: int, weights: list[tuple[float, float, float]], limit: int | None = None
+) -> list[list[tuple[Op, int, int]]]:
+    """Each stage's passes in order, as (Op.F, Op.B_IN or Op.B_W, chunk, microbatch), for
+    a V of 2pp chunks whose F, B_IN and B_W passes take `weights[chunk]` (see the module
+    docstring)."""
+    limit = inflight_limit(pp) if limit is None else limit
+    while True:
+        orders = _list_schedule(pp, m, weights, limit)
+        if orders is not None:
+            return orders
+        limit += 1
+
+
+_KIND = {Op.F: 0, Op.B_IN: 1, Op.B_W: 2}
+
+
+def _list_schedule(
+    pp: int, m: int, weights: list[tuple[float, float, float]], limit: int
+) -> list[list[tuple[Op, int, int]]] | None:
+    n_chunks = 2 * pp
+    stage_of = [c if c < pp else n_chunks - 1 - c for c in range(n_chunks)]
+    chunks_of = [[c for c in range(n_chunks) if stage_of[c] == s] for s in range(pp)]
+    inf = float("inf")
+    f_end: dict[tuple[int, int], float] = {}
+    bi_end: dict[tuple[int, int], float] = {}
+    next_f, next_bi = [0] * n_chunks, [0] * n_chunks
+    pending_w: list[list[tuple[float, int, int]]] = [[] for _ in range(pp)]  # (ready, c, mb)
+    inflight, free = [0] * pp, [0.0] * pp
+    orders: list[list[tuple[Op, int, int]]] = [[] for _ in range(pp)]
+    left = 3 * n_chunks * m
+
+    def candidates(s: int) -> list[tuple[float, int, tuple[Op, int, int]]]:
+        """(ready time, priority, pass) of the passes stage s could run next."""
+        out = []
+        for c in chunks_of[s]:
+            mb = next_bi[c]
+            if mb < next_f[c]:
+                ready = f_end[(c, mb)] if c == n_chunks - 1 else bi_end.get((c + 1, mb), inf)
+                if ready < inf:
+                    out.append((ready, (0, mb, -c), (Op.B_IN, c, mb)))
+            mb = next_f[c]
+            if mb < m and inflight[s] < limit:
+                ready = 0.0 if c == 0 else f_end.get((c - 1, mb), inf)
+                if ready < inf:
+                    out.append((ready, (1, -c, mb), (Op.F, c, mb)))
+        if pending_w[s]:
+            ready, c, mb = pending_w[s][0]
+            out.append((ready, (2, 0, 0), (Op.B_W, c, mb)))
+        return out
+
+    while left:
+        best = None  # (decision time, stage, pass)
+        for s in range(pp):
+            cands = candidates(s)
+            if not cands:
+                continue
+            t = max(free[s], min(r for r, _, _ in cands))
+            pick = min((prio, p) for r, prio, p in cands if r <= t)[1]
+            if best is None or t < best[0]:
+                best = (t, s, pick)
+        if best is None:
+            return None  # every stage waits on another: the limit starves the schedule
+        t, s, (op, c, mb) = best
+        end = t + weights[c][_KIND[op]]
+        free[s] = end
+        orders[s].append((op, c, mb))
+        left -= 1
+        if op is Op.F:
+            f_end[(c, mb)] = end
+            next_f[c] += 1
+            inflight[s] += 1
+        elif op is Op.B_IN:
+            bi_end[(c, mb)] = end
+            next_bi[c] += 1
+            pending_w[s].append((end, c, mb))
+        else:
+            pending_w[s].pop(0)
+            inflight[s] -= 1
+    return orders
+
+
+def build_v(spec: ModelSpec, plan: Plan, kind: str) -> Schedule:
+    """Compute and stage-boundary transfers of one ZB-V step, with their dependencies
+    (`ratrain.schedule.onef1b.build_chunk_passes` in `pass_orders`' order)."""
+    n_chunks = 2 * plan.pp
+    weights = [pass_weights(spec, plan, plan.chunk_units(spec, c)) for c in range(n_chunks)]
+    orders = pass_orders(plan.pp, plan.microbatches, weights)
+    sch = build_chunk_passes(spec, plan, kind, orders)
+    sch.meta["pipeline"] = plan.pipeline
+    return sch

@@ -1,0 +1,257 @@
+"""ZB-V (`pipeline: zb-v`, `ratrain.schedule.vshape`): two chunks per stage in a V, the
+loss on stage 0. The plan's chunks and units, the list-scheduled pass order (checked by
+the checker, replayed by the ledger, timed by the simulator with equal pass times), the
+transfers both ways between neighbours, and the runtime against Baseline-1F1B (fp32 bit
+for bit, bf16 and fp16, recompute, transient sharded views, four stages, evaluation)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from pathlib import Path
+
+import pytest
+
+from ratrain.config import Plan, TrainConfig
+from ratrain.errors import RatrainError
+from ratrain.memory import replay
+from ratrain.models.presets import get_preset
+from ratrain.models.spec import ModelSpec
+from ratrain.schedule import build_eval_schedule, build_schedule, check_schedule
+from ratrain.schedule.ir import Op
+from ratrain.schedule.vshape import inflight_limit, pass_orders
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_zero_bubble import _idle  # noqa: E402  (equal F/B_in/B_w times per block)
+
+SPEC8 = ModelSpec("eight", 8, 256, 4, 4, 512, 1000, max_seq=64)
+# A head and an embedding of next to no FLOPs: the scheduler's pass weights
+# (`pass_weights`, FLOPs) are then the equal per-block times the simulator is given.
+THIN_HEAD = dataclasses.replace(SPEC8, vocab=8)
+
+
+def _plan(pp, m, pipeline="zb-v", **kw):
+    base = dict(pp=pp, dp=2, micro_batch=1, global_batch=2 * m, seq=64, pipeline=pipeline)
+    return Plan(**{**base, **kw})
+
+
+# -- the plan ------------------------------------------------------------------------------
+def test_a_v_places_chunk_s_and_2p_minus_1_minus_s_on_stage_s():
+    plan = _plan(4, 8)
+    assert plan.chunks == 2 and plan.blocks_per_chunk(SPEC8) == (1,) * 8
+    assert [plan.stage_of_chunk(c) for c in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert tuple(plan.stage_units(SPEC8, 0)) == (0, 1, 8, 9)  # embedding, block 1, 8, head
+    assert tuple(plan.stage_units(SPEC8, 3)) == (4, 5)  # the tip: two chunks that touch
+    assert plan.blocks_per_stage(SPEC8) == (2, 2, 2, 2)
+    assert plan.head_stage() == 0 and _plan(4, 8, "zb-h1").head_stage() == 3
+    owner = plan.stage_of_unit(SPEC8)
+    assert sorted(owner) == list(range(10)) and owner[9] == 0
+    split = _plan(2, 8, layer_split=(1, 3, 3, 1))
+    assert [tuple(split.chunk_units(SPEC8, c)) for c in range(4)] == [
+        (0, 1),
+        (2, 3, 4),
+        (5, 6, 7),
+        (8, 9),
+    ]
+    assert split.recompute_of(SPEC8, 0, 8) == "none"
+    first = _plan(2, 8, layer_split=(1, 3, 3, 1), recompute="first:2")
+    assert [first.recompute_of(SPEC8, 0, u) for u in (1, 8)] == ["full", "full"]
+
+
+def test_bad_v_splits_are_refused_in_one_line():
+    with pytest.raises(RatrainError, match=r"give one count per chunk \(4\)") as e:
+        _plan(2, 8, layer_split=(4, 4))
+    assert "\n" not in str(e.value)
+    with pytest.raises(RatrainError, match="16 chunks, more than eight's 8 layers; use pp <= 4"):
+        _plan(8, 8).blocks_per_chunk(SPEC8)
+    with pytest.raises(RatrainError, match="does not support offload_activations"):
+        build_schedule(SPEC8, _plan(2, 8, offload_activations=True, schedule="ratrain"))
+
+
+# -- the schedule ----------------------------------------------------------------------------
+@pytest.mark.parametrize("schedule", ["baseline", "gpu-style", "ratrain"])
+@pytest.mark.parametrize("pp, m", [(1, 4), (2, 1), (2, 4), (2, 8), (4, 3), (4, 8)])
+def test_checker_accepts_zb_v(schedule, pp, m):
+    plan = _plan(pp, m, schedule=schedule)
+    sch = build_schedule(SPEC8, plan)
+    check_schedule(sch, SPEC8, plan)
+    assert sch.meta["pipeline"] == "zb-v"
+    assert sorted(u for us in sch.meta["stage_units"] for u in us) == list(range(10))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(sync_bucket_bytes=2**20),
+        dict(shard_optimizer=True, compute_dtype="bf16"),
+        dict(compute_dtype="fp16", recompute="full"),
+        dict(recompute="selective", view_policy="transient", compute_dtype="bf16"),
+    ],
+)
+def test_checker_accepts_zb_v_with_the_lifecycle_options(kw):
+    plan = _plan(4, 8, schedule="ratrain", **kw)
+    check_schedule(build_schedule(SPEC8, plan), SPEC8, plan)
+
+
+def test_neighbours_exchange_activations_and_gradients_both_ways():
+    """Stage 0 sends chunk 0's output down and receives chunk 3's input back up from stage
+    1; no transfer crosses the tip (stage 1's chunks 1 and 2 touch)."""
+    plan = _plan(2, 2, layer_split=(1, 3, 3, 1))
+    sch = build_schedule(SPEC8, plan)
+    s0 = {(a.op, a.unit) for a in sch.stages[0] if a.op.value.startswith(("SEND", "RECV"))}
+    assert s0 == {
+        (Op.SEND_F, 1),  # block 1 -> block 2 on stage 1
+        (Op.RECV_F, 7),  # block 7 (stage 1) -> block 8
+        (Op.SEND_B, 8),  # block 8's input gradient -> block 7
+        (Op.RECV_B, 2),  # block 2's input gradient -> block 1
+    }
+    s1 = {a.unit for a in sch.stages[1] if a.op.value.startswith(("SEND", "RECV"))}
+    assert s1 == {1, 2, 7, 8}
+
+
+def test_every_pass_order_respects_the_in_flight_limit():
+    for pp, m in ((2, 8), (4, 8), (4, 16), (3, 5)):
+        for s, order in enumerate(pass_orders(pp, m, [(1.0, 1.0, 1.0)] * (2 * pp))):
+            held = peak = 0
+            for op, _, _ in order:
+                held += (op is Op.F) - (op is Op.B_W)
+                peak = max(peak, held)
+            assert peak <= inflight_limit(pp), (pp, m, s)
+            assert len(order) == 3 * 2 * m  # F, B_IN, B_W of each of its two chunks
+
+
+@pytest.mark.parametrize("pp, m", [(2, 4), (2, 8), (4, 4), (4, 8), (4, 16)])
+def test_zb_v_idles_less_than_zb_h1_with_equal_pass_times(pp, m):
+    """Equal F, B_in and B_w times per block (half a stage per chunk): ZB-V idles less
+    than ZB-H1 at no greater step time; e.g. pp=4, m=8: 4 s against 6 s and 1F1B's 18 s."""
+    idle = {p: _idle(THIN_HEAD, _plan(pp, m, p))[0] for p in ("1f1b", "zb-h1", "zb-v")}
+    assert idle["zb-v"] < idle["zb-h1"] < idle["1f1b"]
+    assert idle["zb-v"] <= 0.25 * idle["1f1b"]
+
+
+@pytest.mark.parametrize("pp, m", [(2, 8), (4, 8)])
+def test_zb_v_ledger_peak_near_1f1b(pp, m):
+    """Stage 0 holds the head's and the embedding's chunks: its peak is within 10% of
+    1F1B's (llama2-7b at 4k tokens: 5.8% over at pp=4, 4.0% at pp=2)."""
+    spec = get_preset("llama2-7b")
+    peaks = {}
+    for pipe in ("1f1b", "zb-v"):
+        plan = _plan(pp, m, pipe, seq=4096)
+        peaks[pipe] = max(
+            s.peak_bytes for s in replay(build_schedule(spec, plan), spec, plan).stages
+        )
+    assert peaks["zb-v"] <= 1.10 * peaks["1f1b"]
+
+
+def test_eval_schedule_of_a_v_is_checked():
+    plan = _plan(2, 4)
+    sch = build_eval_schedule(SPEC8, plan, 3)
+    check_schedule(sch, SPEC8, plan)
+    assert sum(a.op is Op.F for a in sch.actions()) == 3 * 10
+
+
+# -- the runtime -----------------------------------------------------------------------------
+TINY = get_preset("tiny")
+RUNTIME_PLAN = Plan(
+    pp=2, dp=2, micro_batch=1, global_batch=8, seq=16, compute_dtype="fp32", model="tiny"
+)
+
+
+def _losses(spec, plan, variants, steps=3, **cfg_kw):
+    import _runtime as harness
+    from ratrain.train.reference import ReferenceTrainer
+
+    cfg = TrainConfig(steps=steps, warmup_steps=1, **cfg_kw)
+    res = harness.run(spec, plan, cfg, variants, timeout_s=60, deadline_s=240)
+    out = {name: harness.losses(res, name) for name, _ in variants}
+    ref = None
+    if plan.compute_dtype == "fp32":
+        ref = ReferenceTrainer(spec, plan, cfg, harness.source(spec, plan, cfg)()).train()
+    return out, ref
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_runtime_zb_v_equals_baseline_1f1b_bitwise_fp32():
+    """pp=2 x dp=2: every lowering, per-bucket syncs, ZeRO-1, the fused loss and full
+    recompute give Baseline-1F1B's losses bit for bit, and the reference's within 1e-5."""
+    pytest.importorskip("torch")
+    v = {
+        "baseline": {"schedule": "baseline"},
+        "gpu-style": {"schedule": "gpu-style"},
+        "ratrain": {"schedule": "ratrain"},
+        "buckets": {"schedule": "ratrain", "sync_bucket_bytes": 2**16},
+        "zero1": {"schedule": "ratrain", "shard_optimizer": True},
+        "recompute": {"schedule": "ratrain", "recompute": "full"},
+        "chunked-loss": {"schedule": "ratrain", "loss_chunk_tokens": 8},
+    }
+    variants = [("1f1b", {"schedule": "baseline"})]
+    variants += [("1f1b-chunked-loss", {"schedule": "baseline", "loss_chunk_tokens": 8})]
+    variants += [(f"v-{k}", {**kw, "pipeline": "zb-v"}) for k, kw in v.items()]
+    out, ref = _losses(TINY, RUNTIME_PLAN, variants, steps=4)
+    assert out["1f1b"][-1] < out["1f1b"][0]
+    for name in v:
+        want = out["1f1b-chunked-loss"] if "chunked" in name else out["1f1b"]
+        assert out[f"v-{name}"] == want, name
+    assert max(abs(a - b) / abs(b) for a, b in zip(out["v-ratrain"], ref, strict=True)) <= 1e-5
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_runtime_zb_v_half_precision_equals_1f1b(dtype):
+    """bf16 with transient views all-gathered from ZeRO-1 shards and selective recompute;
+    fp16 with a loss scale that overflows at first (the same skipped steps)."""
+    pytest.importorskip("torch")
+    kw = dict(compute_dtype=dtype)
+    if dtype == "bf16":
+        kw.update(view_policy="transient", view_lookahead=2, shard_optimizer=True)
+        kw.update(recompute="selective")
+    plan = RUNTIME_PLAN.replace(**kw)
+    variants = [("1f1b", {"schedule": "baseline"}), ("v", {"pipeline": "zb-v"})]
+    out, _ = _losses(TINY, plan, variants, steps=4, loss_scale_init=2.0**20)
+    assert out["v"] == out["1f1b"]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_runtime_zb_v_four_stages_equals_1f1b():
+    """Four stages of an eight-block model (eight chunks), an even and an uneven chunk
+    split with recompute: Baseline-1F1B's losses bit for bit, the reference's to 1e-5."""
+    pytest.importorskip("torch")
+    spec = dataclasses.replace(TINY, name="tiny-8", n_layers=8)
+    plan = RUNTIME_PLAN.replace(pp=4, dp=1, model=None, recompute="none")
+    variants = [
+        ("1f1b", {"schedule": "baseline"}),
+        ("v", {"pipeline": "zb-v"}),
+        ("v-split", {"pipeline": "zb-v", "layer_split": (0, 2, 1, 1, 1, 1, 2, 0)}),
+        ("v-recompute", {"pipeline": "zb-v", "schedule": "gpu-style", "recompute": "full"}),
+    ]
+    out, ref = _losses(spec, plan, variants)
+    for name in ("v", "v-split", "v-recompute"):
+        assert out[name] == out["1f1b"], name
+    assert max(abs(a - b) / abs(b) for a, b in zip(out["v"], ref, strict=True)) <= 1e-5
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_runtime_zb_v_evaluates_as_1f1b():
+    """The held-out loss through a V (the loss on stage 0) equals 1F1B's plan's, and
+    evaluating leaves training unchanged."""
+    pytest.importorskip("torch")
+    import _runtime as harness
+    from ratrain.train.job import held_out_source, run_job
+
+    cfg = TrainConfig(steps=2, warmup_steps=1)
+    evals = {}
+    for pipe in ("1f1b", "zb-v"):
+        plan = RUNTIME_PLAN.replace(pipeline=pipe)
+        job = harness.job(TINY, plan, cfg, [("run", {})], timeout_s=60, deadline_s=240)
+        src = functools.partial(held_out_source, "synthetic", TINY, plan.seq, cfg.seed)
+        job = dataclasses.replace(job, eval_every=1, eval_source=src)
+        results = run_job(job)
+        got = {tuple(r.runs["run"].evals) for r in results}
+        assert len(got) == 1  # every rank got the same held-out losses
+        evals[pipe] = (got.pop(), harness.losses(results, "run"))
+    assert evals["zb-v"] == evals["1f1b"]
