@@ -2,12 +2,12 @@
 
     python benchmarks/runtime_vs_peers.py [--quick] [--json out.json] [--layouts 2x1,2x2]
         [--repeats 3] [--steps 6] [--warmup 2]
-        [--systems ratrain,ratrain-plan,ratrain-zb,ratrain-zb2,ratrain-zbv,torch-1f1b,
+        [--systems ratrain,ratrain-plan,ratrain-zb,ratrain-zb2,ratrain-zbv,ratrain-1f1bv,torch-1f1b,
                    torch-interleaved-1f1b,torch-izb,
                    torch-zbv,torch-dualpipev,deepspeed (the default)]
         [--compile | --no-compile] [--loss-chunk-tokens 256] [--platform FILE]
         [--malloc-mmap-threshold 131072 (ratrain-lowrss's)]
-        [--model bench-512] [--ratrain-split planner|same|even|balanced|5,3]
+        [--model bench-512] [--ratrain-split planner|same|even|balanced|5,3] [--v-split 2,2,2,2]
         [--layer-split even|balanced|4,4] [--no-peers-on-ratrain-split]
 
 The job (issue 12): a LLaMA with 8 layers, hidden 512, 8 heads, ffn 1376, vocab 8192;
@@ -21,10 +21,10 @@ that plan as `ratrain train --plan` runs it, compile off; reported with the plan
 predicted tokens/s),
 `ratrain-eager` (no compile, plain loss: the runtime before these two),
 `ratrain-compiled` (`ratrain` with compile forced on, to measure compile),
-`ratrain-zb`, `ratrain-zb2` and `ratrain-zbv` (`ratrain` with a zero-bubble pass order,
-`--pipeline zb-h1`, `zb-h2` and `zb-v`, each on the split the planner picks for it (zb-v:
-blocks per chunk, two chunks per rank in a V); when the runtime refuses it, reported as
-"skipped: <its one-line refusal>"),
+`ratrain-zb`, `ratrain-zb2`, `ratrain-zbv` and `ratrain-1f1bv` (`ratrain` with another
+pass order, `--pipeline zb-h1`, `zb-h2`, `zb-v` and `1f1b-v`, each on the split the
+planner picks for it (the V's: blocks per chunk, two chunks per rank in a V); when the
+runtime refuses it, reported as "skipped: <its one-line refusal>"),
 `ratrain-tcmalloc`, `ratrain-jemalloc`, `ratrain-malloc` (`ratrain` with its ranks on that
 host allocator, `--host-allocator`; skipped when it is not installed: `ratrain` itself
 runs on `auto`, the first of tcmalloc, jemalloc found, else glibc's malloc),
@@ -122,7 +122,12 @@ _DEADLINE_S = 3600.0
 HOST_SYSTEMS = {f"ratrain-{a}": a for a in ("tcmalloc", "jemalloc", "malloc")}
 """`ratrain` on each host allocator (`--host-allocator`)."""
 
-ZB_SYSTEMS = {"ratrain-zb": "zb-h1", "ratrain-zb2": "zb-h2", "ratrain-zbv": "zb-v"}
+ZB_SYSTEMS = {
+    "ratrain-zb": "zb-h1",
+    "ratrain-zb2": "zb-h2",
+    "ratrain-zbv": "zb-v",
+    "ratrain-1f1bv": "1f1b-v",
+}
 """`ratrain` with a zero-bubble pass order (`--pipeline`), on the split the planner picks
 for it."""
 
@@ -383,6 +388,8 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
                 zb_split[s] = v_splits(spec, plan.pp)[0]
             if a.ratrain_split == "planner":  # its own planned split
                 zb_split[s] = planner_split(spec, plan, a.split_platform, pipe)
+            if pipe in V_PIPELINES and a.v_split:
+                zb_split[s] = tuple(int(x) for x in a.v_split.split(","))
     zb_note = "".join(f", {s} {_fmt(x)}" for s, x in zb_split.items() if x != own.layer_split)
     print(f"  split: ratrain {_fmt(own_split)}{zb_note}, peers {_fmt(peer_split)}", flush=True)
     plans = {s: own if s.startswith("ratrain") else plan for s in systems}
@@ -631,6 +638,12 @@ def main() -> None:
         default="planner",
         help="ratrain's split: planner (what `ratrain plan` picks on --split-platform) | same "
         "(the peers') | even | balanced | blocks per stage, e.g. 5,3",
+    )
+    ap.add_argument(
+        "--v-split",
+        default=None,
+        help="the V systems' (ratrain-zbv, ratrain-1f1bv) blocks per chunk, 2 x pp counts "
+        "(e.g. 2,2,2,2); default: as --ratrain-split says (planner: the planner's V split)",
     )
     ap.add_argument("--split-platform", default="cpu-local", help="the planner's platform")
     ap.add_argument(

@@ -1,5 +1,5 @@
-"""ZB-V (`pipeline: zb-v`, `ratrain.schedule.vshape`): two chunks per stage in a V, the
-loss on stage 0. The plan's chunks and units, the list-scheduled pass order (checked by
+"""ZB-V and 1F1B-V (`pipeline: zb-v | 1f1b-v`, `ratrain.schedule.vshape`): two chunks per
+stage in a V, the loss on stage 0. The plan's chunks and units, the list-scheduled pass order (checked by
 the checker, replayed by the ledger, timed by the simulator with equal pass times), the
 transfers both ways between neighbours, and the runtime against Baseline-1F1B (fp32 bit
 for bit, bf16 and fp16, recompute, transient sharded views, four stages, evaluation)."""
@@ -65,18 +65,23 @@ def test_bad_v_splits_are_refused_in_one_line():
     assert "\n" not in str(e.value)
     with pytest.raises(RatrainError, match="16 chunks, more than eight's 8 layers; use pp <= 4"):
         _plan(8, 8).blocks_per_chunk(SPEC8)
-    with pytest.raises(RatrainError, match="does not support offload_activations"):
-        build_schedule(SPEC8, _plan(2, 8, offload_activations=True, schedule="ratrain"))
+    for pipeline in ("zb-v", "1f1b-v"):
+        plan = _plan(2, 8, pipeline, offload_activations=True, schedule="ratrain")
+        with pytest.raises(RatrainError, match=f"pipeline {pipeline} does not support offload"):
+            build_schedule(SPEC8, plan)
 
 
 # -- the schedule ----------------------------------------------------------------------------
+@pytest.mark.parametrize("pipeline", ["zb-v", "1f1b-v"])
 @pytest.mark.parametrize("schedule", ["baseline", "gpu-style", "ratrain"])
 @pytest.mark.parametrize("pp, m", [(1, 4), (2, 1), (2, 4), (2, 8), (4, 3), (4, 8)])
-def test_checker_accepts_zb_v(schedule, pp, m):
-    plan = _plan(pp, m, schedule=schedule)
+def test_checker_accepts_the_v_pipelines(pipeline, schedule, pp, m):
+    plan = _plan(pp, m, pipeline, schedule=schedule)
     sch = build_schedule(SPEC8, plan)
     check_schedule(sch, SPEC8, plan)
-    assert sch.meta["pipeline"] == "zb-v"
+    assert sch.meta["pipeline"] == pipeline
+    ops = {a.op for a in sch.actions()}
+    assert (Op.B_IN in ops, Op.B in ops) == ((True, False) if pipeline == "zb-v" else (False, True))
     assert sorted(u for us in sch.meta["stage_units"] for u in us) == list(range(10))
 
 
@@ -89,9 +94,10 @@ def test_checker_accepts_zb_v(schedule, pp, m):
         dict(recompute="selective", view_policy="transient", compute_dtype="bf16"),
     ],
 )
-def test_checker_accepts_zb_v_with_the_lifecycle_options(kw):
-    plan = _plan(4, 8, schedule="ratrain", **kw)
-    check_schedule(build_schedule(SPEC8, plan), SPEC8, plan)
+def test_checker_accepts_the_v_pipelines_with_the_lifecycle_options(kw):
+    for pipeline in ("zb-v", "1f1b-v"):
+        plan = _plan(4, 8, pipeline, schedule="ratrain", **kw)
+        check_schedule(build_schedule(SPEC8, plan), SPEC8, plan)
 
 
 def test_neighbours_exchange_activations_and_gradients_both_ways():
@@ -110,24 +116,30 @@ def test_neighbours_exchange_activations_and_gradients_both_ways():
     assert s1 == {1, 2, 7, 8}
 
 
-def test_every_pass_order_respects_the_in_flight_limit():
+@pytest.mark.parametrize("split", [True, False])
+def test_every_pass_order_respects_the_in_flight_limit(split):
     for pp, m in ((2, 8), (4, 8), (4, 16), (3, 5)):
-        for s, order in enumerate(pass_orders(pp, m, [(1.0, 1.0, 1.0)] * (2 * pp))):
+        orders = pass_orders(pp, m, [(1.0, 1.0, 1.0)] * (2 * pp), split=split)
+        for s, order in enumerate(orders):
             held = peak = 0
             for op, _, _ in order:
-                held += (op is Op.F) - (op is Op.B_W)
+                held += (op is Op.F) - (op is (Op.B_W if split else Op.B))
                 peak = max(peak, held)
-            assert peak <= inflight_limit(pp), (pp, m, s)
-            assert len(order) == 3 * 2 * m  # F, B_IN, B_W of each of its two chunks
+            assert peak <= inflight_limit(pp, split), (pp, m, s)
+            # F, B_IN, B_W (or F, B) of each microbatch of each of its two chunks
+            assert len(order) == (3 if split else 2) * 2 * m
 
 
 @pytest.mark.parametrize("pp, m", [(2, 4), (2, 8), (4, 4), (4, 8), (4, 16)])
 def test_zb_v_idles_less_than_zb_h1_with_equal_pass_times(pp, m):
     """Equal F, B_in and B_w times per block (half a stage per chunk): ZB-V idles less
     than ZB-H1 at no greater step time; e.g. pp=4, m=8: 4 s against 6 s and 1F1B's 18 s."""
-    idle = {p: _idle(THIN_HEAD, _plan(pp, m, p))[0] for p in ("1f1b", "zb-h1", "zb-v")}
+    pipes = ("1f1b", "zb-h1", "zb-v", "1f1b-v")
+    idle = {p: _idle(THIN_HEAD, _plan(pp, m, p))[0] for p in pipes}
     assert idle["zb-v"] < idle["zb-h1"] < idle["1f1b"]
     assert idle["zb-v"] <= 0.25 * idle["1f1b"]
+    if m >= 8:  # 1f1b-v: about interleaved 1F1B's, half of 1F1B's idle time
+        assert idle["1f1b-v"] <= 0.6 * idle["1f1b"]
 
 
 @pytest.mark.parametrize("pp, m", [(2, 8), (4, 8)])
@@ -189,11 +201,15 @@ def test_runtime_zb_v_equals_baseline_1f1b_bitwise_fp32():
     variants = [("1f1b", {"schedule": "baseline"})]
     variants += [("1f1b-chunked-loss", {"schedule": "baseline", "loss_chunk_tokens": 8})]
     variants += [(f"v-{k}", {**kw, "pipeline": "zb-v"}) for k, kw in v.items()]
+    unsplit = ("gpu-style", "ratrain", "zero1", "chunked-loss")
+    variants += [(f"1f1bv-{k}", {**v[k], "pipeline": "1f1b-v"}) for k in unsplit]
     out, ref = _losses(TINY, RUNTIME_PLAN, variants, steps=4)
     assert out["1f1b"][-1] < out["1f1b"][0]
     for name in v:
         want = out["1f1b-chunked-loss"] if "chunked" in name else out["1f1b"]
         assert out[f"v-{name}"] == want, name
+        if name in unsplit:
+            assert out[f"1f1bv-{name}"] == want, name
     assert max(abs(a - b) / abs(b) for a, b in zip(out["v-ratrain"], ref, strict=True)) <= 1e-5
 
 
@@ -227,9 +243,10 @@ def test_runtime_zb_v_four_stages_equals_1f1b():
         ("v", {"pipeline": "zb-v"}),
         ("v-split", {"pipeline": "zb-v", "layer_split": (0, 2, 1, 1, 1, 1, 2, 0)}),
         ("v-recompute", {"pipeline": "zb-v", "schedule": "gpu-style", "recompute": "full"}),
+        ("1f1bv", {"pipeline": "1f1b-v", "layer_split": (0, 2, 1, 1, 1, 1, 2, 0)}),
     ]
     out, ref = _losses(spec, plan, variants)
-    for name in ("v", "v-split", "v-recompute"):
+    for name in ("v", "v-split", "v-recompute", "1f1bv"):
         assert out[name] == out["1f1b"], name
     assert max(abs(a - b) / abs(b) for a, b in zip(out["v"], ref, strict=True)) <= 1e-5
 
@@ -255,3 +272,29 @@ def test_runtime_zb_v_evaluates_as_1f1b():
         assert len(got) == 1  # every rank got the same held-out losses
         evals[pipe] = (got.pop(), harness.losses(results, "run"))
     assert evals["zb-v"] == evals["1f1b"]
+
+
+# -- the planner ----------------------------------------------------------------------------
+def test_the_planner_tries_zb_v_on_its_best_structures():
+    """Pinned, the ranking is V plans alone, on `v_splits`' chunk splits, each timed as
+    `simulate` times it; unpinned, the same V plans are ranked with the rest (the best of
+    either is the best)."""
+    from ratrain.planner import search
+    from ratrain.planner.space import Request, v_splits
+    from ratrain.platforms import load
+    from ratrain.sim import simulate
+
+    spec, pf = get_preset("bench-512"), load("cpu-local")
+    pins = {"pp": 2, "dp": 1, "compute_dtype": "fp32", "clip_grad": None}
+    req = Request(spec, pf, 2, 16, 256, pins=pins, families=("ratrain",))
+    free = search(req, top=20)
+    pinned = search(req.with_(pins={**pins, "pipeline": "zb-v"}), top=20)
+    assert pinned.ranked and all(c.plan.pipeline == "zb-v" for c in pinned.ranked)
+    for c in pinned.ranked:
+        assert c.plan.layer_split in v_splits(spec, 2)
+        assert simulate(spec, c.plan, pf).tokens_per_s == pytest.approx(c.tokens_per_s)
+    best_v = pinned.ranked[0].tokens_per_s
+    others = [c.tokens_per_s for c in free.ranked if c.plan.pipeline != "zb-v"]
+    assert free.ranked[0].tokens_per_s == pytest.approx(max(best_v, max(others)))
+    one_chunk = search(req.with_(pins={**pins, "pipeline": "zb-h2"}), top=5)
+    assert all(c.plan.pipeline == "zb-h2" for c in one_chunk.ranked)

@@ -38,11 +38,11 @@ __all__ = [
 SCHEDULES = ("baseline", "gpu-style", "ratrain", "fsdp-pp")
 RECOMPUTE_POLICIES = ("none", "selective", "full")  # plus "first:K" (full on the first K blocks)
 DTYPES = ("fp32", "bf16", "fp16")
-PIPELINES = ("1f1b", "zb-h1", "zb-h2", "zb-v")
+PIPELINES = ("1f1b", "zb-h1", "zb-h2", "zb-v", "1f1b-v")
 SPLIT_PIPELINES = ("zb-h1", "zb-h2", "zb-v")
 """The pass orders that split each backward into B_IN and B_W (`ratrain.schedule.zerobubble`,
 `ratrain.schedule.vshape`)."""
-V_PIPELINES = ("zb-v",)
+V_PIPELINES = ("zb-v", "1f1b-v")
 """The pass orders with a V-shaped placement: each stage holds two chunks of the model
 (`ratrain.schedule.vshape`)."""
 PLANNED_ZB_PIPELINES = ("zb-h1", "zb-h2")
@@ -123,7 +123,8 @@ class Plan:
     """baseline | gpu-style | ratrain | fsdp-pp (needs shard_optimizer; see
     `ratrain.schedule.fsdp`)."""
     layer_split: tuple[int, ...] | None = None
-    """Transformer blocks per stage (first and last may be smaller); None: even split."""
+    """Transformer blocks per stage (first and last may be smaller; under zb-v, per chunk:
+    2 x pp counts, `Plan.chunk_units`); None: even split."""
     recompute: tuple[str, ...] | str = "none"
     """Per stage (or one for all): none | selective | full | first:K."""
     shard_optimizer: bool = False
@@ -153,14 +154,15 @@ class Plan:
     schedule (ratrain syncs and updates per bucket); 0: one bucket per unit. Unsharded
     optimizer only (sharded, each unit is reduce-scattered alone)."""
     pipeline: str = "1f1b"
-    """1f1b | zb-h1 | zb-h2 | zb-v: the per-stage pass order. The zero-bubble ones (Qi et al.
+    """1f1b | zb-h1 | zb-h2 | zb-v | 1f1b-v: the per-stage pass order. The zero-bubble ones (Qi et al.
     2024, "Zero Bubble Pipeline Parallelism", H1, H2 and V) split each backward into B_in
     and a deferred B_w (`ratrain.schedule.zerobubble`; the runtime's split backward is
     `ratrain.runtime.split_backward`): zb-h1 at 1F1B's activation memory, zb-h2 with up to
     twice its forwards in flight, to fill the bubble before each stage's first backward;
     zb-v places two chunks of the model on each stage in a V (stage s holds chunks s and
     2pp-1-s, so stage 0 holds the embedding and the head; `ratrain.schedule.vshape`), and
-    then layer_split gives 2 x pp counts, blocks per chunk."""
+    then layer_split gives 2 x pp counts, blocks per chunk; 1f1b-v is that placement with
+    each backward whole."""
     rank_layout: str = "pp-inner"
     """pp-inner | dp-inner: which global rank holds (stage, replica), consecutive ranks
     filling a node (`ratrain.ranks`): a pipeline's stages are neighbours (pp-inner), or a
@@ -289,12 +291,12 @@ class Plan:
 
     @property
     def chunks(self) -> int:
-        """Chunks of the model per stage: 2 under a V-shaped pipeline (zb-v), else 1."""
+        """Chunks of the model per stage: 2 under a V-shaped pipeline (zb-v, 1f1b-v), else 1."""
         return 2 if self.pipeline in V_PIPELINES else 1
 
     @property
     def split_backward(self) -> bool:
-        """Whether the pass order splits each backward into B_IN and B_W (zb-h1, zb-h2)."""
+        """Whether the pass order splits each backward into B_IN and B_W (zb-h1, zb-h2, zb-v)."""
         return self.pipeline in SPLIT_PIPELINES
 
     @property

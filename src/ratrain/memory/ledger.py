@@ -17,7 +17,7 @@ order and keeps the bytes of each class (`STATE_CLASSES`):
                  the B ends; OFFLOAD takes the bytes off the device, RELOAD brings them back.
                  In a forward-only schedule (an evaluation, `ratrain.schedule.eval`) only
                  while the F runs: under no_grad nothing is kept. A split backward
-                 (zb-h1, zb-h2): B_IN adds the linear layers' output gradients when it starts and
+                 (zb-h1, zb-h2, zb-v): B_IN adds the linear layers' output gradients when it starts and
                  at its end frees all but the linear layers' inputs; both (what B_W needs,
                  `weight_grad_bytes`: per block c·s·b·(3h + ffn) + c·s·b·(3h + 2kv + 2ffn))
                  live until the end of B_W

@@ -28,7 +28,7 @@ class Family:
     pipelines: tuple[str, ...] = ("1f1b",)
     """Pass orders (`Plan.pipeline`) searched where the pipeline has a bubble
     (`ratrain.planner.space.pipelines`); zb-h1 and zb-h2 only with the knobs they support;
-    zb-v on the structures of the best plans found (`ratrain.planner.search`)."""
+    zb-v and 1f1b-v on the structures of the best plans found (`ratrain.planner.search`)."""
 
 
 _ALL_VIEWS = (("persistent", 1), ("transient", 1), ("transient", 2))
@@ -47,7 +47,7 @@ FAMILIES: dict[str, Family] = {
             offload=(False, True),
             split_modes=(*_SPLITS, "memory"),
             # The baselines keep the 1F1B of the systems they stand for.
-            pipelines=("1f1b", "zb-h1", "zb-h2", "zb-v"),
+            pipelines=("1f1b", "zb-h1", "zb-h2", "zb-v", "1f1b-v"),
         ),
         Family(
             "gpu-style",

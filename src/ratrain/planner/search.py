@@ -19,6 +19,7 @@ Pure Python.
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -382,27 +383,33 @@ def search(
 
 
 V_TRIES = 3
-"""assumed: the ranked plans whose structures and knobs zb-v is tried on (`_v_pass`), each
-with `space.v_splits`' three nearest-balanced chunk splits: nine simulations at most."""
+"""assumed: the ranked plans whose structures and knobs the V-shaped pass orders are tried
+on (`_v_pass`), each with `space.v_splits`' three nearest-balanced chunk splits: eighteen
+simulations at most (zb-v and 1f1b-v)."""
 
 
 def _v_pass(req: Request, ev: Evaluator, best: _Top) -> _Top:
-    """zb-v (`ratrain.schedule.vshape`) on the structures and knobs of the `V_TRIES` best
-    plans whose family tries it, each with the chunk splits of `space.v_splits`: the V's
+    """zb-v and 1f1b-v (`ratrain.schedule.vshape`) on the structures and knobs of the
+    `V_TRIES` best plans whose family tries them, each with the chunk splits of `space.v_splits`: the V's
     plans that fit are ranked with the rest. (Not branch and bound: no bound of a V's step
     or memory is derived, so the search's gap, where it stops early, is over the plans
-    with one chunk per stage.) A pinned zb-v keeps only the V's plans."""
-    pinned = req.pins.get("pipeline") in V_PIPELINES
+    with one chunk per stage.) A pinned V keeps only its plans, another pinned pipeline
+    none of them."""
+    pin = req.pins.get("pipeline")
+    if pin is not None and pin not in V_PIPELINES:
+        return best
+    pinned = pin is not None
     out = _Top(best.k) if pinned else best
     for c in list(best.items[:V_TRIES]):
         fam, p = family_of(c.family), c.plan
-        if not set(V_PIPELINES) & set(fam.pipelines) or p.pp < 2 or p.offload_activations:
+        pipes = [pin] if pinned else [v for v in V_PIPELINES if v in fam.pipelines]
+        if not pipes or p.pp < 2 or p.offload_activations or p.schedule == "fsdp-pp":
             continue
-        if p.schedule == "fsdp-pp":
+        if "layer_split" in req.pins:
             continue
-        for split in v_splits(req.spec, p.pp):
-            plan = p.replace(pipeline=V_PIPELINES[0], layer_split=split)
-            if "layer_split" in req.pins or not ev.memory(plan).fits:
+        for pipe, split in itertools.product(pipes, v_splits(req.spec, p.pp)):
+            plan = p.replace(pipeline=pipe, layer_split=split)
+            if not ev.memory(plan).fits:
                 continue
             res = ev.simulate(plan)
             if res is not None:

@@ -4,7 +4,7 @@ Pure Python (no torch)::
 
     from ratrain.schedule import build_schedule, check_schedule
     sch = build_schedule(spec, plan)      # baseline | gpu-style | ratrain, per plan.schedule
-                                          # (plan.pipeline zb-h1/zb-h2: a split backward)
+                                          # (plan.pipeline zb-h1/zb-h2/zb-v: a split backward)
     check_schedule(sch, spec, plan)       # raises ScheduleError listing problems
     ev = build_eval_schedule(spec, plan, n)  # forward only: the held-out loss (no B, no UPD)
 """

@@ -26,7 +26,7 @@ _LOWERINGS = {
 @gc_paused()  # bulk building of acyclic data: see ratrain.gcpause
 def build_schedule(spec: ModelSpec, plan: Plan) -> Schedule:
     """One training step of `plan`, lowered as ``plan.schedule`` says (with ``plan.pipeline``
-    zb-h1 or zb-h2, a zero-bubble pass order, `ratrain.schedule.zerobubble`, which refuses in one line
+    zb-h1, zb-h2 or zb-v, a zero-bubble pass order, `ratrain.schedule.zerobubble`, which refuses in one line
     the features it does not support yet)."""
     plan.check_for(spec)
     refuse_unsupported(plan)

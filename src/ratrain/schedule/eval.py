@@ -4,7 +4,8 @@ pipeline, with no gradients and no state change.
 Pure Python (no torch). `build_eval_schedule(spec, plan, n)` is the forward passes of the
 1F1B step of `plan` over `n` microbatches per replica (`build_1f1b` with every backward
 pass left out): per stage, for mb = 0..n-1, ``RECV_F`` (s > 0), ``F(u, mb)`` over its
-units, ``SEND_F`` (s < p - 1). No B, RECOMPUTE, OFFLOAD/RELOAD, GRAD_SYNC, global check or
+units, ``SEND_F`` (s < p - 1); under zb-v, each stage's first chunk for every
+microbatch, then its second's (`build_chunk_passes`). No B, RECOMPUTE, OFFLOAD/RELOAD, GRAD_SYNC, global check or
 UPDATE. Views follow the training schedule's policy: persistent views are live between
 steps, so nothing is fetched; transient views (ratrain's ``view_policy="transient"``,
 fsdp-pp) are fetched ``view_lookahead`` uses ahead of each F and dropped after it

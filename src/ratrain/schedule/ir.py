@@ -42,6 +42,12 @@ runs): each stage walks its list in order with one issuing thread.
   precedes the B_IN (the first pass that needs the activations). With offload, what B_IN
   keeps for a deferred B_W moves too: OFFLOAD(u, mb)#1 after B_IN, RELOAD(u, mb)#1 before
   B_W (`WEIGHT_VISIT`).
+- Transfers are named by the unit whose output (SEND_F / RECV_F) or whose input gradient
+  (SEND_B / RECV_B) crosses the boundary, the same unit on both sides; the receiver is the
+  stage that owns the next unit (forward) or the previous one (backward). A send pairs
+  with the receive of its unit and microbatch (the runtime tags its messages by both), so
+  a stage may hold several chunks of the model and exchange with a neighbour both ways
+  (``pipeline: zb-v``, `ratrain.schedule.vshape`: stage s holds chunks s and 2pp-1-s).
 - Global reductions (NORM, OVF) are one collective over all stages (and DP replicas):
   each stage's instance starts when every stage's instance has been issued and its deps
   have completed.

@@ -46,7 +46,8 @@ What the simulator needs to cost an action:
   each sync bucket as one flat buffer (one collective), which is what keeps the schedules'
   sums identical.
 
-Zero bubble (``plan.pipeline`` zb-h1 or zb-h2, `ratrain.schedule.zerobubble`): the same
+Zero bubble (``plan.pipeline`` zb-h1, zb-h2, `ratrain.schedule.zerobubble`, or zb-v,
+`ratrain.schedule.vshape`, two chunks per stage in a V): the same
 three lowerings over the zero-bubble pass order, whose backward is B_IN then a deferred B_W per (unit, mb); every
 rule above keyed on "the last B" of a unit reads "the last B_W" (the gradient is complete
 only then): GRAD_SYNC after it, UPDATE and the refresh VIEW_FETCH after the sync as above.
@@ -101,13 +102,13 @@ _SCALAR_BYTES = 4  # fp32 partial norm / overflow flag per stage
 
 
 def _last_bs(s: int, units, m: int, op: Op = Op.B) -> list[Action]:
-    """The last microbatch's B of each unit (B_W under zb-h1/zb-h2: it ends the gradient)."""
+    """The last microbatch's B of each unit (B_W under a split backward: it ends the gradient)."""
     return [Action(op, s, (u,), m - 1) for u in units]
 
 
 def _grad_op(plan: Plan) -> Op:
     """The action that ends a unit's gradient of a microbatch: B, or B_W under a split
-    backward (zb-h1, zb-h2)."""
+    backward (zb-h1, zb-h2, zb-v)."""
     return Op.B_W if plan.split_backward else Op.B
 
 

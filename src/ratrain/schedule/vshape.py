@@ -45,9 +45,12 @@ from ratrain.schedule.onef1b import build_chunk_passes
 __all__ = ["pass_orders", "inflight_limit", "pass_weights", "build_v"]
 
 
-def inflight_limit(pp: int) -> int:
-    """(chunk, microbatch) pairs a stage may hold between their F and their last B_W."""
-    return 2 * pp
+def inflight_limit(pp: int, split: bool = True) -> int:
+    """(chunk, microbatch) pairs a stage may hold between their F and their last B_W (or
+    their B): 2pp under zb-v, 1F1B's stage 0; 3pp under 1f1b-v (assumed: with equal pass
+    times its step then matches interleaved 1F1B's, (p - 1)(F + B)/2 idle per stage, as
+    Megatron's interleaving also holds more than 1F1B; at 2pp it idles a third more)."""
+    return 2 * pp if split else 3 * pp
 
 
 def pass_weights(spec: ModelSpec, plan: Plan, units: range) -> tuple[float, float, float]:
@@ -62,24 +65,29 @@ def pass_weights(spec: ModelSpec, plan: Plan, units: range) -> tuple[float, floa
 
 
 def pass_orders(
-    pp: int, m: int, weights: list[tuple[float, float, float]], limit: int | None = None
+    pp: int,
+    m: int,
+    weights: list[tuple[float, float, float]],
+    limit: int | None = None,
+    split: bool = True,
 ) -> list[list[tuple[Op, int, int]]]:
     """Each stage's passes in order, as (Op.F, Op.B_IN or Op.B_W, chunk, microbatch), for
     a V of 2pp chunks whose F, B_IN and B_W passes take `weights[chunk]` (see the module
-    docstring)."""
-    limit = inflight_limit(pp) if limit is None else limit
+    docstring); with `split` False (1f1b-v), (Op.F or Op.B, chunk, microbatch), a B
+    taking B_IN's and B_W's time together."""
+    limit = inflight_limit(pp, split) if limit is None else limit
     while True:
-        orders = _list_schedule(pp, m, weights, limit)
+        orders = _list_schedule(pp, m, weights, limit, split)
         if orders is not None:
             return orders
         limit += 1
 
 
-_KIND = {Op.F: 0, Op.B_IN: 1, Op.B_W: 2}
+_KIND = {Op.F: 0, Op.B_IN: 1, Op.B: 1, Op.B_W: 2}
 
 
 def _list_schedule(
-    pp: int, m: int, weights: list[tuple[float, float, float]], limit: int
+    pp: int, m: int, weights: list[tuple[float, float, float]], limit: int, split: bool
 ) -> list[list[tuple[Op, int, int]]] | None:
     n_chunks = 2 * pp
     stage_of = [c if c < pp else n_chunks - 1 - c for c in range(n_chunks)]
@@ -90,8 +98,12 @@ def _list_schedule(
     next_f, next_bi = [0] * n_chunks, [0] * n_chunks
     pending_w: list[list[tuple[float, int, int]]] = [[] for _ in range(pp)]  # (ready, c, mb)
     inflight, free = [0] * pp, [0.0] * pp
+    last: list[Op | None] = [None] * pp  # each stage's last pass
     orders: list[list[tuple[Op, int, int]]] = [[] for _ in range(pp)]
-    left = 3 * n_chunks * m
+    left = (3 if split else 2) * n_chunks * m
+    op_b = Op.B_IN if split else Op.B
+    if not split:  # one B of both halves' time
+        weights = [(f, bi + bw, 0.0) for f, bi, bw in weights]
 
     def candidates(s: int) -> list[tuple[float, int, tuple[Op, int, int]]]:
         """(ready time, priority, pass) of the passes stage s could run next."""
@@ -101,7 +113,9 @@ def _list_schedule(
             if mb < next_f[c]:
                 ready = f_end[(c, mb)] if c == n_chunks - 1 else bi_end.get((c + 1, mb), inf)
                 if ready < inf:
-                    out.append((ready, (0, mb, -c), (Op.B_IN, c, mb)))
+                    # unsplit, after a B a ready F goes first: 1F1B's alternation
+                    first = 0 if split or last[s] is not Op.B else 1.5
+                    out.append((ready, (first, mb, -c), (op_b, c, mb)))
             mb = next_f[c]
             if mb < m and inflight[s] < limit:
                 ready = 0.0 if c == 0 else f_end.get((c - 1, mb), inf)
@@ -128,11 +142,16 @@ def _list_schedule(
         end = t + weights[c][_KIND[op]]
         free[s] = end
         orders[s].append((op, c, mb))
+        last[s] = op
         left -= 1
         if op is Op.F:
             f_end[(c, mb)] = end
             next_f[c] += 1
             inflight[s] += 1
+        elif op is Op.B:  # unsplit: the pair is done
+            bi_end[(c, mb)] = end
+            next_bi[c] += 1
+            inflight[s] -= 1
         elif op is Op.B_IN:
             bi_end[(c, mb)] = end
             next_bi[c] += 1
@@ -148,7 +167,7 @@ def build_v(spec: ModelSpec, plan: Plan, kind: str) -> Schedule:
     (`ratrain.schedule.onef1b.build_chunk_passes` in `pass_orders`' order)."""
     n_chunks = 2 * plan.pp
     weights = [pass_weights(spec, plan, plan.chunk_units(spec, c)) for c in range(n_chunks)]
-    orders = pass_orders(plan.pp, plan.microbatches, weights)
+    orders = pass_orders(plan.pp, plan.microbatches, weights, split=plan.split_backward)
     sch = build_chunk_passes(spec, plan, kind, orders)
     sch.meta["pipeline"] = plan.pipeline
     return sch

@@ -120,9 +120,9 @@ _UNSUPPORTED = (
 
 
 def refuse_unsupported(plan: Plan) -> None:
-    """One line naming the first feature a zero-bubble plan asks for that its split
-    backward does not support."""
-    if plan.pipeline not in SPLIT_PIPELINES:
+    """One line naming the first feature a zero-bubble plan (or a V-shaped one) asks for
+    that its pass order does not support."""
+    if plan.pipeline not in SPLIT_PIPELINES and plan.chunks == 1:
         return
     for test, name in _UNSUPPORTED:
         if test(plan):
