@@ -9,7 +9,7 @@ import argparse
 import math
 import sys
 
-from ratrain.config import DTYPES, PIPELINES, RANK_LAYOUTS, SCHEDULES, Plan, load_plan
+from ratrain.config import DTYPES, PIPELINES, RANK_LAYOUTS, SCHEDULES, V_PIPELINES, Plan, load_plan
 from ratrain.errors import RatrainError
 from ratrain.models.presets import resolve_model
 from ratrain.models.spec import ModelSpec
@@ -231,8 +231,10 @@ def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -
         "--pipeline",
         choices=PIPELINES,
         help=f"pass order: 1f1b, zb-h1 (zero bubble: each backward split into its input "
-        f"and weight gradients, the weight passes deferred, at 1F1B's memory) or zb-h2 (the "
-        f"same with up to twice 1F1B's forwards in flight; default {d['pipeline']})",
+        f"and weight gradients, the weight passes deferred, at 1F1B's memory), zb-h2 (the "
+        f"same with up to twice 1F1B's forwards in flight), zb-v or 1f1b-v (two chunks per "
+        f"stage in a V, stage 0 holding the embedding and the head; --layer-split then "
+        f"gives blocks per chunk, 2 x pp; default {d['pipeline']})",
     )
     p.add_argument(
         "--rank-layout",
@@ -246,7 +248,9 @@ def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -
         help="per stage, comma-separated, or one for all: none|selective|full|first:K",
     )
     p.add_argument(
-        "--layer-split", type=_split, help="blocks per stage, comma-separated (default: even)"
+        "--layer-split",
+        type=_split,
+        help="blocks per stage (per chunk under zb-v and 1f1b-v), comma-separated (default: even)",
     )
     p.add_argument(
         "--shard-optimizer",
@@ -325,6 +329,7 @@ def plan_from_args(
     if model_name is None:
         raise RatrainError("no model given: pass --model NAME_OR_CONFIG_JSON or --plan FILE")
     spec = model_name if isinstance(model_name, ModelSpec) else resolve_model(model_name)
+    file_pipeline = base.get("pipeline")
     for f in _FIELDS:
         v = getattr(args, f, None)
         if v is not None:
@@ -353,6 +358,14 @@ def plan_from_args(
         and getattr(args, "plan", None)
     ):
         base["layer_split"] = None  # a new pp invalidates the file's split
+    pipe = getattr(args, "pipeline", None)
+    if (
+        pipe is not None
+        and getattr(args, "layer_split", None) is None
+        and getattr(args, "plan", None)
+        and (pipe in V_PIPELINES) != (file_pipeline in V_PIPELINES)
+    ):
+        base["layer_split"] = None  # blocks per stage vs per chunk: the file's split is moot
     plan = Plan.from_dict(base)
     plan.check_for(spec)
     plan.check_size()

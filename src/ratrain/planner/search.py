@@ -12,6 +12,10 @@
    the memory bound allows (`ratrain.planner.fit`) is replayed by the ledger; a stage over
    the cap moves to its next policy; what fits is simulated.
 
+4. The V-shaped pass orders (zb-v, 1f1b-v: two chunks per stage) are not bounded: after
+   the search they are tried on the structures and knobs of the best plans, each with a
+   few chunk splits (`_v_pass`), and ranked with the rest where they fit.
+
 The simulator's step time is the ranking; its memory (the full ledger) is what is reported.
 Pure Python.
 """
