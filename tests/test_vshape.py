@@ -298,3 +298,23 @@ def test_the_planner_tries_zb_v_on_its_best_structures():
     assert free.ranked[0].tokens_per_s == pytest.approx(max(best_v, max(others)))
     one_chunk = search(req.with_(pins={**pins, "pipeline": "zb-h2"}), top=5)
     assert all(c.plan.pipeline == "zb-h2" for c in one_chunk.ranked)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_runtime_v_trains_a_tied_model_on_two_stages():
+    """A V holds the embedding and the head on stage 0, so a model that ties them trains
+    at pp=2 (the one-chunk pipelines refuse it in one line): the reference trainer's losses
+    within 1e-5."""
+    pytest.importorskip("torch")
+    from ratrain.runtime.stage import check_tied
+
+    spec = get_preset("tiny-tied")
+    plan = RUNTIME_PLAN.replace(model="tiny-tied")
+    with pytest.raises(RatrainError, match="use --pp 1, or a V-shaped pipeline") as e:
+        check_tied(spec, plan)
+    assert "\n" not in str(e.value)
+    variants = [("v", {"pipeline": "zb-v"}), ("1f1bv", {"pipeline": "1f1b-v"})]
+    out, ref = _losses(spec, plan.replace(pipeline="zb-v"), variants, steps=4)
+    for name, _ in variants:
+        assert max(abs(a - b) / abs(b) for a, b in zip(out[name], ref, strict=True)) <= 1e-5

@@ -394,7 +394,8 @@ simulations at most (zb-v and 1f1b-v)."""
 
 def _v_pass(req: Request, ev: Evaluator, best: _Top) -> _Top:
     """zb-v and 1f1b-v (`ratrain.schedule.vshape`) on the structures and knobs of the
-    `V_TRIES` best plans whose family tries them, each with the chunk splits of `space.v_splits`: the V's
+    `V_TRIES` best plans whose family tries them (pp > 1, not fsdp-pp; without offload,
+    which a V does not support), each with the chunk splits of `space.v_splits`: the V's
     plans that fit are ranked with the rest. (Not branch and bound: no bound of a V's step
     or memory is derived, so the search's gap, where it stops early, is over the plans
     with one chunk per stage.) A pinned V keeps only its plans, another pinned pipeline
@@ -404,20 +405,22 @@ def _v_pass(req: Request, ev: Evaluator, best: _Top) -> _Top:
         return best
     pinned = pin is not None
     out = _Top(best.k) if pinned else best
-    for c in list(best.items[:V_TRIES]):
-        fam, p = family_of(c.family), c.plan
+    if "layer_split" in req.pins or req.pins.get("offload_activations") is True:
+        return out
+    bases: list[tuple[Plan, str, list[str]]] = []
+    for c in best.items:
+        fam, p = family_of(c.family), c.plan.replace(offload_activations=False)
         pipes = [pin] if pinned else [v for v in V_PIPELINES if v in fam.pipelines]
-        if not pipes or p.pp < 2 or p.offload_activations or p.schedule == "fsdp-pp":
-            continue
-        if "layer_split" in req.pins:
-            continue
+        if pipes and p.pp > 1 and p.schedule != "fsdp-pp" and p not in [b[0] for b in bases]:
+            bases.append((p, c.family, pipes))
+    for p, family, pipes in bases[:V_TRIES]:
         for pipe, split in itertools.product(pipes, v_splits(req.spec, p.pp)):
             plan = p.replace(pipeline=pipe, layer_split=split)
             if not ev.memory(plan).fits:
                 continue
             res = ev.simulate(plan)
             if res is not None:
-                out.add(_candidate(res, plan, c.family, usable_bytes(req)))
+                out.add(_candidate(res, plan, family, usable_bytes(req)))
     return out
 
 

@@ -355,10 +355,12 @@ def check_tied(spec: ModelSpec, plan: Plan) -> None:
     """RatrainError for the tied-embedding layouts the runtime does not support."""
     if not spec.tied_embeddings:
         return
-    if plan.pp > 1:
+    owner = plan.stage_of_unit(spec)
+    if owner[0] != owner[spec.n_layers + 1]:
         raise RatrainError(
             f"{spec.name} ties its embedding and head, which pp={plan.pp} places on different "
-            "stages; the distributed runtime supports tied models only with --pp 1"
+            "stages; use --pp 1, or a V-shaped pipeline (--pipeline zb-v or 1f1b-v), which "
+            "holds both on stage 0"
         )
     if plan.view_policy == "transient" or plan.shard_optimizer:
         raise RatrainError(
