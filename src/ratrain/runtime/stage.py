@@ -99,8 +99,9 @@ class StageModel:
         self.unit_ids = list(plan.stage_units(spec, stage))
         check_tied(spec, plan)
         modules = {u: build_unit(spec, u, backend, seed=cfg.seed).to(device) for u in self.unit_ids}
-        if spec.tied_embeddings:  # one stage holds both (checked): share like LlamaModel
-            modules[self.unit_ids[-1]].weight = modules[0].weight
+        head = spec.n_layers + 1
+        if spec.tied_embeddings and 0 in modules:  # it holds the head too (checked)
+            modules[head].weight = modules[0].weight  # shared, as LlamaModel does
         self.units: dict[int, UnitState] = {}
         seen: set[int] = set()
         for u in self.unit_ids:
