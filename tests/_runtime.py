@@ -45,3 +45,17 @@ def losses(results: list[RankResult], name: str) -> list[float]:
 def max_rel(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b)
     return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
+
+
+def losses_and_reference(spec: ModelSpec, plan: Plan, variants, steps: int = 5, **cfg_kw):
+    """Run `variants` of `plan` for `steps` steps: each run's losses by name, the reference
+    trainer's (fp32 plans only, else None) and the ranks' results."""
+    from ratrain.train.reference import ReferenceTrainer
+
+    cfg = TrainConfig(steps=steps, warmup_steps=1, **cfg_kw)
+    res = run(spec, plan, cfg, variants, timeout_s=60, deadline_s=240)
+    out = {name: losses(res, name) for name, _ in variants}
+    ref = None
+    if plan.compute_dtype == "fp32":
+        ref = ReferenceTrainer(spec, plan, cfg, source(spec, plan, cfg)()).train()
+    return out, ref, res

@@ -23,6 +23,7 @@ from ratrain.schedule.ir import Op
 from ratrain.schedule.vshape import inflight_limit, pass_orders
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _runtime import max_rel  # noqa: E402
 from test_zero_bubble import _idle  # noqa: E402  (equal F/B_in/B_w times per block)
 
 SPEC8 = ModelSpec("eight", 8, 256, 4, 4, 512, 1000, max_seq=64)
@@ -174,14 +175,8 @@ RUNTIME_PLAN = Plan(
 
 def _losses(spec, plan, variants, steps=3, **cfg_kw):
     import _runtime as harness
-    from ratrain.train.reference import ReferenceTrainer
 
-    cfg = TrainConfig(steps=steps, warmup_steps=1, **cfg_kw)
-    res = harness.run(spec, plan, cfg, variants, timeout_s=60, deadline_s=240)
-    out = {name: harness.losses(res, name) for name, _ in variants}
-    ref = None
-    if plan.compute_dtype == "fp32":
-        ref = ReferenceTrainer(spec, plan, cfg, harness.source(spec, plan, cfg)()).train()
+    out, ref, _ = harness.losses_and_reference(spec, plan, variants, steps, **cfg_kw)
     return out, ref
 
 
@@ -212,7 +207,7 @@ def test_runtime_zb_v_equals_baseline_1f1b_bitwise_fp32():
         assert out[f"v-{name}"] == want, name
         if name in unsplit:
             assert out[f"1f1bv-{name}"] == want, name
-    assert max(abs(a - b) / abs(b) for a, b in zip(out["v-ratrain"], ref, strict=True)) <= 1e-5
+    assert max_rel(out["v-ratrain"], ref) <= 1e-5
 
 
 @pytest.mark.dist
@@ -250,7 +245,7 @@ def test_runtime_zb_v_four_stages_equals_1f1b():
     out, ref = _losses(spec, plan, variants)
     for name in ("v", "v-split", "v-recompute", "1f1bv"):
         assert out[name] == out["1f1b"], name
-    assert max(abs(a - b) / abs(b) for a, b in zip(out["v"], ref, strict=True)) <= 1e-5
+    assert max_rel(out["v"], ref) <= 1e-5
 
 
 @pytest.mark.dist
@@ -319,4 +314,4 @@ def test_runtime_v_trains_a_tied_model_on_two_stages():
     variants = [("v", {"pipeline": "zb-v"}), ("1f1bv", {"pipeline": "1f1b-v"})]
     out, ref = _losses(spec, plan.replace(pipeline="zb-v"), variants, steps=4)
     for name, _ in variants:
-        assert max(abs(a - b) / abs(b) for a, b in zip(out[name], ref, strict=True)) <= 1e-5
+        assert max_rel(out[name], ref) <= 1e-5

@@ -350,18 +350,8 @@ RUNTIME_PLAN = Plan(
 
 def _runtime_losses(plan, variants, steps=5, **cfg_kw):
     import _runtime as harness
-    from ratrain.config import TrainConfig
 
-    spec = get_preset("tiny")
-    cfg = TrainConfig(steps=steps, warmup_steps=1, **cfg_kw)
-    res = harness.run(spec, plan, cfg, variants, timeout_s=60, deadline_s=240)
-    out = {name: harness.losses(res, name) for name, _ in variants}
-    ref = None
-    if plan.compute_dtype == "fp32":
-        from ratrain.train.reference import ReferenceTrainer
-
-        ref = ReferenceTrainer(spec, plan, cfg, harness.source(spec, plan, cfg)()).train()
-    return out, ref, res
+    return harness.losses_and_reference(get_preset("tiny"), plan, variants, steps, **cfg_kw)
 
 
 ZB_VARIANTS = {
