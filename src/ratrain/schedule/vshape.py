@@ -1,4 +1,4 @@
-"""ZB-V: the zero-bubble pass order on a V-shaped placement (Qi et al., ICLR 2024, "Zero
+"""ZB-V and 1F1B-V: pass orders on a V-shaped placement (Qi et al., ICLR 2024, "Zero
 Bubble Pipeline Parallelism", §6; the placement of DualPipeV), at layer granularity.
 
 Pure Python (no torch). The model is cut into 2p chunks (``plan.layer_split`` gives
@@ -8,10 +8,12 @@ holds both the embedding and the head, and the loss's gradient starts where the 
 started: the backward runs the V the other way. Stage p - 1 holds chunks p - 1 and p,
 which touch: what passes between them stays on the stage.
 
-Each backward is split as under zb-h1 (`ratrain.schedule.zerobubble`): per chunk and
-microbatch an input-gradient pass (RECV_B where the next unit is on another stage,
-B_IN over the chunk's units in reverse, SEND_B where the previous unit is on another stage)
-and a deferrable weight pass (B_W in reverse, each after its B_IN only).
+Under zb-v each backward is split as under zb-h1 (`ratrain.schedule.zerobubble`): per
+chunk and microbatch an input-gradient pass (RECV_B where the next unit is on another
+stage, B_IN over the chunk's units in reverse, SEND_B where the previous unit is on
+another stage) and a deferrable weight pass (B_W in reverse, each after its B_IN only).
+Under 1f1b-v the backward pass is whole (B), and the V only halves the bubble, as
+interleaved 1F1B does.
 
 The pass order of every stage comes from one list scheduling of the passes
 (`pass_orders`), with the ZB paper's heuristics in its priorities: each time a stage is
@@ -24,10 +26,15 @@ free it runs, of the passes whose inputs have arrived,
    first: a microbatch reaches its loss sooner);
 3. else the oldest deferred weight pass, which so fills what would be a bubble.
 
+Under 1f1b-v, with no weight pass to fill with, after a B a ready forward goes first
+(1F1B's alternation: B-first alone starved the forwards, and the step ran longer than
+1F1B's).
+
 Each pass is timed by `pass_weights`, the FLOPs of its units (`ratrain.models.counts`;
 assumed: B_IN and B_W each half the backward's), so that the order is the model's and the
-plan's alone, the same for the simulator and the runtime on any platform. The limit is 2p, what 1F1B's stage 0
-holds in chunks of half a stage: the activation memory of 1F1B, the paper's ZB-V bound.
+plan's alone, the same for the simulator and the runtime on any platform. The limit under
+zb-v is 2p, what 1F1B's stage 0 holds in chunks of half a stage: the activation memory of
+1F1B, the paper's ZB-V bound (3p under 1f1b-v, `inflight_limit`).
 A list schedule whose simulation runs to the end never deadlocks when run: every stage
 follows the order it simulated, and every pass waits only for what it waited for there.
 Where the limit starves the scheduler (no stage can run anything), it is raised by one
@@ -163,7 +170,7 @@ def _list_schedule(
 
 
 def build_v(spec: ModelSpec, plan: Plan, kind: str) -> Schedule:
-    """Compute and stage-boundary transfers of one ZB-V step, with their dependencies
+    """Compute and stage-boundary transfers of one ZB-V or 1F1B-V step, with their dependencies
     (`ratrain.schedule.onef1b.build_chunk_passes` in `pass_orders`' order)."""
     n_chunks = 2 * plan.pp
     weights = [pass_weights(spec, plan, plan.chunk_units(spec, c)) for c in range(n_chunks)]
