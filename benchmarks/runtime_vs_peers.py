@@ -382,14 +382,15 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
     own_split = own.blocks_per_stage(spec)
     zb_split = {}
     for s, pipe in ZB_SYSTEMS.items():
-        if s in systems:
-            zb_split[s] = own.layer_split
-            if pipe in V_PIPELINES:  # blocks per chunk, two chunks per rank
-                zb_split[s] = v_splits(spec, plan.pp)[0]
-            if a.ratrain_split == "planner":  # its own planned split
-                zb_split[s] = planner_split(spec, plan, a.split_platform, pipe)
-            if pipe in V_PIPELINES and a.v_split:
-                zb_split[s] = tuple(int(x) for x in a.v_split.split(","))
+        if s not in systems:
+            continue
+        v = pipe in V_PIPELINES  # blocks per chunk, two chunks per rank
+        if v and a.v_split:
+            zb_split[s] = tuple(int(x) for x in a.v_split.split(","))
+        elif a.ratrain_split == "planner":  # its own planned split
+            zb_split[s] = planner_split(spec, plan, a.split_platform, pipe)
+        else:
+            zb_split[s] = v_splits(spec, plan.pp)[0] if v else own.layer_split
     zb_note = "".join(f", {s} {_fmt(x)}" for s, x in zb_split.items() if x != own.layer_split)
     print(f"  split: ratrain {_fmt(own_split)}{zb_note}, peers {_fmt(peer_split)}", flush=True)
     plans = {s: own if s.startswith("ratrain") else plan for s in systems}

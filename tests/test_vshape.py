@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
-from pathlib import Path
 
 import pytest
 
+from _runtime import max_rel
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
 from ratrain.memory import replay
@@ -21,10 +20,7 @@ from ratrain.models.spec import ModelSpec
 from ratrain.schedule import build_eval_schedule, build_schedule, check_schedule
 from ratrain.schedule.ir import Op
 from ratrain.schedule.vshape import inflight_limit, pass_orders
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _runtime import max_rel  # noqa: E402
-from test_zero_bubble import _idle  # noqa: E402  (equal F/B_in/B_w times per block)
+from test_zero_bubble import _idle  # equal F/B_in/B_w times per block
 
 SPEC8 = ModelSpec("eight", 8, 256, 4, 4, 512, 1000, max_seq=64)
 # A head and an embedding of next to no FLOPs: the scheduler's pass weights

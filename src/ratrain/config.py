@@ -341,7 +341,7 @@ class Plan:
 
     def stage_chunks(self, stage: int) -> tuple[int, ...]:
         """The chunks a stage holds, in model order."""
-        return (stage,) if self.chunks == 1 else (stage, 2 * self.pp - 1 - stage)
+        return tuple(c for c in range(self.pp * self.chunks) if self.stage_of_chunk(c) == stage)
 
     def chunk_units(self, spec: ModelSpec, chunk: int) -> range:
         """The units (see `ratrain.models.counts`) of one chunk, in order: the first holds
@@ -372,7 +372,7 @@ class Plan:
     def head_stage(self) -> int:
         """The stage that holds the head (and so computes the loss): the last, or under a
         V-shaped pipeline the first."""
-        return 0 if self.chunks == 2 else self.pp - 1
+        return self.stage_of_chunk(self.pp * self.chunks - 1)
 
     def recompute_of(self, spec: ModelSpec, stage: int, unit: int) -> str:
         """The recompute policy that applies to one unit: none | selective | full
@@ -382,9 +382,8 @@ class Plan:
             return "none"
         if kind == "first":
             units = self.stage_units(spec, stage)
-            first_block = units[0] or 1
-            if isinstance(units, range):
-                return "full" if unit - first_block < k else "none"
+            if isinstance(units, range):  # contiguous: the position is an offset
+                return "full" if unit - (units[0] or 1) < k else "none"
             blocks = [u for u in units if 1 <= u <= spec.n_layers]
             return "full" if blocks.index(unit) < k else "none"
         return kind

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from ratrain.config import SPLIT_PIPELINES, Plan
 from ratrain.gcpause import gc_paused
 from ratrain.models.spec import ModelSpec
-from ratrain.schedule.ir import Action, Op, Resource, Schedule
+from ratrain.schedule.ir import Action, Op, Resource, Schedule, boundary_units
 from ratrain.sizes.activations import (
     activation_bytes,
     backward_workspace_bytes,
@@ -232,12 +232,7 @@ class _StageReplay:
         self.sch, self.s, self.acts = sch, s, sch.stages[s]
         self.forward_only = bool(sch.meta.get("forward_only"))
         units = sch.meta["stage_units"][s]
-        # The units at a stage boundary: whose input is received (the unit before is on
-        # another stage) and whose output is sent (the unit after is); one of each but on
-        # the first and last stage, two of each on most stages of a V.
-        mine, head = set(units), spec.n_layers + 1
-        self.recv_units = {u for u in units if u > 0 and u - 1 not in mine}
-        self.send_units = {u for u in units if u < head and u + 1 not in mine}
+        self.recv_units, self.send_units = boundary_units(units, spec.n_layers + 1)
         self.boundary = boundary_bytes(spec, plan)
         self.sharded = plan.shard_optimizer
         params = stored_params(spec, units)

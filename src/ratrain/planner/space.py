@@ -511,8 +511,8 @@ def pipelines(req: Request, family: Family, st: Structure) -> tuple[str, ...]:
     backward split in two: nothing to gain); a pin decides."""
     if "pipeline" in req.pins and req.pins["pipeline"] not in V_PIPELINES:
         return (str(req.pins["pipeline"]),)
-    # zb-v is not searched here: its plans are tried on the best plans' structures
-    # (`ratrain.planner.search`), a V pinned among them alone.
+    # The V orders are not searched here: they are tried on the best plans' structures
+    # (`ratrain.planner.search._v_pass`), a pinned V among them alone.
     pipes = tuple(p for p in family.pipelines if p not in V_PIPELINES)
     return pipes if st.pp > 1 else ("1f1b",)
 

@@ -75,17 +75,18 @@ class Comm:
     def recv_from(self, buf: torch.Tensor, stage: int, tag: int) -> Handle:
         return Handle(dist.irecv(buf, self.grid.rank_of(stage), tag=tag))
 
+    # The neighbours' messages by microbatch alone (`ratrain.calibrate.comm`'s ping-pong).
     def send_activation(self, t: torch.Tensor, mb: int) -> Handle:
-        return Handle(dist.isend(t.contiguous(), self.grid.next_rank, tag=_TAG_F + mb))
+        return self.send_to(t, self.grid.stage + 1, _TAG_F + mb)
 
     def recv_activation(self, buf: torch.Tensor, mb: int) -> Handle:
-        return Handle(dist.irecv(buf, self.grid.prev_rank, tag=_TAG_F + mb))
+        return self.recv_from(buf, self.grid.stage - 1, _TAG_F + mb)
 
     def send_grad(self, t: torch.Tensor, mb: int) -> Handle:
-        return Handle(dist.isend(t.contiguous(), self.grid.prev_rank, tag=_TAG_B + mb))
+        return self.send_to(t, self.grid.stage - 1, _TAG_B + mb)
 
     def recv_grad(self, buf: torch.Tensor, mb: int) -> Handle:
-        return Handle(dist.irecv(buf, self.grid.next_rank, tag=_TAG_B + mb))
+        return self.recv_from(buf, self.grid.stage + 1, _TAG_B + mb)
 
     # -- data-parallel group --------------------------------------------------------------
     def dp_all_reduce(self, t: torch.Tensor) -> Handle:

@@ -73,7 +73,7 @@ from ratrain.runtime.split_backward import (
     backward_weight,
 )
 from ratrain.runtime.stage import StageModel
-from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Resource, Schedule
+from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Resource, Schedule, boundary_units
 
 __all__ = ["StageExecutor", "StepResult"]
 
@@ -174,11 +174,7 @@ class StageExecutor:
         self.wait_s = 0.0
         """Time the last step's walk spent blocked on in-flight asynchronous actions."""
         self.owner_stage = {u: s for s, us in enumerate(schedule.meta["stage_units"]) for u in us}
-        # Units whose input is received, whose output is sent (the neighbour unit is on
-        # another stage): the first and last of a stage, or of each of a V's chunks.
-        mine = set(self.units)
-        self.recv_units = {u for u in self.units if u > 0 and u - 1 not in mine}
-        self.send_units = {u for u in self.units if u < self.head and u + 1 not in mine}
+        self.recv_units, self.send_units = boundary_units(self.units, self.head)
         self.checks = set(schedule.meta.get("global_checks", ()))
         self.recompute = {u: plan.recompute_of(spec, grid.stage, u) for u in self.units}
         self.offloaded = {

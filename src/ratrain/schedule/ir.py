@@ -65,6 +65,7 @@ __all__ = [
     "Action",
     "Schedule",
     "WEIGHT_VISIT",
+    "boundary_units",
     "format_action",
     "parse_action",
 ]
@@ -183,6 +184,17 @@ def _units_text(units: tuple[int, ...]) -> str:
     if units == tuple(range(units[0], units[-1] + 1)):
         return f"@{units[0]}-{units[-1]}"
     return "@" + ",".join(map(str, units))
+
+
+def boundary_units(units: Iterable[int], head: int) -> tuple[set[int], set[int]]:
+    """Of a stage's units, those whose input is received (the unit before is another
+    stage's) and those whose output is sent (the unit after is; `head`: the last unit):
+    the first and last of a stage, or of each of a V's chunks."""
+    mine = set(units)
+    return (
+        {u for u in mine if u > 0 and u - 1 not in mine},
+        {u for u in mine if u < head and u + 1 not in mine},
+    )
 
 
 def format_action(a: Action) -> str:

@@ -80,12 +80,16 @@ def _forward_pass(s: int, units: range, owner: dict, head: int, mb: int, deps: d
 
 
 def _backward_pass(
-    s: int, units: range, owner: dict, head: int, mb: int, deps: dict, op_b: Op = Op.B
+    s: int, units: range, owner: dict, head: int, fwd: list, deps: dict, op_b: Op = Op.B
 ):
     """RECV_B (where the unit after the chunk is on another stage), `op_b` (B, or ZB's
     B_IN) over the chunk's units in reverse, each after its F, SEND_B (where the unit
-    before it is on another stage)."""
+    before it is on another stage); `fwd`: the chunk's forward pass of the same
+    microbatch (its F actions are reused: the simulator resolves deps by identity first)."""
     acts: list[Action] = []
+    mb = fwd[0].mb
+    op_f = Op.F
+    f_of = {a.units[0]: a for a in fwd if a.op is op_f}
     prev: Action | None = None
     first, last = units[0], units[-1]
     if last < head:
@@ -95,10 +99,9 @@ def _backward_pass(
             acts.append(prev)
         else:  # the next chunk is this stage's too (the tip of a V)
             prev = Action(op_b, s, (last + 1,), mb)
-    op_f = Op.F
     for u in reversed(units):
         b = Action(op_b, s, (u,), mb)
-        f = Action(op_f, s, (u,), mb)
+        f = f_of[u]
         deps[b] = (f,) if prev is None else (f, prev)
         acts.append(b)
         prev = b
@@ -138,20 +141,23 @@ def build_chunk_passes(
     crosses each point where the next unit is on another stage."""
     n_chunks = plan.pp * plan.chunks
     chunk_units = [plan.chunk_units(spec, c) for c in range(n_chunks)]
-    owner = {u: plan.stage_of_chunk(c) for c, us in enumerate(chunk_units) for u in us}
+    owner = plan.stage_of_unit(spec)
     head = spec.n_layers + 1
     sch = Schedule(stages=[], kind=kind)
     deps = sch.deps
     for s, order in enumerate(orders):
         acts: list[Action] = []
+        forward: dict[tuple[int, int], list[Action]] = {}
         for op, c, mb in order:
             units = chunk_units[c]
             if op is Op.F:
-                acts += _forward_pass(s, units, owner, head, mb, deps)
+                forward[(c, mb)] = _forward_pass(s, units, owner, head, mb, deps)
+                acts += forward[(c, mb)]
             elif op is Op.B_W:
                 acts += _weight_pass(s, units, mb, deps)
             else:
-                acts += _backward_pass(s, units, owner, head, mb, deps, op)
+                fwd = forward.pop((c, mb))
+                acts += _backward_pass(s, units, owner, head, fwd, deps, op)
         sch.stages.append(acts)
     sch.meta["microbatches"] = plan.microbatches
     sch.meta["stage_units"] = [tuple(plan.stage_units(spec, s)) for s in range(plan.pp)]
