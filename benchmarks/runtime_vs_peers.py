@@ -4,7 +4,7 @@
         [--repeats 3] [--steps 6] [--warmup 2]
         [--systems ratrain,ratrain-plan,ratrain-zb,ratrain-zb2,ratrain-zbv,ratrain-1f1bv,torch-1f1b,
                    torch-interleaved-1f1b,torch-izb,
-                   torch-zbv,torch-dualpipev,deepspeed (the default)]
+                   torch-zbv,torch-dualpipev,deepspeed (the default); ceiling]
         [--compile | --no-compile] [--loss-chunk-tokens 256] [--platform FILE]
         [--malloc-mmap-threshold 131072 (ratrain-lowrss's)]
         [--model bench-512] [--ratrain-split planner|same|even|balanced|5,3] [--v-split 2,2,2,2]
@@ -29,7 +29,11 @@ runtime refuses it, reported as "skipped: <its one-line refusal>"),
 host allocator, `--host-allocator`; skipped when it is not installed: `ratrain` itself
 runs on `auto`, the first of tcmalloc, jemalloc found, else glibc's malloc),
 `ratrain-lowrss` (`ratrain` on glibc's malloc with its mmap threshold fixed at
-`--malloc-mmap-threshold`: less RSS, more page faults); the peers, see `peers.py`:
+`--malloc-mmap-threshold`: less RSS, more page faults), `ceiling` (not a system and not a
+peer: the layout's ranks each run an even share of the step's microbatches through the
+whole model, and of the AdamW update, with no pipeline and no communication but a barrier
+per step, `peers.ceiling_rank`; what no schedule on these ranks can beat, reported as each
+system's share of it); the peers, see `peers.py`:
 torch.distributed.pipelining's `torch-1f1b` (Schedule1F1B), `torch-interleaved-1f1b`
 (ScheduleInterleaved1F1B), `torch-izb` (ScheduleInterleavedZeroBubble), `torch-zbv`
 (ScheduleZBVZeroBubble), `torch-dualpipev` (ScheduleDualPipeV), all with the same
@@ -90,6 +94,7 @@ import tempfile
 
 from peers import (
     TORCH_SCHEDULES,
+    ceiling_rank,
     chunk_split,
     deepspeed_available,
     deepspeed_rank,
@@ -131,6 +136,10 @@ ZB_SYSTEMS = {
 """`ratrain` with a zero-bubble pass order (`--pipeline`), on the split the planner picks
 for it."""
 
+CEILING = "ceiling"
+"""Not a system: the layout's bubble-free ceiling (`peers.ceiling_rank`), what no schedule on
+these ranks can beat; reported as every system's share of it."""
+
 PLANNED = "ratrain-plan"
 """ratrain as a user runs it: `ratrain plan` for the job, then that plan (`user_plan`)."""
 
@@ -144,6 +153,7 @@ KNOWN_SYSTEMS = (
     *HOST_SYSTEMS,
     *TORCH_SCHEDULES,
     "deepspeed",
+    CEILING,
 )
 
 DEFAULT_SYSTEMS = ",".join(["ratrain", PLANNED, *ZB_SYSTEMS, *TORCH_SCHEDULES, "deepspeed"])
@@ -303,6 +313,8 @@ def run_peer(system: str, spec, plan, cfg, source, profile: bool) -> dict:
     args = (spec, plan, cfg, source, profile)
     if system in TORCH_SCHEDULES:
         fn = functools.partial(torch_pipelining_rank, system=system)
+    elif system == CEILING:
+        fn = ceiling_rank
     else:
         fn = deepspeed_rank
     res = spawn(fn, plan.pp * plan.dp, *args, deadline_s=_DEADLINE_S)
@@ -393,14 +405,14 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             zb_split[s] = v_splits(spec, plan.pp)[0] if v else own.layer_split
     zb_note = "".join(f", {s} {_fmt(x)}" for s, x in zb_split.items() if x != own.layer_split)
     print(f"  split: ratrain {_fmt(own_split)}{zb_note}, peers {_fmt(peer_split)}", flush=True)
-    plans = {s: own if s.startswith("ratrain") else plan for s in systems}
+    plans = {s: own if s.startswith("ratrain") else plan for s in systems}  # ceiling: no split
     predicted = None
     if PLANNED in systems:
         with tempfile.TemporaryDirectory() as tmp:
             plans[PLANNED], predicted = user_plan(spec, plan, a.split_platform, tmp)
         print(f"  {PLANNED}: {describe(plans[PLANNED])}", flush=True)
     if own_split != peer_split and a.peers_on_ratrain_split:
-        for s in [s for s in systems if not s.startswith("ratrain")]:
+        for s in [s for s in systems if not s.startswith("ratrain") and s != CEILING]:
             name = f"{s}@{_fmt(own_split)}"
             systems.append(name)
             plans[name] = own
@@ -491,7 +503,7 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
         }
         rows[s]["compile_s"] = max(rs[0]["compile_s"].values() or [0.0])
         rows[s]["profile_s"] = {str(k): v for k, v in sorted(rs[0]["profile"].items())}
-    peers = [s for s in rows if not s.startswith("ratrain")]
+    peers = [s for s in rows if not s.startswith("ratrain") and s != CEILING]
     ratios = {}
     if "ratrain" in rows and peers:
         best_speed = max(peers, key=lambda s: rows[s]["tokens_per_s"])
@@ -518,6 +530,18 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
                 runs[PLANNED][i]["tokens_per_s"] / max(runs[p][i]["tokens_per_s"] for p in peers)
                 for i in range(len(runs[PLANNED]))
             ]
+    if CEILING in rows:  # every system's share of the bubble-free ceiling, repeat by repeat
+        ratios["share_of_ceiling_per_repeat"] = {
+            s: [
+                x["tokens_per_s"] / c["tokens_per_s"]
+                for x, c in zip(rs, runs[CEILING], strict=True)
+            ]
+            for s, rs in runs.items()
+            if s != CEILING
+        }
+        ratios["share_of_ceiling"] = {
+            s: statistics.median(xs) for s, xs in ratios["share_of_ceiling_per_repeat"].items()
+        }
     if PLANNED in rows:
         rows[PLANNED]["plan"] = plans[PLANNED].to_dict()
         rows[PLANNED]["predicted_tokens_per_s"] = predicted
@@ -602,6 +626,11 @@ def print_layout(name: str, res: dict, warmup: int) -> None:
             f"{row['predicted_tokens_per_s']:,.0f}: measured / predicted "
             f"{q['planned_measured_over_predicted']:.3f}"
         )
+    if "share_of_ceiling" in q:
+        print("share of the bubble-free ceiling, median over repeats (per repeat):")
+        for s, x in q["share_of_ceiling"].items():
+            reps = " ".join(f"{y:.3f}" for y in q["share_of_ceiling_per_repeat"][s])
+            print(f"  {s:<26} {x:.3f} ({reps})")
     for other, xs in q.get("ratrain_over_system_per_repeat", {}).items():
         print(f"ratrain / {other} tokens/s per repeat: " + " ".join(f"{x:.3f}" for x in xs))
     for name, row in res["rows"].items():

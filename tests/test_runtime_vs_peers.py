@@ -118,3 +118,69 @@ def test_a_refused_ratrain_zb_is_skipped_with_its_line(monkeypatch, capsys):
     assert res["skipped"] == {"ratrain-zb": line} and res["rows"] == {}
     bench.print_layout("pp=2", res, 1)
     assert f"skipped: {line}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pp, dp", [(2, 1), (1, 2)])
+def test_the_ceiling_runs_the_jobs_microbatches_once_over_the_ranks(pp, dp):
+    """The bubble-free ceiling does the job's work: its ranks' first-step losses, each the
+    mean over its share of the microbatches, average to torch-1f1b's (the same weights and
+    data), and every rank ran steps."""
+    import functools
+
+    from ratrain.config import TrainConfig
+    from ratrain.data import make_source
+    from ratrain.launch.spawn import spawn
+
+    plan = Plan(pp=pp, dp=dp, micro_batch=1, global_batch=8, seq=32)
+    cfg = TrainConfig(steps=2, warmup_steps=1)
+    source = functools.partial(make_source, "synthetic", SPEC, plan.seq, cfg.seed)
+    ceiling = spawn(peers.ceiling_rank, 2, SPEC, plan, cfg, source, deadline_s=120)
+    ref = spawn(peers.torch_1f1b_rank, 2, SPEC, plan, cfg, source, deadline_s=120)
+    ref_loss = sum(r["loss"] for r in ref if r["loss"] is not None) / dp
+    first = [r["losses"][0] for r in ceiling]
+    assert abs(sum(first) / len(first) - ref_loss) <= 1e-5 * abs(ref_loss)
+    assert all(len(r["times"]) == cfg.steps for r in ceiling)
+
+
+def test_each_system_is_reported_as_its_share_of_the_ceiling(monkeypatch, capsys):
+    speeds = {"ceiling": [2.0, 4.0, 2.0], "torch-1f1b": [1.0, 1.0, 1.5]}  # steps/s
+
+    def fake_peer(system, spec, plan, *a, **kw):
+        rate = speeds[system][len(calls[system])]
+        calls[system].append(rate)
+        return {
+            "times": [1 / rate] * 3,
+            "rss": {0: 1, 1: 1},
+            "profile": {},
+            "compile_s": {},
+            "loss": None,
+        }
+
+    calls = {s: [] for s in speeds}
+    monkeypatch.setattr(bench, "run_peer", fake_peer)
+    a = bench.argparse.Namespace(
+        micro_batch=1,
+        microbatches=8,
+        seq=32,
+        steps=3,
+        warmup=1,
+        repeats=3,
+        layer_split="even",
+        ratrain_split="same",
+        split_platform="cpu-local",
+        peers_on_ratrain_split=True,
+        systems="ceiling,torch-1f1b",
+        loss_chunk_tokens=0,
+        compile=False,
+        profile=False,
+        platform="cpu-local",
+        probe_seconds=0.1,
+        malloc_mmap_threshold=0,
+    )
+    res = bench.bench_layout(a, SPEC, 2, 1)
+    q = res["ratios"]
+    assert q["share_of_ceiling_per_repeat"] == {"torch-1f1b": [0.5, 0.25, 0.75]}
+    assert q["share_of_ceiling"] == {"torch-1f1b": 0.5}
+    assert q.get("peers") is None  # the ceiling is not a peer: no ratrain, no comparison
+    bench.print_layout("pp=2", res, 1)
+    assert "torch-1f1b                 0.500 (0.500 0.250 0.750)" in capsys.readouterr().out

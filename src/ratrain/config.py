@@ -89,6 +89,12 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def v_stage_of_chunk(pp: int, chunk: int) -> int:
+    """The stage that holds chunk `chunk` of the 2·pp chunks of a V: chunk c < pp on stage
+    c, chunk c >= pp on stage 2pp - 1 - c (so stage s holds s and 2pp - 1 - s)."""
+    return chunk if chunk < pp else 2 * pp - 1 - chunk
+
+
 def even_split(n_layers: int, pp: int) -> tuple[int, ...]:
     """Blocks per stage, as even as possible, remainder to the middle stages first.
 
@@ -335,9 +341,8 @@ class Plan:
         return tuple(out)
 
     def stage_of_chunk(self, chunk: int) -> int:
-        """The stage that holds a chunk: the chunk itself, or in a V, chunk c < pp on stage
-        c and chunk c >= pp on stage 2pp - 1 - c."""
-        return chunk if chunk < self.pp else 2 * self.pp - 1 - chunk
+        """The stage that holds a chunk: the chunk itself, or in a V `v_stage_of_chunk`."""
+        return chunk if self.chunks == 1 else v_stage_of_chunk(self.pp, chunk)
 
     def stage_chunks(self, stage: int) -> tuple[int, ...]:
         """The chunks a stage holds, in model order."""

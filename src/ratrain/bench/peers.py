@@ -12,6 +12,8 @@ set (bytes).
   `ScheduleZBVZeroBubble`, `ScheduleDualPipeV`) on the same units cut into 2·pp chunks, two
   per rank (interleaved: rank r holds chunks r and r+pp; V-shaped: r and 2pp-1-r; see
   `chunk_split`).
+- ceiling (not a peer): the job's work with no pipeline at all, what no schedule of the
+  layout can beat (`ceiling_rank`).
 - deepspeed: DeepSpeed's `PipelineEngine` on the same units (`deepspeed.pipe.LayerSpec`, so
   each rank builds only its own), gloo, `DS_ACCELERATOR=cpu`, a `torch.optim.AdamW`
   instance (DeepSpeed's compiled Adam needs a C++ extension build). Benchmark-only: never a
@@ -68,6 +70,7 @@ __all__ = [
     "torch_pipelining_rank",
     "torch_1f1b_rank",
     "deepspeed_rank",
+    "ceiling_rank",
     "matmul_probe_rank",
     "deepspeed_available",
 ]
@@ -432,6 +435,71 @@ def dp_mean_grads(grid: ParallelGrid, params: list[nn.Parameter]) -> None:
     for p in params:
         p.grad.copy_(flat[off : off + p.numel()].view_as(p.grad))
         off += p.numel()
+
+
+def ceiling_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source, profile=False) -> dict:
+    """One rank of the bubble-free ceiling of a layout: the step's work spread evenly over
+    the ranks with no pipeline, no bubble and no communication inside the step.
+
+    Every rank holds the whole model (the same units and weights as the peers). The step's
+    m·dp microbatches (m per replica, every replica's) are dealt round robin over the pp·dp
+    ranks,
+    and each rank runs the forward and backward of its own, one after another, as one
+    process on one core would. The optimizer update is dealt the same way: each rank runs
+    AdamW on its share of the parameter tensors (a greedy even split by size), so the
+    update is done once over the ranks, as in the pipeline. A barrier ends every step, so a
+    step's time is its slowest rank's.
+
+    Each rank so does 1/(pp·dp) of the job's forward, backward and update work, and waits
+    for nothing but the barrier: a pipeline on the same ranks does the same work plus its
+    bubble, its transfers and its DP sync. Its tokens/s bound every schedule's from above,
+    up to what the shapes change (each rank runs whole microbatches through every unit;
+    a pipeline's stages hold fewer weights each, so their caches hold more of them)."""
+    grid = ParallelGrid.init(plan.pp, plan.dp, rdzv, device="cpu")
+    try:
+        n_units = spec.n_layers + 2
+        model = _chunk_module(spec, range(n_units), cfg.seed, False)
+        params = list(model.parameters())
+        world, rank = grid.world_size, grid.rank
+        load = [0] * world  # the update, dealt by size: the largest tensor first
+        owner = {}
+        for i in sorted(range(len(params)), key=lambda i: -params[i].numel()):
+            owner[i] = min(range(world), key=lambda r: (load[r], r))
+            load[owner[i]] += params[i].numel()
+        mine = [p for i, p in enumerate(params) if owner[i] == rank]
+        others = [p for i, p in enumerate(params) if owner[i] != rank]
+        opt = _adamw(mine, cfg)
+        batches = Batches.from_plan(source(), plan)
+        work = [(r, mb) for r in range(plan.dp) for mb in range(plan.microbatches)]
+        work = work[rank::world]
+        step_losses: list[float] = []
+
+        def step(k: int) -> None:
+            total = 0.0
+            for replica, mb in work:
+                x, y = batches.batch(k, mb, replica)
+                loss = cross_entropy(model(x), y) / len(work)
+                loss.backward()
+                total += loss.detach().item()
+            if k < cfg.steps:
+                step_losses.append(total)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            for p in others:  # computed in the backward, updated by another rank
+                p.grad = None
+            torch.distributed.barrier()
+
+        torch.distributed.barrier()  # every rank starts its first step together
+        out = _timed(step, cfg.steps, profile)
+        return out | {
+            "rank": grid.rank,
+            "stage": grid.stage,
+            "replica": grid.replica,
+            "loss": None,
+            "losses": step_losses,
+        }
+    finally:
+        grid.destroy()
 
 
 def _ds_layers(spec, seed: int):

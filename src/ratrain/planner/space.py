@@ -31,6 +31,7 @@ from ratrain.config import (
     V_PIPELINES,
     Plan,
     even_split,
+    v_stage_of_chunk,
 )
 from ratrain.errors import RatrainError
 from ratrain.models import counts
@@ -644,7 +645,8 @@ def v_splits(spec: ModelSpec, pp: int, tries: int = 3) -> list[tuple[int, ...]]:
     for _, b0, rest in sorted(loads)[:tries]:
         per_stage = (b0, *rest)
         split = [0] * (2 * pp)
-        for s, b in enumerate(per_stage):
-            split[s], split[2 * pp - 1 - s] = b // 2, b - b // 2
+        for c in range(2 * pp):  # each stage's blocks halved between its two chunks
+            b = per_stage[v_stage_of_chunk(pp, c)]
+            split[c] = b // 2 if c < pp else b - b // 2
         out.append(tuple(split))
     return out

@@ -43,7 +43,7 @@ until the schedule completes.
 
 from __future__ import annotations
 
-from ratrain.config import Plan
+from ratrain.config import Plan, v_stage_of_chunk
 from ratrain.models.counts import unit_bwd_flops, unit_fwd_flops
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.ir import Op, Schedule
@@ -97,7 +97,7 @@ def _list_schedule(
     pp: int, m: int, weights: list[tuple[float, float, float]], limit: int, split: bool
 ) -> list[list[tuple[Op, int, int]]] | None:
     n_chunks = 2 * pp
-    stage_of = [c if c < pp else n_chunks - 1 - c for c in range(n_chunks)]
+    stage_of = [v_stage_of_chunk(pp, c) for c in range(n_chunks)]
     chunks_of = [[c for c in range(n_chunks) if stage_of[c] == s] for s in range(pp)]
     inf = float("inf")
     f_end: dict[tuple[int, int], float] = {}
