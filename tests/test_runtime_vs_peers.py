@@ -87,6 +87,29 @@ def test_a_peer_with_another_first_step_loss_is_wrong():
     assert set(bench.check_losses(runs)) == {"torch-izb", "torch-dualpipev@5,3"}
 
 
+def _bench_args(systems: str, steps: int, repeats: int):
+    """runtime_vs_peers' arguments for a tiny layout, no ranks' profile."""
+    return bench.argparse.Namespace(
+        micro_batch=1,
+        microbatches=8,
+        seq=32,
+        steps=steps,
+        warmup=1,
+        repeats=repeats,
+        layer_split="even",
+        ratrain_split="same",
+        split_platform="cpu-local",
+        peers_on_ratrain_split=True,
+        systems=systems,
+        loss_chunk_tokens=0,
+        compile=False,
+        profile=False,
+        platform="cpu-local",
+        probe_seconds=0.1,
+        malloc_mmap_threshold=0,
+    )
+
+
 def test_a_refused_ratrain_zb_is_skipped_with_its_line(monkeypatch, capsys):
     line = "pipeline zb-h1 is not yet executed by the runtime; use pipeline 1f1b"
 
@@ -95,25 +118,7 @@ def test_a_refused_ratrain_zb_is_skipped_with_its_line(monkeypatch, capsys):
         raise bench.RatrainError(line)
 
     monkeypatch.setattr(bench, "run_ratrain", refuse)
-    a = bench.argparse.Namespace(
-        micro_batch=1,
-        microbatches=8,
-        seq=32,
-        steps=2,
-        warmup=1,
-        repeats=2,
-        layer_split="even",
-        ratrain_split="same",
-        split_platform="cpu-local",
-        peers_on_ratrain_split=True,
-        systems="ratrain-zb",
-        loss_chunk_tokens=0,
-        compile=False,
-        profile=False,
-        platform="cpu-local",
-        probe_seconds=0.1,
-        malloc_mmap_threshold=0,
-    )
+    a = _bench_args(systems="ratrain-zb", steps=2, repeats=2)
     res = bench.bench_layout(a, SPEC, 2, 1)
     assert res["skipped"] == {"ratrain-zb": line} and res["rows"] == {}
     bench.print_layout("pp=2", res, 1)
@@ -158,25 +163,7 @@ def test_each_system_is_reported_as_its_share_of_the_ceiling(monkeypatch, capsys
 
     calls = {s: [] for s in speeds}
     monkeypatch.setattr(bench, "run_peer", fake_peer)
-    a = bench.argparse.Namespace(
-        micro_batch=1,
-        microbatches=8,
-        seq=32,
-        steps=3,
-        warmup=1,
-        repeats=3,
-        layer_split="even",
-        ratrain_split="same",
-        split_platform="cpu-local",
-        peers_on_ratrain_split=True,
-        systems="ceiling,torch-1f1b",
-        loss_chunk_tokens=0,
-        compile=False,
-        profile=False,
-        platform="cpu-local",
-        probe_seconds=0.1,
-        malloc_mmap_threshold=0,
-    )
+    a = _bench_args(systems="ceiling,torch-1f1b", steps=3, repeats=3)
     res = bench.bench_layout(a, SPEC, 2, 1)
     q = res["ratios"]
     assert q["share_of_ceiling_per_repeat"] == {"torch-1f1b": [0.5, 0.25, 0.75]}
