@@ -32,8 +32,8 @@ runs on `auto`, the first of tcmalloc, jemalloc found, else glibc's malloc),
 `--malloc-mmap-threshold`: less RSS, more page faults), `ceiling` (not a system and not a
 peer: the layout's ranks each run an even share of the step's microbatches through the
 whole model, and of the AdamW update, with no pipeline and no communication but a barrier
-per step, `peers.ceiling_rank`; what no schedule on these ranks can beat, reported as each
-system's share of it); the peers, see `peers.py`:
+per step, `peers.ceiling_rank`; with a core per rank, what no schedule on these ranks can
+beat; with ranks sharing cores, no bound; reported as each system's share of it); the peers, see `peers.py`:
 torch.distributed.pipelining's `torch-1f1b` (Schedule1F1B), `torch-interleaved-1f1b`
 (ScheduleInterleaved1F1B), `torch-izb` (ScheduleInterleavedZeroBubble), `torch-zbv`
 (ScheduleZBVZeroBubble), `torch-dualpipev` (ScheduleDualPipeV), all with the same
@@ -138,7 +138,7 @@ for it."""
 
 CEILING = "ceiling"
 """Not a system: the layout's bubble-free ceiling (`peers.ceiling_rank`), what no schedule on
-these ranks can beat; reported as every system's share of it."""
+these ranks can beat when each has a core of its own; reported as every system's share of it."""
 
 PLANNED = "ratrain-plan"
 """ratrain as a user runs it: `ratrain plan` for the job, then that plan (`user_plan`)."""

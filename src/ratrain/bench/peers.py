@@ -443,8 +443,7 @@ def ceiling_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source, profile=False
 
     Every rank holds the whole model (the same units and weights as the peers). The step's
     m·dp microbatches (m per replica, every replica's) are dealt round robin over the pp·dp
-    ranks,
-    and each rank runs the forward and backward of its own, one after another, as one
+    ranks, and each rank runs the forward and backward of its own, one after another, as one
     process on one core would. The optimizer update is dealt the same way: each rank runs
     AdamW on its share of the parameter tensors (a greedy even split by size), so the
     update is done once over the ranks, as in the pipeline. A barrier ends every step, so a
@@ -452,9 +451,11 @@ def ceiling_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source, profile=False
 
     Each rank so does 1/(pp·dp) of the job's forward, backward and update work, and waits
     for nothing but the barrier: a pipeline on the same ranks does the same work plus its
-    bubble, its transfers and its DP sync. Its tokens/s bound every schedule's from above,
-    up to what the shapes change (each rank runs whole microbatches through every unit;
-    a pipeline's stages hold fewer weights each, so their caches hold more of them)."""
+    bubble, its transfers and its DP sync. Where every rank has a core of its own, its
+    tokens/s bound every schedule's from above, up to what the shapes change (each rank runs
+    whole microbatches through every unit; a pipeline's stages hold fewer weights each, so
+    their caches hold more of them). Where ranks share cores it is no bound: whole-model
+    ranks time-sliced on a core ran slower than pipeline ranks that wait and lend theirs."""
     grid = ParallelGrid.init(plan.pp, plan.dp, rdzv, device="cpu")
     try:
         n_units = spec.n_layers + 2
@@ -466,9 +467,7 @@ def ceiling_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source, profile=False
         for i in sorted(range(len(params)), key=lambda i: -params[i].numel()):
             owner[i] = min(range(world), key=lambda r: (load[r], r))
             load[owner[i]] += params[i].numel()
-        mine = [p for i, p in enumerate(params) if owner[i] == rank]
-        others = [p for i, p in enumerate(params) if owner[i] != rank]
-        opt = _adamw(mine, cfg)
+        opt = _adamw([p for i, p in enumerate(params) if owner[i] == rank], cfg)
         batches = Batches.from_plan(source(), plan)
         work = [(r, mb) for r in range(plan.dp) for mb in range(plan.microbatches)]
         work = work[rank::world]
@@ -484,9 +483,7 @@ def ceiling_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source, profile=False
             if k < cfg.steps:
                 step_losses.append(total)
             opt.step()
-            opt.zero_grad(set_to_none=True)
-            for p in others:  # computed in the backward, updated by another rank
-                p.grad = None
+            model.zero_grad(set_to_none=True)  # the others' too: another rank updates them
             torch.distributed.barrier()
 
         torch.distributed.barrier()  # every rank starts its first step together
