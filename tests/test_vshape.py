@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 
 import pytest
 
@@ -125,6 +126,52 @@ def test_every_pass_order_respects_the_in_flight_limit(split):
             assert peak <= inflight_limit(pp, split), (pp, m, s)
             # F, B_IN, B_W (or F, B) of each microbatch of each of its two chunks
             assert len(order) == (3 if split else 2) * 2 * m
+
+
+def _replays(orders, split):
+    """Whether every stage can run its order to the end, each pass after what it waits for
+    (its F after the previous chunk's, its B_IN or B after the next chunk's or its own F on
+    the last chunk, its B_W after its B_IN)."""
+    done, pos, n = set(), [0] * len(orders), 2 * len(orders)
+    while any(p < len(o) for p, o in zip(pos, orders, strict=True)):
+        moved = False
+        for s, order in enumerate(orders):
+            while pos[s] < len(order):
+                op, c, mb = order[pos[s]]
+                if op is Op.F:
+                    need = None if c == 0 else ("F", c - 1, mb)
+                elif op is Op.B_W:
+                    need = ("B", c, mb)
+                else:
+                    need = ("F", c, mb) if c == n - 1 else ("B", c + 1, mb)
+                if need is not None and need not in done:
+                    break
+                done.add(("F" if op is Op.F else "W" if op is Op.B_W else "B", c, mb))
+                pos[s] += 1
+                moved = True
+        if not moved:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("pp, m", [(2, 8), (4, 32), (8, 64)])
+def test_a_light_first_chunk_keeps_the_in_flight_limit(split, pp, m):
+    """An embedding-only chunk 0 (next to no FLOPs) races ahead and fills stage 0 with its
+    forwards before the last chunk's first forward arrives: the plain limit starves. The
+    order is then scheduled with each first visit reserving its second, and still holds
+    at most the limit (raising the limit instead went to m + 1, GPipe's memory)."""
+    weights = [(1.0, 1.0, 1.0)] * (2 * pp)
+    weights[0], weights[-1] = (0.05, 0.05, 0.05), (2.0, 1.5, 1.5)  # embedding; head
+    orders = pass_orders(pp, m, weights, split=split)
+    for order in orders:
+        held = peak = 0
+        for op, _, _ in order:
+            held += (op is Op.F) - (op is (Op.B_W if split else Op.B))
+            peak = max(peak, held)
+        assert peak <= inflight_limit(pp, split)
+        assert len(order) == (3 if split else 2) * 2 * m
+    assert _replays(orders, split)
 
 
 @pytest.mark.parametrize("pp, m", [(2, 4), (2, 8), (4, 4), (4, 8), (4, 16)])
@@ -291,6 +338,35 @@ def test_the_planner_tries_zb_v_on_its_best_structures():
     assert free.ranked[0].tokens_per_s == pytest.approx(max(best_v, max(others)))
     one_chunk = search(req.with_(pins={**pins, "pipeline": "zb-h2"}), top=5)
     assert all(c.plan.pipeline == "zb-h2" for c in one_chunk.ranked)
+
+
+def test_the_v_pass_stops_at_the_time_budget(capsys, monkeypatch):
+    """Past the budget with a plan ranked, the V plans left are not built or simulated,
+    and the answer says how many; pinned, a V is searched until one of its plans is
+    ranked whatever the budget."""
+    from ratrain.cli import main
+    from ratrain.planner import search
+    from ratrain.planner.space import Request
+    from ratrain.platforms import load
+
+    pins = {"pp": 2, "dp": 1, "compute_dtype": "fp32", "clip_grad": None}
+    req = Request(get_preset("bench-512"), load("cpu-local"), 2, 16, 256, pins=pins)
+    full = search(req, top=20)
+    assert full.v_untried == 0 and any(c.plan.chunks == 2 for c in full.ranked)
+    cut = search(req, top=20, time_budget_s=1e-9)  # out of time once the first plan ranks
+    assert cut.feasible and cut.v_untried > 0
+    assert all(c.plan.chunks == 1 for c in cut.ranked)
+    pinned = search(req.with_(pins={**pins, "pipeline": "zb-v"}), top=5, time_budget_s=1e-9)
+    assert pinned.ranked and pinned.ranked[0].plan.pipeline == "zb-v"
+    # The CLI with no hard deadline: the first plan is always ranked, then the cut.
+    monkeypatch.setattr("ratrain.cli.plan.NO_FIT_BUDGET_FACTOR", 1e18)
+    argv = ["plan", "--model", "bench-512", "--platform", "cpu-local", "--clusters", "2"]
+    argv += ["--global-batch", "16", "--seq", "256", "--pin", "pp=2", "--quiet"]
+    assert main([*argv, "--time-budget", "1e-9"]) == 0
+    out = capsys.readouterr().out
+    assert "V-shaped plan(s) (zb-v, 1f1b-v) not tried within the time budget" in out
+    assert main([*argv, "--time-budget", "1e-9", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["v_untried"] > 0
 
 
 @pytest.mark.dist

@@ -462,6 +462,11 @@ def _print(res, baselines, args) -> None:
             f"faster than {res.floor_step_s:.3f} s/step (the smallest bound left), so the best "
             f"is within {res.gap:.1%} of the optimum; --time-budget 0 searches to the end"
         )
+    if res.v_untried:
+        print(
+            f"{res.v_untried} V-shaped plan(s) (zb-v, 1f1b-v) not tried within the time budget "
+            f"({args.time_budget:g} s); --time-budget 0 tries them all"
+        )
     print(ranked_table(res))
     runner = res.ranked[1] if len(res.ranked) > 1 else None
     print(f"\nwhy #1: {why(best, runner, '#2')}")

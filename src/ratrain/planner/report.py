@@ -144,6 +144,8 @@ def result_json(res: SearchResult, explanation=None, baselines: dict | None = No
     }
     if res.cut and not res.unfinished:
         d.update(floor_step_s=res.floor_step_s, gap=res.gap)
+    if res.v_untried:  # V-shaped plans not tried within the time budget
+        d["v_untried"] = res.v_untried
     if res.untimed is not None:  # fits by the ledger; its step was not simulated in time
         d["untimed_fit"] = res.untimed.to_json()
     if res.best is not None:

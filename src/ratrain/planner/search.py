@@ -165,6 +165,9 @@ class SearchResult:
     """When cut: structures not examined."""
     untimed: Untimed | None = None
     """When unfinished: a plan found to fit whose step was not simulated in time."""
+    v_untried: int = 0
+    """V-shaped plans (`_v_pass`) not tried for the time budget: outside the gap, which
+    is over the plans with one chunk per stage."""
 
     @property
     def unfinished(self) -> bool:
@@ -374,7 +377,7 @@ def search(
     report = _reporter(progress, ev, best, len(tasks), t0)
     queue_floor = _work(req, ev, tasks, best, state, prune, report)
     if best.items and not state.stopped:
-        best = _v_pass(req, ev, best)
+        best = _v_pass(req, ev, best, state)
     if state.floor is not None and time_budget_s:
         # Cut: refine the bounds left (no simulation) for a little longer, for a smaller
         # gap; a structure's queue cut midway keeps its own bound.
@@ -392,14 +395,15 @@ on (`_v_pass`), each with `space.v_splits`' three nearest-balanced chunk splits:
 simulations at most (zb-v and 1f1b-v)."""
 
 
-def _v_pass(req: Request, ev: Evaluator, best: _Top) -> _Top:
+def _v_pass(req: Request, ev: Evaluator, best: _Top, state: _State) -> _Top:
     """zb-v and 1f1b-v (`ratrain.schedule.vshape`) on the structures and knobs of the
     `V_TRIES` best plans whose family tries them (pp > 1, not fsdp-pp; without offload,
     which a V does not support), each with the chunk splits of `space.v_splits`: the V's
     plans that fit are ranked with the rest. (Not branch and bound: no bound of a V's step
     or memory is derived, so the search's gap, where it stops early, is over the plans
     with one chunk per stage.) A pinned V keeps only its plans, another pinned pipeline
-    none of them."""
+    none of them. Past the time budget with a plan ranked, the V plans left are not tried
+    (`state.v_untried`); a pinned V goes on until one of its plans is ranked."""
     pin = req.pins.get("pipeline")
     if pin is not None and pin not in V_PIPELINES:
         return best
@@ -413,14 +417,25 @@ def _v_pass(req: Request, ev: Evaluator, best: _Top) -> _Top:
         pipes = [pin] if pinned else [v for v in V_PIPELINES if v in fam.pipelines]
         if pipes and p.pp > 1 and p.schedule != "fsdp-pp" and p not in [b[0] for b in bases]:
             bases.append((p, c.family, pipes))
-    for p, family, pipes in bases[:V_TRIES]:
-        for pipe, split in itertools.product(pipes, v_splits(req.spec, p.pp)):
-            plan = p.replace(pipeline=pipe, layer_split=split)
-            if not ev.memory(plan).fits:
-                continue
-            res = ev.simulate(plan)
-            if res is not None:
-                out.add(_candidate(res, plan, family, usable_bytes(req)))
+    tries = [
+        (p.replace(pipeline=pipe, layer_split=split), family)
+        for p, family, pipes in bases[:V_TRIES]
+        for pipe, split in itertools.product(pipes, v_splits(req.spec, p.pp))
+    ]
+    for i, (plan, family) in enumerate(tries):
+        if state.out_of_time(out):
+            state.v_untried = len(tries) - i
+            break
+        if not ev.memory(plan).fits:
+            continue
+        if state.out_of_time(out, ev.expected_simulate_s(plan)):
+            state.v_untried = len(tries) - i
+            break
+        res = ev.simulate(plan, state.deadline if out.items else None)
+        if res is None:  # its steady-state tries would end past the deadline
+            state.v_untried = len(tries) - i
+            break
+        out.add(_candidate(res, plan, family, usable_bytes(req)))
     return out
 
 
@@ -523,6 +538,7 @@ def _result(req: Request, ev: Evaluator, best: _Top, state: _State, total: int, 
         floor_step_s=state.floor,
         structures_left=state.pruned if stopped else 0,
         untimed=None if best.items else state.untimed,
+        v_untried=state.v_untried,
     )
 
 
@@ -569,6 +585,8 @@ class _State:
     """Set when the search stops at `hard_deadline` with no plan ranked."""
     untimed: Untimed | None = None
     """A plan the ledger found to fit whose simulation the hard deadline interrupted."""
+    v_untried: int = 0
+    """V-shaped plans the V pass left untried at the time budget (`_v_pass`)."""
 
     def out_of_time(self, best: _Top, ahead_s: float = 0.0) -> bool:
         """Past the deadline with some plan ranked (without one, the search goes on), or

@@ -37,8 +37,16 @@ zb-v is 2p, what 1F1B's stage 0 holds in chunks of half a stage: the activation 
 1F1B, the paper's ZB-V bound (3p under 1f1b-v, `inflight_limit`).
 A list schedule whose simulation runs to the end never deadlocks when run: every stage
 follows the order it simulated, and every pass waits only for what it waited for there.
-Where the limit starves the scheduler (no stage can run anything), it is raised by one
-until the schedule completes.
+
+Where the limit starves the scheduler (no stage can run anything: a stage filled with
+forwards of its first chunk cannot run the second-chunk forward that the oldest
+microbatch's backward waits for, as when a light embedding-only chunk 0 races ahead),
+the list scheduling is run again with each microbatch's first forward on a stage
+reserving the pair of its second (a first-chunk F runs only while the stage holds at
+most limit - 2 pairs, counting the reserved ones; a second-chunk F always may). That
+never starves: the oldest unfinished microbatch can always move, so the stage still
+holds at most `limit` pairs. (Raising the limit instead, the earlier rule, went up to
+m + 1 there, GPipe's activation memory, and took seconds at pp=8, m=128.)
 """
 
 from __future__ import annotations
@@ -82,19 +90,24 @@ def pass_orders(
     a V of 2pp chunks whose F, B_IN and B_W passes take `weights[chunk]` (see the module
     docstring); with `split` False (1f1b-v), (Op.F or Op.B, chunk, microbatch), a B
     taking B_IN's and B_W's time together."""
-    limit = inflight_limit(pp, split) if limit is None else limit
-    while True:
-        orders = _list_schedule(pp, m, weights, limit, split)
-        if orders is not None:
-            return orders
-        limit += 1
+    limit = max(2, inflight_limit(pp, split) if limit is None else limit)
+    orders = _list_schedule(pp, m, weights, limit, split, reserve=False)
+    if orders is None:  # starved: the reserving rule, which cannot starve
+        orders = _list_schedule(pp, m, weights, limit, split, reserve=True)
+    assert orders is not None, (pp, m, limit)
+    return orders
 
 
 _KIND = {Op.F: 0, Op.B_IN: 1, Op.B: 1, Op.B_W: 2}
 
 
 def _list_schedule(
-    pp: int, m: int, weights: list[tuple[float, float, float]], limit: int, split: bool
+    pp: int,
+    m: int,
+    weights: list[tuple[float, float, float]],
+    limit: int,
+    split: bool,
+    reserve: bool,
 ) -> list[list[tuple[Op, int, int]]] | None:
     n_chunks = 2 * pp
     stage_of = [v_stage_of_chunk(pp, c) for c in range(n_chunks)]
@@ -124,7 +137,9 @@ def _list_schedule(
                     first = 0 if split or last[s] is not Op.B else 1.5
                     out.append((ready, (first, mb, -c), (op_b, c, mb)))
             mb = next_f[c]
-            if mb < m and inflight[s] < limit:
+            # reserving: a first visit (c < pp) takes its second visit's pair too
+            room = inflight[s] + 2 <= limit if c < pp else True
+            if mb < m and (room if reserve else inflight[s] < limit):
                 ready = 0.0 if c == 0 else f_end.get((c - 1, mb), inf)
                 if ready < inf:
                     out.append((ready, (1, -c, mb), (Op.F, c, mb)))
@@ -154,7 +169,7 @@ def _list_schedule(
         if op is Op.F:
             f_end[(c, mb)] = end
             next_f[c] += 1
-            inflight[s] += 1
+            inflight[s] += 1 if not reserve else 2 if c < pp else 0
         elif op is Op.B:  # unsplit: the pair is done
             bi_end[(c, mb)] = end
             next_bi[c] += 1
