@@ -14,6 +14,7 @@ def test_fit_alpha_beta_recovers_a_line():
     assert a == pytest.approx(2e-4, rel=1e-6) and b == pytest.approx(1e9, rel=1e-6)
 
 
+@pytest.mark.slow  # about 40 s on an idle 2-core machine, 80 s on a slow one
 @pytest.mark.timeout(240)
 def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys, monkeypatch):
     # Two threads per rank, as a rank with both cores of a 2-core machine runs: the rank

@@ -335,13 +335,9 @@ def _interrupted_compile(env, lock_dir) -> None:
     run.wait(timeout=30)
 
 
-@pytest.mark.dist
-@pytest.mark.timeout(420)
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups, /proc")
-def test_stale_locks_of_an_interrupted_first_run_hang_nothing(tmp_path):
-    """What an interrupted first run leaves behind cannot hang a later one: the removed
-    C++ allocator's torch-extension build lock (torch's FileBaton waited forever on it) and
-    inductor's lock files (flock: a dead holder holds nothing)."""
+def _stale_lock_env(tmp_path) -> dict:
+    """A home whose torch-extension cache holds the build locks an interrupted first run of
+    the removed C++ allocator left (torch's FileBaton waited forever on them)."""
     import torch
 
     env = {**os.environ, "HOME": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")}
@@ -357,15 +353,39 @@ def test_stale_locks_of_an_interrupted_first_run_hang_nothing(tmp_path):
     for name in ("ratrain_cpu_caching_allocator", "ratrain_cpu_caching_allocator_v1"):
         (ext / name).mkdir(parents=True)
         (ext / name / "lock").write_text("")
+    return env
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups, /proc")
+def test_stale_build_locks_of_an_interrupted_first_run_hang_nothing(tmp_path):
+    """The extension build locks and a stale inductor lock file cannot hang an eager run
+    (the interrupted compile itself: the slow test below)."""
+    env = _stale_lock_env(tmp_path)
+    lock_dir = tmp_path / "ind" / "locks"
+    lock_dir.mkdir(parents=True)
+    (lock_dir / "stale.lock").write_text("")
+    t0 = time.monotonic()
+    out = _train(env, timeout=60)
+    assert out.returncode == 0 and "final loss" in out.stdout, out.stderr[-2000:]
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.timeout(420)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups, /proc")
+def test_stale_locks_of_an_interrupted_first_compile_hang_nothing(tmp_path):
+    """What an interrupted first `--compile` run leaves behind cannot hang a later one:
+    inductor's lock files (flock: a dead holder holds nothing) and its partial cache, with
+    the extension build locks of `_stale_lock_env` beside them."""
+    env = _stale_lock_env(tmp_path)
     lock_dir = tmp_path / "ind" / "locks"
     _interrupted_compile(env, lock_dir)
     lock_dir.mkdir(parents=True, exist_ok=True)
     (lock_dir / "stale.lock").write_text("")  # in case the kill came before the first
     assert list(lock_dir.glob("*.lock"))
-    t0 = time.monotonic()
-    out = _train(env, timeout=60)
-    assert out.returncode == 0 and "final loss" in out.stdout, out.stderr[-2000:]
-    assert time.monotonic() - t0 < 60
     # --compile reads the interrupted run's inductor cache and locks (a cold compile of the
     # tiny model's blocks is ~25 s on the 2-core machine: the bound leaves room for load)
     out = _train(env, "--compile", timeout=180)

@@ -197,7 +197,11 @@ def _exhaustive(req: Request) -> tuple[float, int, int]:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     "platform,clusters,global_batch",
-    [("mt3000", 3, 6), ("mt3000", 2, 8), ("a100-80g", 3, 6)],
+    [
+        ("mt3000", 3, 6),
+        ("mt3000", 2, 8),
+        pytest.param("a100-80g", 3, 6, marks=pytest.mark.slow),  # about 20 s on 2 cores
+    ],
 )
 def test_pruning_never_drops_the_exhaustive_best(platform, clusters, global_batch):
     req = Request(TINY, _small_cap(platform=platform), clusters, global_batch, 128)

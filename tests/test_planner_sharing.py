@@ -73,7 +73,11 @@ def test_step_bound_never_exceeds_the_simulation_with_shared_cores():
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("loss", ["plain", "searched"])
+@pytest.mark.parametrize(
+    "loss",
+    # searched: twice the space (about 50 s on a slow 2-core machine)
+    ["plain", pytest.param("searched", marks=pytest.mark.slow)],
+)
 def test_pruning_never_drops_the_exhaustive_best_with_shared_cores(loss):
     # The fused counts: the exhaustive search's replay and the planner's simulation then
     # count memory alike (with eager_kernels the simulation's ledger counts more than the

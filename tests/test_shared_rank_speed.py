@@ -91,6 +91,7 @@ def test_step_bound_never_exceeds_the_simulation_with_the_table():
     assert checked > 50
 
 
+@pytest.mark.slow  # an exhaustive search: about 50 s on a slow 2-core machine
 @pytest.mark.timeout(240)
 def test_pruning_never_drops_the_exhaustive_best_with_the_table():
     cap = replace(
