@@ -243,3 +243,23 @@ def test_simulate_memory_cap(capsys):
     assert r["over_cap_stages"] and "over the 10.24 GB" in captured.err
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["memory_cap_bytes"] == 20e9
+
+
+def test_a_baseline_not_found_in_time_is_not_said_not_to_fit(monkeypatch, capsys):
+    """A baseline family's search that stops at the hard deadline with no plan found says
+    so ("unfinished" in --json), instead of "no plan fits"."""
+    from ratrain.cli import plan as cli_plan
+
+    argv = ["plan", "--model", "tiny", "--platform", "cpu-local", "--clusters", "4", "--quiet"]
+    real = cli_plan._baselines
+    # the main search as usual; each baseline's with a hard deadline already past
+    monkeypatch.setattr(
+        cli_plan, "_baselines", lambda req, progress, budget: real(req, None, 1e-12)
+    )
+    assert main([*argv, "--baselines"]) == 0
+    out = capsys.readouterr().out
+    assert "vs best gpu-style: no gpu-style plan found within the time budget" in out
+    assert "no gpu-style plan fits" not in out
+    assert main([*argv, "--baselines", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["baselines"]
+    assert got == {"gpu-style": "unfinished", "zero1-pp": "unfinished", "fsdp-pp": "unfinished"}

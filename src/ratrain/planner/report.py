@@ -161,8 +161,11 @@ def result_json(res: SearchResult, explanation=None, baselines: dict | None = No
     if explanation is not None:
         d["explanation"] = explanation.to_json()
     if baselines:
+        # a family's search stopped with no plan found in time: "unfinished", not null
         d["baselines"] = {
-            name: None if c is None else {**_candidate_json(c), "speedup": _speedup(res.best, c)}
+            name: c
+            if c is None or isinstance(c, str)
+            else {**_candidate_json(c), "speedup": _speedup(res.best, c)}
             for name, c in baselines.items()
         }
     return d
