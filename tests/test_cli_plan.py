@@ -210,8 +210,8 @@ def test_help_states_the_default_batch_rule(capsys):
 @pytest.mark.timeout(120)
 def test_memory_cap_replaces_the_platforms_usable_memory(capsys):
     # mt3000: 20 GB usable. A larger cap admits fewer stages, a smaller one nothing at all.
-    # The budget: the first plan that fits comes after about 3 s of search on a slow, loaded
-    # 2-core machine, past the default's hard deadline (2.5 x 1.2 s): it would be untimed.
+    # The budget: the first plan that fits came after about 3 s of search on a slow, loaded
+    # 2-core machine, where the default's hard deadline (5 x 1.2 s) leaves it only 2x.
     args = ["plan", "--model", "llama2-7b", "--clusters", "8", "--json", "--quiet"]
     args += ["--time-budget", "5"]
     assert main(args) == 0

@@ -44,8 +44,8 @@ NO_FIT_BUDGET_FACTOR = 5.0
 before it answers that none was found in time. At 2.5x (3 s), on the 2-core machine on a
 day it ran about 2x slower than when the default budget was set, llama2-70b, qwen2.5-32b
 (1024 mt3000 clusters) and llama2-13b (64 a100-80g clusters) got "no plan found" at
-3.6-4.2 s; at 5x each was answered, its first plan found after 3.0-4.4 s of search
-(`docs/paper_eval.md`, "Planner speed"). Only a search with no plan fitting yet runs
+3.6-4.2 s; at 5x each was answered, its first plan found after 2.6-4.5 s of search
+(`docs/paper_eval.md`, "The hard deadline on a slower day"). Only a search with no plan fitting yet runs
 that long: one cut at the budget with a plan answers as before."""
 
 EXPLAIN_BUDGET_FACTOR = 0.4

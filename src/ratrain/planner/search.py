@@ -423,20 +423,26 @@ def _v_pass(req: Request, ev: Evaluator, best: _Top, state: _State) -> _Top:
         for pipe, split in itertools.product(pipes, v_splits(req.spec, p.pp))
     ]
     for i, (plan, family) in enumerate(tries):
-        if state.out_of_time(out):
+        if not _v_try(req, ev, out, state, plan, family):  # out of time: it and the rest
             state.v_untried = len(tries) - i
             break
-        if not ev.memory(plan).fits:
-            continue
-        if state.out_of_time(out, ev.expected_simulate_s(plan)):
-            state.v_untried = len(tries) - i
-            break
-        res = ev.simulate(plan, state.deadline if out.items else None)
-        if res is None:  # its steady-state tries would end past the deadline
-            state.v_untried = len(tries) - i
-            break
-        out.add(_candidate(res, plan, family, usable_bytes(req)))
     return out
+
+
+def _v_try(req: Request, ev: Evaluator, out: _Top, state: _State, plan: Plan, family) -> bool:
+    """Rank the V plan `plan` in `out` if it fits; False (nothing done) where the time
+    budget ends first, before its replay or its simulation."""
+    if state.out_of_time(out):
+        return False
+    if not ev.memory(plan).fits:
+        return True
+    if state.out_of_time(out, ev.expected_simulate_s(plan)):
+        return False
+    res = ev.simulate(plan, state.deadline if out.items else None)
+    if res is None:  # its steady-state tries would end past the deadline
+        return False
+    out.add(_candidate(res, plan, family, usable_bytes(req)))
+    return True
 
 
 def _work(req: Request, ev: Evaluator, tasks: list, best: _Top, state: _State, prune, report):

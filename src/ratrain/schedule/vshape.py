@@ -121,6 +121,9 @@ def _list_schedule(
     last: list[Op | None] = [None] * pp  # each stage's last pass
     orders: list[list[tuple[Op, int, int]]] = [[] for _ in range(pp)]
     left = (3 if split else 2) * n_chunks * m
+    # The pairs a chunk's F takes from its stage's limit: one each; reserving, a first visit
+    # (c < pp) takes its second visit's too, which then takes none.
+    f_pairs = [(2 if c < pp else 0) if reserve else 1 for c in range(n_chunks)]
     op_b = Op.B_IN if split else Op.B
     if not split:  # one B of both halves' time
         weights = [(f, bi + bw, 0.0) for f, bi, bw in weights]
@@ -137,9 +140,7 @@ def _list_schedule(
                     first = 0 if split or last[s] is not Op.B else 1.5
                     out.append((ready, (first, mb, -c), (op_b, c, mb)))
             mb = next_f[c]
-            # reserving: a first visit (c < pp) takes its second visit's pair too
-            room = inflight[s] + 2 <= limit if c < pp else True
-            if mb < m and (room if reserve else inflight[s] < limit):
+            if mb < m and inflight[s] + f_pairs[c] <= limit:
                 ready = 0.0 if c == 0 else f_end.get((c - 1, mb), inf)
                 if ready < inf:
                     out.append((ready, (1, -c, mb), (Op.F, c, mb)))
@@ -169,7 +170,7 @@ def _list_schedule(
         if op is Op.F:
             f_end[(c, mb)] = end
             next_f[c] += 1
-            inflight[s] += 1 if not reserve else 2 if c < pp else 0
+            inflight[s] += f_pairs[c]
         elif op is Op.B:  # unsplit: the pair is done
             bi_end[(c, mb)] = end
             next_bi[c] += 1
