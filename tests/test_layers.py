@@ -25,10 +25,11 @@ DEPENDS: dict[str, set[str]] = {
     "gcpause": set(),
     "yaml_io": {"errors"},
     "ranks": set(),
+    "schema": {"errors"},
     # pure: specs and platform data, the plan, the bytes of each training state
     "models": {"errors"},
     "platforms": {"yaml_io"},
-    "config": {"models", "yaml_io", "ranks"},
+    "config": {"models", "yaml_io", "ranks", "schema"},
     "sizes": {"config"},
     # pure: the schedule IR and its three torch-free readers, then the planner
     "schedule": {"sizes", "deadline", "gcpause"},
@@ -63,6 +64,7 @@ PURE = {
     "gcpause",
     "yaml_io",
     "ranks",
+    "schema",
     "models",
     "platforms",
     "config",

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from ratrain.models.presets import get_preset
-from ratrain.planner.explain import _saves_across, find_feasible
+from ratrain.planner.explain import find_feasible
+from ratrain.planner.saving import saves as _saves_across
 from ratrain.planner.space import Knobs, Request
 from ratrain.platforms.load import load
 
@@ -51,7 +52,7 @@ def test_the_skip_changes_no_answer(platform, monkeypatch):
         answers.append(
             (_plan_key(find_feasible(req, confirm=False)), _plan_key(find_feasible(req)))
         )
-    monkeypatch.setattr(explain_mod, "_saves_across", lambda a, b: False)
+    monkeypatch.setattr(explain_mod, "saves", lambda a, b: False)
     for (usable, clusters, gb), got in zip(
         itertools.product((1_900_000, 2_300_000, 2_800_000, 4_000_000), (1, 2, 3, 4, 8), (4, 12)),
         answers,

@@ -18,7 +18,8 @@ from ratrain.planner import explain, search
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.families import ALL_FAMILIES
 from ratrain.planner.fit import memory_bound, stage_options
-from ratrain.planner.search import _dominant, _saves
+from ratrain.planner.saving import dominant as _dominant
+from ratrain.planner.saving import saves as _saves
 from ratrain.planner.space import (
     Knobs,
     Request,

@@ -3,7 +3,9 @@
 Pure Python (no torch). A `Plan` says *how* a model is trained on a machine: degrees of
 parallelism, batch shape, the layer split, and the lifecycle policies. The schedule IR,
 the memory ledger, the simulator, the planner and the runtime all read the same `Plan`.
-Field docstrings double as CLI help.
+Each field's `ratrain.schema.Knob` (its flag and help, pin, search part, memory rank) is
+the one place a knob is described; the CLI, the pins and the planner's knobs are made
+from it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
 from ratrain.ranks import RANK_LAYOUTS
+from ratrain.schema import Knob, knob
 
 __all__ = [
     "SCHEDULES",
@@ -111,55 +114,143 @@ def even_split(n_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(split)
 
 
+def _saves_true(v: bool) -> int:
+    return 0 if v else 1
+
+
+def _grad_rank(dtype: str) -> int:
+    return 0 if DTYPE_BYTES[dtype] < DTYPE_BYTES["fp32"] else 1
+
+
+def _lookahead_rank(n: int) -> int:
+    return n
+
+
+def _view_policy_rank(policy: str) -> int:
+    return 0 if policy == "transient" else 1
+
+
+def _pipeline_rank(pipeline: str) -> int:
+    return PIPELINES.index(pipeline)
+
+
 @dataclass(frozen=True)
 class Plan:
-    """One training configuration of a model on a machine."""
+    """One training configuration of a model on a machine.
 
-    pp: int = 1
+    Each field carries its `ratrain.schema.Knob`: its group, flag, pin, search part and
+    memory rank. Everything that handles knobs is generated from them."""
+
+    pp: int = knob(1, Knob(
+        "structure", "--pp", "pipeline stages (default {default})", "positive_int", 10,
+        search="structure", bound=True,
+    ))  # fmt: skip
     """Pipeline stages."""
-    dp: int = 1
+    dp: int = knob(1, Knob(
+        "structure", "--dp", "data-parallel replicas (default {default})", "positive_int", 20,
+        search="structure", bound=True,
+    ))  # fmt: skip
     """Data-parallel replicas of the pipeline."""
-    micro_batch: int = 1
+    micro_batch: int = knob(1, Knob(
+        "structure", "--micro-batch", "sequences per microbatch (default {default})",
+        "positive_int", 30, search="structure", bound=True,
+    ))  # fmt: skip
     """Sequences per microbatch."""
-    global_batch: int = 1
+    global_batch: int = knob(1, Knob(
+        "structure", "--global-batch", "sequences per step (default {default})", "positive_int",
+        40, pin=None, search="request",
+    ))  # fmt: skip
     """Sequences per optimizer step, over all replicas: micro_batch x microbatches x dp."""
-    seq: int = 128
+    seq: int = knob(128, Knob(
+        "structure", "--seq", "sequence length (default {default})", "positive_int", 50,
+        pin=None, search="request", bound=True,
+    ))  # fmt: skip
     """Tokens per sequence."""
-    schedule: str = "ratrain"
+    schedule: str = knob("ratrain", Knob(
+        "communication", "--schedule", "default {default}", "choice", 60, choices=SCHEDULES,
+        search="knob", views=True,
+    ))  # fmt: skip
     """baseline | gpu-style | ratrain | fsdp-pp (needs shard_optimizer; see
-    `ratrain.schedule.fsdp`)."""
-    layer_split: tuple[int, ...] | None = None
+    `ratrain.schedule.fsdp`): the lifecycle, where gradient sync, update and views go."""
+    layer_split: tuple[int, ...] | None = knob(None, Knob(
+        "structure", "--layer-split",
+        "blocks per stage (per chunk under zb-v and 1f1b-v), comma-separated (default: even)",
+        "int_list", 100, pin="int_list", search="structure",
+    ))  # fmt: skip
     """Transformer blocks per stage (first and last may be smaller; under zb-v, per chunk:
     2 x pp counts, `Plan.chunk_units`); None: even split."""
-    recompute: tuple[str, ...] | str = "none"
+    recompute: tuple[str, ...] | str = knob("none", Knob(
+        "memory", "--recompute",
+        "per stage, comma-separated, or one for all: none|selective|full|first:K", "nonempty",
+        90, pin="policy_list", search="policy",
+    ))  # fmt: skip
     """Per stage (or one for all): none | selective | full | first:K."""
-    shard_optimizer: bool = False
+    shard_optimizer: bool = knob(False, Knob(
+        "memory", "--shard-optimizer", "shard optimizer states over DP (ZeRO-1)", "bool", 110,
+        search="knob", saves=_saves_true, bound=True,
+    ))  # fmt: skip
     """Shard optimizer states (and master weights) over DP: reduce-scatter + all-gather (ZeRO-1)."""
-    view_policy: str = "persistent"
+    view_policy: str = knob("persistent", Knob(
+        "memory", "--view-policy", None, "choice", 120, choices=("persistent", "transient"),
+        search="knob", saves=_view_policy_rank, views=True,
+    ))  # fmt: skip
     """persistent | transient: keep the compute-dtype view between steps, or fetch it per use."""
-    view_lookahead: int = 1
+    view_lookahead: int = knob(1, Knob(
+        "memory", "--view-lookahead", None, "nonneg_int", 130, search="knob",
+        saves=_lookahead_rank, views=True,
+    ))  # fmt: skip
     """Transient views: how many layers ahead VIEW_FETCH runs."""
-    compute_dtype: str = "bf16"
+    compute_dtype: str = knob("bf16", Knob(
+        "numerics", "--dtype", "compute dtype (default {default})", "choice", 140,
+        choices=DTYPES, search="knob", bound=True,
+    ))  # fmt: skip
     """fp32 | bf16 | fp16."""
-    grad_dtype: str = "fp32"
+    grad_dtype: str = knob("fp32", Knob(
+        "numerics", "--grad-dtype", None, "choice", 150, choices=DTYPES, search="knob",
+        saves=_grad_rank, bound=True,
+    ))  # fmt: skip
     """Gradient accumulation dtype: fp32 | bf16 | fp16."""
-    offload_activations: bool = False
+    offload_activations: bool = knob(False, Knob(
+        "memory", "--offload", "offload activation checkpoints to the host tier", "bool", 160,
+        search="knob", saves=_saves_true, bound=True,
+    ))  # fmt: skip
     """Offload layer-input checkpoints to the host tier between F and B."""
-    bucket_bytes: int = 25 * 2**20
+    bucket_bytes: int = knob(25 * 2**20, Knob("communication"))
     """gpu-style: gradient-sync bucket size (Megatron's default is 40M fp32 elements)."""
-    clip_grad: float | None = 1.0
+    clip_grad: float | None = knob(1.0, Knob(
+        "numerics", "--clip-grad", "global grad-norm clip; 0 disables it", "nonneg_float", 170,
+        pin="optional_float",
+    ))  # fmt: skip
     """Global gradient-norm clip; None disables it (and the global norm reduction)."""
-    model: str | None = None
+    model: str | None = knob(None, Knob("identity", pin=None))
     """Name of the model the plan is for (checked by the runtime)."""
-    loss_chunk_tokens: int | None = None
+    loss_chunk_tokens: int | None = knob(None, Knob(
+        "memory", "--loss-chunk-tokens",
+        "fused chunked cross-entropy on the head, this many tokens at a time "
+        "(default: the plain loss)", "positive_int", 180, pin="optional_int", search="knob",
+        bound=True,
+    ))  # fmt: skip
     """Head loss: fused chunked cross-entropy over this many tokens at a time (the logits
-    of a whole microbatch never exist at once); None: the plain loss on full logits."""
-    sync_bucket_bytes: int = 0
+    of a whole microbatch never exist at once); None: the plain loss on full logits. Not
+    ranked by memory: what it saves depends on the microbatch's tokens against the chunk."""
+    sync_bucket_bytes: int = knob(0, Knob(
+        "communication", "--sync-bucket-bytes",
+        "coalesce gradient syncs into buckets of at least this many bytes, the same "
+        "buckets in every schedule (default {default}: one per unit)", "nonneg_int", 190,
+    ))  # fmt: skip
     """Gradient syncs: a stage's units, in backward order, are grouped into buckets of at
     least this many gradient bytes, one collective per bucket, the same buckets in every
     schedule (ratrain syncs and updates per bucket); 0: one bucket per unit. Unsharded
     optimizer only (sharded, each unit is reduce-scattered alone)."""
-    pipeline: str = "1f1b"
+    pipeline: str = knob("1f1b", Knob(
+        "structure", "--pipeline",
+        "pass order: 1f1b, zb-h1 (zero bubble: each backward split into its input "
+        "and weight gradients, the weight passes deferred, at 1F1B's memory), zb-h2 (the "
+        "same with up to twice 1F1B's forwards in flight), zb-v or 1f1b-v (two chunks per "
+        "stage in a V, stage 0 holding the embedding and the head; --layer-split then "
+        "gives blocks per chunk, 2 x pp; default {default})", "choice", 70, choices=PIPELINES,
+        search="knob", saves=_pipeline_rank, bound=True,
+    ))  # fmt: skip
     """1f1b | zb-h1 | zb-h2 | zb-v | 1f1b-v: the per-stage pass order. The zero-bubble ones (Qi et al.
     2024, "Zero Bubble Pipeline Parallelism", H1, H2 and V) split each backward into B_in
     and a deferred B_w (`ratrain.schedule.zerobubble`; the runtime's split backward is
@@ -168,12 +259,19 @@ class Plan:
     zb-v places two chunks of the model on each stage in a V (stage s holds chunks s and
     2pp-1-s, so stage 0 holds the embedding and the head; `ratrain.schedule.vshape`), and
     then layer_split gives 2 x pp counts, blocks per chunk; 1f1b-v is that placement with
-    each backward whole."""
-    rank_layout: str = "pp-inner"
+    each backward whole. Ranked by memory 1f1b, zb-h1, zb-h2 (each holds what its deferred
+    weight passes need, zb-h2 more microbatches in flight)."""
+    rank_layout: str = knob("pp-inner", Knob(
+        "communication", "--rank-layout",
+        "how ranks fill nodes: pp-inner (a pipeline's stages on neighbouring ranks) or "
+        "dp-inner (a stage's DP peers on neighbouring ranks; default {default})", "choice", 80,
+        choices=RANK_LAYOUTS, search="knob",
+    ))  # fmt: skip
     """pp-inner | dp-inner: which global rank holds (stage, replica), consecutive ranks
     filling a node (`ratrain.ranks`): a pipeline's stages are neighbours (pp-inner), or a
     stage's DP peers are (dp-inner). Decides which of the two crosses slow inter-node
-    links; the runtime's grid, the cost model and the simulator all follow it."""
+    links; the runtime's grid, the cost model and the simulator all follow it. Moves
+    communication only, never memory."""
 
     def __post_init__(self) -> None:
         self._check_numbers()

@@ -9,16 +9,18 @@ import argparse
 import math
 import sys
 
-from ratrain.config import DTYPES, PIPELINES, RANK_LAYOUTS, SCHEDULES, V_PIPELINES, Plan, load_plan
+from ratrain.config import V_PIPELINES, Plan, load_plan
 from ratrain.errors import RatrainError
 from ratrain.models.presets import resolve_model
 from ratrain.models.spec import ModelSpec
+from ratrain.schema import cli_fields, knob_of
 
 __all__ = [
     "add_model_arg",
     "add_plan_args",
     "plan_from_args",
     "plan_platform",
+    "plan_file",
     "positive_int",
     "nonneg_int",
     "positive_float",
@@ -45,13 +47,23 @@ def _note(msg: str) -> None:
     print(f"ratrain: {msg}", file=sys.stderr, flush=True)
 
 
+def plan_file(args: argparse.Namespace):
+    """The plan file --plan names, as (plan, extras), read once per command: the platform,
+    the memory cap and the plan itself all come from the one reading."""
+    cached = getattr(args, "_plan_file", None)
+    if cached is None or cached[0] != args.plan:
+        cached = (args.plan, load_plan(args.plan))
+        args._plan_file = cached
+    return cached[1]
+
+
 def plan_platform(args: argparse.Namespace, default: str) -> str:
     """The platform to use: --platform, else the plan file's, else `default`. Says so on
     stderr when --platform overrides the platform the plan file was made for."""
     flag = getattr(args, "platform", None)
     recorded = None
     if getattr(args, "plan", None):
-        _, extras = load_plan(args.plan)
+        _, extras = plan_file(args)
         recorded = extras.get("platform")
     if flag and recorded and str(flag) != str(recorded):
         _note(f"--platform {flag} overrides the plan file's platform {recorded}")
@@ -160,7 +172,7 @@ def memory_cap(args: argparse.Namespace) -> tuple[float | None, str]:
     flag = getattr(args, "memory_cap", None)
     recorded = None
     if getattr(args, "plan", None):
-        _, extras = load_plan(args.plan)
+        _, extras = plan_file(args)
         recorded = extras.get(PLAN_FILE_CAP)
         if recorded is not None:
             try:
@@ -205,111 +217,57 @@ def add_model_arg(p: argparse.ArgumentParser, default: str | None = None) -> Non
     )
 
 
+def _cli_types() -> dict:
+    return {
+        "positive_int": positive_int,
+        "nonneg_int": nonneg_int,
+        "nonneg_float": nonneg_float,
+        "nonempty": nonempty,
+        "int_list": _split,
+    }
+
+
 def add_plan_args(p: argparse.ArgumentParser, *, defaults: dict | None = None) -> None:
-    """The plan flags. `defaults` overrides the dataclass defaults for one command."""
+    """The plan flags, generated from the plan's schema (`ratrain.schema.Knob`: flag, help,
+    how the flag reads its text). `defaults` overrides the dataclass defaults for one
+    command (in the help's "default ...")."""
     d = {**Plan().to_dict(), **(defaults or {})}
     p.add_argument(
         "--plan",
         type=nonempty,
         help="a plan file (YAML/JSON) written by `ratrain plan -o`; flags override it",
     )
-    p.add_argument("--pp", type=positive_int, help=f"pipeline stages (default {d['pp']})")
-    p.add_argument("--dp", type=positive_int, help=f"data-parallel replicas (default {d['dp']})")
-    p.add_argument(
-        "--micro-batch",
-        type=positive_int,
-        help=f"sequences per microbatch (default {d['micro_batch']})",
-    )
-    p.add_argument(
-        "--global-batch",
-        type=positive_int,
-        help=f"sequences per step (default {d['global_batch']})",
-    )
-    p.add_argument("--seq", type=positive_int, help=f"sequence length (default {d['seq']})")
-    p.add_argument("--schedule", choices=SCHEDULES, help=f"default {d['schedule']}")
-    p.add_argument(
-        "--pipeline",
-        choices=PIPELINES,
-        help=f"pass order: 1f1b, zb-h1 (zero bubble: each backward split into its input "
-        f"and weight gradients, the weight passes deferred, at 1F1B's memory), zb-h2 (the "
-        f"same with up to twice 1F1B's forwards in flight), zb-v or 1f1b-v (two chunks per "
-        f"stage in a V, stage 0 holding the embedding and the head; --layer-split then "
-        f"gives blocks per chunk, 2 x pp; default {d['pipeline']})",
-    )
-    p.add_argument(
-        "--rank-layout",
-        choices=RANK_LAYOUTS,
-        help="how ranks fill nodes: pp-inner (a pipeline's stages on neighbouring ranks) or "
-        f"dp-inner (a stage's DP peers on neighbouring ranks; default {d['rank_layout']})",
-    )
-    p.add_argument(
-        "--recompute",
-        type=nonempty,
-        help="per stage, comma-separated, or one for all: none|selective|full|first:K",
-    )
-    p.add_argument(
-        "--layer-split",
-        type=_split,
-        help="blocks per stage (per chunk under zb-v and 1f1b-v), comma-separated (default: even)",
-    )
-    p.add_argument(
-        "--shard-optimizer",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="shard optimizer states over DP (ZeRO-1)",
-    )
-    p.add_argument("--view-policy", choices=("persistent", "transient"))
-    p.add_argument("--view-lookahead", type=nonneg_int)
-    p.add_argument(
-        "--dtype",
-        dest="compute_dtype",
-        choices=DTYPES,
-        help=f"compute dtype (default {d['compute_dtype']})",
-    )
-    p.add_argument("--grad-dtype", choices=DTYPES)
-    p.add_argument(
-        "--offload",
-        dest="offload_activations",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="offload activation checkpoints to the host tier",
-    )
-    p.add_argument("--clip-grad", type=nonneg_float, help="global grad-norm clip; 0 disables it")
-    p.add_argument(
-        "--loss-chunk-tokens",
-        type=positive_int,
-        help="fused chunked cross-entropy on the head, this many tokens at a time "
-        "(default: the plain loss)",
-    )
-    p.add_argument(
-        "--sync-bucket-bytes",
-        type=nonneg_int,
-        help="coalesce gradient syncs into buckets of at least this many bytes, the same "
-        f"buckets in every schedule (default {d['sync_bucket_bytes']}: one per unit)",
-    )
+    types = _cli_types()
+    for f in cli_fields(Plan):
+        k = knob_of(f)
+        kw: dict = {"dest": f.name}
+        if k.help is not None:
+            kw["help"] = k.help.replace("{default}", str(d[f.name]))
+        if k.cli == "bool":
+            kw |= {"action": argparse.BooleanOptionalAction, "default": None}
+        elif k.cli == "choice":
+            kw["choices"] = k.choices
+        else:
+            kw["type"] = types[k.cli]
+        p.add_argument(k.flag, **kw)
     p.set_defaults(_plan_defaults=d)
 
 
-_FLAG_NAMES = {"compute_dtype": "--dtype", "offload_activations": "--offload"}
-_FIELDS = (
-    "pp",
-    "dp",
-    "micro_batch",
-    "global_batch",
-    "seq",
-    "schedule",
-    "pipeline",
-    "rank_layout",
-    "layer_split",
-    "shard_optimizer",
-    "view_policy",
-    "view_lookahead",
-    "compute_dtype",
-    "grad_dtype",
-    "offload_activations",
-    "loss_chunk_tokens",
-    "sync_bucket_bytes",
-)
+_FLAG_FIELDS = tuple(f.name for f in cli_fields(Plan))
+_FLAG_NAMES = {f.name: knob_of(f).flag for f in cli_fields(Plan)}
+_CONVERTED = {f.name: knob_of(f).pin for f in cli_fields(Plan)}
+"""How a flag's value becomes the field's: a list of policies ("full,none"), a clip of 0
+(none), or as it is."""
+
+
+def _flag_value(name: str, v):
+    how = _CONVERTED[name]
+    if how == "policy_list":
+        parts = v.split(",")
+        return parts[0] if len(parts) == 1 else tuple(parts)
+    if how == "optional_float":
+        return v or None
+    return v
 
 
 def plan_from_args(
@@ -320,7 +278,7 @@ def plan_from_args(
     base: dict = dict(args._plan_defaults)
     model_name = getattr(args, "model", None)
     if getattr(args, "plan", None):
-        file_plan, extras = load_plan(args.plan)
+        file_plan, extras = plan_file(args)
         base = file_plan.to_dict()
         # --model with a plan for another model is refused by `Plan.check_for` (a plan's
         # split and memory fit belong to its model); a config path naming it is accepted.
@@ -330,18 +288,16 @@ def plan_from_args(
         raise RatrainError("no model given: pass --model NAME_OR_CONFIG_JSON or --plan FILE")
     spec = model_name if isinstance(model_name, ModelSpec) else resolve_model(model_name)
     file_pipeline = base.get("pipeline")
-    for f in _FIELDS:
+    for f in _FLAG_FIELDS:
         v = getattr(args, f, None)
-        if v is not None:
-            if getattr(args, "plan", None) and base.get(f) != v:
-                flag = _FLAG_NAMES.get(f, "--" + f.replace("_", "-"))
-                _note(f"{flag} {v} overrides the plan file's {base.get(f)}")
-            base[f] = v
-    if getattr(args, "recompute", None):
-        parts = args.recompute.split(",")
-        base["recompute"] = parts[0] if len(parts) == 1 else tuple(parts)
-    if getattr(args, "clip_grad", None) is not None:
-        base["clip_grad"] = args.clip_grad or None
+        if v is None:
+            continue
+        if _CONVERTED[f] in ("policy_list", "optional_float"):
+            base[f] = _flag_value(f, v)  # no note: the file's form differs (a list, None)
+            continue
+        if getattr(args, "plan", None) and base.get(f) != v:
+            _note(f"{_FLAG_NAMES[f]} {v} overrides the plan file's {base.get(f)}")
+        base[f] = v
     if isinstance(base.get("recompute"), list):
         base["recompute"] = tuple(base["recompute"])
     if (

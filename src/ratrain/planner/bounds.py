@@ -35,7 +35,9 @@ from ratrain.platforms import Platform
 from ratrain.schedule.ir import Action, Op, Resource
 from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS, deferred_weight_mbs, offloaded_mbs
 from ratrain.schedule.passes import global_checks
+from ratrain.schedule.views import prefetched_views_of, transient_views_of
 from ratrain.schedule.zerobubble import inflight_limit, order_of, warmup
+from ratrain.schema import bound_fields
 from ratrain.sizes.activations import (
     activation_bytes,
     backward_workspace_bytes,
@@ -65,8 +67,6 @@ __all__ = [
     "persistent_bound_of",
     "persistent_lower_bound_bytes",
     "MemoryBound",
-    "transient_views_of",
-    "view_rank",
 ]
 
 
@@ -426,35 +426,6 @@ def _transient_views(plan: Plan) -> bool:
     return transient_views_of(plan.schedule, plan.view_policy)
 
 
-def prefetched_views_of(schedule: str, view_policy: str, view_lookahead: int) -> bool:
-    """Whether, while B(u) runs, the view of the unit the backward pass reads next is held
-    too: views fetched at least one use ahead and dropped after the use
-    (`passes.add_transient_views`: ratrain's transient views, fsdp-pp resharding), or
-    gathered before their first use of the step and freed after their last (fsdp-pp
-    without resharding, `fsdp._add_step_views`: the unit below was used in the forward
-    passes and its last backward pass is still ahead)."""
-    if schedule == "fsdp-pp" and view_policy == "persistent":
-        return True
-    return view_lookahead >= 1 and view_policy == "transient" and schedule in _PREFETCHING
-
-
-_PREFETCHING = ("ratrain", "fsdp-pp")
-
-
-def view_rank(schedule: str, view_policy: str, view_lookahead: int) -> int:
-    """How many views `MemoryBound` holds, as an order (knobs of a lower rank hold no more
-    by the bound, all else equal): 0 the running unit's alone, 1 with the next unit's
-    fetched ahead, 2 every view of the stage for the whole step."""
-    if not transient_views_of(schedule, view_policy):
-        return 2
-    return int(prefetched_views_of(schedule, view_policy, view_lookahead))
-
-
-def transient_views_of(schedule: str, view_policy: str) -> bool:
-    """`_transient_views` of a plan with this schedule and view policy."""
-    return schedule == "fsdp-pp" or (schedule == "ratrain" and view_policy == "transient")
-
-
 def step_time_lower_bound_s(
     split: tuple[int, ...],
     microbatches: int,
@@ -669,6 +640,9 @@ class _Layout:
         return self.below0[-1]
 
 
+_BOUND_FIELDS = bound_fields(Plan)
+
+
 class MemoryBound:
     """A lower bound on each stage's ledger peak under a recompute policy, from moments of
     its 1F1B walk (one plan's knobs; the plan's own recompute field is not read).
@@ -766,22 +740,14 @@ class MemoryBound:
 
     @staticmethod
     def key(plan: Plan) -> tuple:
-        """The plan fields the bound reads besides the split (for sharing one instance)."""
-        return (
-            plan.pp,
-            plan.dp,
-            plan.micro_batch,
-            plan.microbatches,
-            plan.seq,
-            _transient_views(plan),  # all the schedule and the view policy change here
-            plan.shard_optimizer,
-            plan.compute_dtype,
-            plan.grad_dtype,
-            plan.offload_activations,
+        """The plan fields the bound reads besides the split (for sharing one instance):
+        those the schema marks `bound`, the microbatches they make, and the views a stage
+        holds (all that the lifecycle and the view policy change here)."""
+        views = (
+            _transient_views(plan),
             prefetched_views_of(plan.schedule, plan.view_policy, plan.view_lookahead),
-            plan.pipeline,
-            plan.loss_chunk_tokens,
         )
+        return (plan.microbatches, views, *(getattr(plan, f) for f in _BOUND_FIELDS))
 
     def stage_key(self, stage: int) -> tuple[int, bool, bool, int]:
         """What the bound reads of a stage: its blocks, whether it holds the embedding or

@@ -18,10 +18,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ratrain.config import PIPELINES, Plan
-from ratrain.planner.bounds import view_rank
+from ratrain.config import Plan
 from ratrain.planner.evaluate import Evaluator, MemoryReport, usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, memory_bound, options
+from ratrain.planner.saving import saves, saving_order
 from ratrain.planner.search import Near, states_lower_bound_bytes
 from ratrain.planner.space import (
     Knobs,
@@ -35,7 +35,6 @@ from ratrain.planner.space import (
     structures,
 )
 from ratrain.sim.simulate import memory_microbatches
-from ratrain.sizes.states import DTYPE_BYTES
 
 __all__ = ["Change", "Explanation", "explain", "find_feasible", "saturation_clusters"]
 
@@ -182,20 +181,6 @@ def _rec(p: Plan) -> str:
     return p.recompute[0] if len(set(p.recompute)) == 1 else ",".join(p.recompute)
 
 
-def _saving_order(kn: Knobs) -> tuple:
-    """Most memory-saving knobs first."""
-    return (
-        not kn.shard_optimizer,
-        kn.view_policy == "persistent",
-        kn.view_lookahead,
-        kn.grad_dtype == "fp32",
-        not kn.offload_activations,
-        # 1F1B before its zero-bubble twins, which hold what each deferred B_W needs
-        # besides; zb-h1 before zb-h2, which holds more microbatches in flight.
-        PIPELINES.index(kn.pipeline),
-    )
-
-
 def find_feasible(
     req: Request,
     ev: Evaluator | None = None,
@@ -232,12 +217,12 @@ def find_feasible(
             ck = knobs_key(req, st)
             kns = combos.get(ck)
             if kns is None:
-                kns = combos[ck] = sorted(knob_combos(req, fam, st), key=_saving_order)
+                kns = combos[ck] = sorted(knob_combos(req, fam, st), key=saving_order)
             if not kns:
                 continue
             kn = kns[0]
             # Families share structures: one whose knobs save no less was ruled out here.
-            if any(_saves_across(o, kn) for o in ruled.get(st, ())):
+            if any(saves(o, kn) for o in ruled.get(st, ())):
                 continue
             if max(states_lower_bound_bytes(req, st, kn)) > limit:
                 ruled.setdefault(st, []).append(kn)
@@ -263,21 +248,6 @@ def find_feasible(
         if max_replays is not None and rejected >= max_replays:
             return None
     return None
-
-
-def _saves_across(a: Knobs, b: Knobs) -> bool:
-    """Whether knobs `a` hold no more memory than `b` by the quick bounds (model states,
-    `MemoryBound`), across families: as the search's `_saves` within one, with the views
-    compared as the bounds read them (`view_rank`: the only way the schedule enters
-    them)."""
-    return (
-        a.compute_dtype == b.compute_dtype != "fp32"
-        and a.shard_optimizer >= b.shard_optimizer
-        and view_rank(a.schedule, a.view_policy, a.view_lookahead)
-        <= view_rank(b.schedule, b.view_policy, b.view_lookahead)
-        and DTYPE_BYTES[a.grad_dtype] <= DTYPE_BYTES[b.grad_dtype]
-        and a.offload_activations >= b.offload_activations
-    )
 
 
 class _ReplayClock:

@@ -27,7 +27,6 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from ratrain import deadline
 from ratrain.config import PIPELINES, V_PIPELINES, Plan
@@ -41,7 +40,6 @@ from ratrain.planner.bounds import (
     step_time_lower_bound_s,
     unit_times,
     unit_times_known,
-    view_rank,
 )
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.fit import (
@@ -53,6 +51,7 @@ from ratrain.planner.fit import (
     per_stage_choices,
     time_bound_s,
 )
+from ratrain.planner.saving import dominant, dominant_of
 from ratrain.planner.space import (
     Request,
     Structure,
@@ -261,7 +260,7 @@ def _tasks(req: Request, families: tuple[str, ...], state: _State) -> tuple[list
             kns = combos.get(ck)
             if kns is None:
                 kns = combos[ck] = knob_combos(req, fam, st)
-                leads[ck] = _dominant(kns)
+                leads[ck] = dominant(kns)
             if not kns:
                 continue
             total += len(kns)
@@ -660,7 +659,7 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
             out += _memory_pass(req, st, fam, group, scratch if "1f1b" in pipes else state)
             state.evaluated += scratch.evaluated
         return out
-    lead = _dominant_of(tuple(kns))
+    lead = dominant_of(tuple(kns))
     if lead is not None:
         state.evaluated += len(kns)
         if _ruled_out(req, st, fam, lead, limit, state):
@@ -684,52 +683,6 @@ def _memory_pass(req, st, fam, kns, state: _State) -> list:
             continue
         out.append(kn)  # the full per-stage options are worked out if it gets that far
     return out
-
-
-def _saves(a, b) -> bool:
-    """Whether knobs `a` hold no more memory than `b` by the quick bounds (model states,
-    `MemoryBound`), knob by knob: sharded states, views held no more (`view_rank`),
-    gradients no wider, offload. Not under fp32 compute, where sharding adds a gathered fp32 view."""
-    from ratrain.sizes.states import DTYPE_BYTES
-
-    return (
-        a.compute_dtype == b.compute_dtype != "fp32"
-        and a.loss_chunk_tokens == b.loss_chunk_tokens
-        and a.shard_optimizer >= b.shard_optimizer
-        and _view_rank(a) <= _view_rank(b)
-        and DTYPE_BYTES[a.grad_dtype] <= DTYPE_BYTES[b.grad_dtype]
-        and a.offload_activations >= b.offload_activations
-    )
-
-
-def _view_rank(kn) -> int:
-    return view_rank(kn.schedule, kn.view_policy, kn.view_lookahead)
-
-
-@lru_cache(maxsize=256)
-def _dominant_of(kns: tuple):
-    """`_dominant`, memoised: structures share their knob combinations."""
-    return _dominant(kns)
-
-
-def _dominant(kns: list):
-    """A knob combination that saves no less than every other, if there is one. Only the
-    one with the most saving settings can be (one that saves no less than every other has
-    each of them wherever any combination has it), so only it is checked."""
-    most = max(map(_n_saving, kns), default=0)
-    for a in kns:
-        if _n_saving(a) == most and all(_saves(a, b) for b in kns):
-            return a
-    return None
-
-
-def _n_saving(kn) -> int:
-    return (
-        kn.shard_optimizer
-        + (kn.view_policy == "transient")
-        + (kn.grad_dtype != "fp32")
-        + kn.offload_activations
-    )
 
 
 def _states_overflow(req, st, fam, kn, limit: int, state: _State) -> bool:

@@ -19,14 +19,11 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 from functools import lru_cache
 
 from ratrain.config import (
     DEFAULT_LOSS_CHUNK_TOKENS,
-    DTYPES,
-    PIPELINES,
-    SCHEDULES,
     SPLIT_PIPELINES,
     V_PIPELINES,
     Plan,
@@ -41,6 +38,8 @@ from ratrain.planner.cache import Memo
 from ratrain.planner.families import ALL_FAMILIES, FAMILIES, Family
 from ratrain.platforms import Platform
 from ratrain.ranks import RANK_LAYOUTS, layouts_differ
+from ratrain.schema import normalize_pins as _normalize_pins
+from ratrain.schema import parse_pin, pinnable, search_fields
 
 __all__ = [
     "Knobs",
@@ -61,9 +60,9 @@ __all__ = [
 MICRO_BATCHES = (1, 2, 4, 8)
 """Micro-batch sizes tried (sequences); larger ones only lengthen the pipeline fill."""
 
-# Fields a pin may set. global_batch and seq are the request itself; model names the spec.
-_PINNABLE = tuple(f.name for f in fields(Plan) if f.name not in ("global_batch", "seq", "model"))
-_BOOL_TEXT = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+_PINNABLE = pinnable(Plan)
+"""Fields a pin may set (`ratrain.schema.Knob.pin`): not the request itself (global_batch,
+seq) nor the model."""
 
 
 def family_of(name: str) -> Family:
@@ -122,53 +121,6 @@ def pick_compute_dtype(platform: Platform) -> str:
 # -- pins ------------------------------------------------------------------------------------
 
 
-_DEFAULTS = Plan()
-"""Each pinnable field's type, read from its default."""
-
-
-def _convert(name: str, text: str):
-    default = getattr(_DEFAULTS, name)
-    low = text.strip().lower()
-    if name == "layer_split":
-        try:
-            return tuple(int(x) for x in text.split(","))
-        except ValueError:
-            raise RatrainError(
-                f"pin layer_split={text!r}: expected comma-separated integers"
-            ) from None
-    if name == "recompute":
-        parts = tuple(p.strip() for p in text.split(","))
-        return parts[0] if len(parts) == 1 else parts
-    if name == "clip_grad":
-        if low in ("none", "0", "off"):
-            return None
-        try:
-            return float(text)
-        except ValueError:
-            raise RatrainError(
-                f"pin clip_grad={text!r}: expected a number (or none: no clipping)"
-            ) from None
-    if name == "loss_chunk_tokens":
-        if low == "none":
-            return None
-        try:
-            return int(text)
-        except ValueError:
-            raise RatrainError(
-                f"pin loss_chunk_tokens={text!r}: expected an integer or none"
-            ) from None
-    if isinstance(default, bool):
-        if low not in _BOOL_TEXT:
-            raise RatrainError(f"pin {name}={text!r}: expected true or false")
-        return _BOOL_TEXT[low]
-    if isinstance(default, int):
-        try:
-            return int(text)
-        except ValueError:
-            raise RatrainError(f"pin {name}={text!r}: expected an integer") from None
-    return text.strip()
-
-
 def parse_pins(items: list[str] | None) -> dict[str, object]:
     """`["pp=8", "recompute=full", "layer_split=7,9,9,7"]` -> a dict of Plan field values."""
     pins: dict[str, object] = {}
@@ -181,62 +133,33 @@ def parse_pins(items: list[str] | None) -> dict[str, object]:
             raise RatrainError(
                 f"pin {item!r}: unknown field {name!r}; pinnable: {', '.join(_PINNABLE)}"
             )
-        pins[name] = _convert(name, value)
+        pins[name] = parse_pin(Plan, name, value)
     return normalize_pins(pins)
 
 
-_CHOICES = {
-    "schedule": SCHEDULES,
-    "compute_dtype": DTYPES,
-    "grad_dtype": DTYPES,
-    "rank_layout": RANK_LAYOUTS,
-    "pipeline": PIPELINES,
-}
-
-
 def normalize_pins(pins: Mapping[str, object]) -> dict[str, object]:
-    """Pins as the search compares them with a candidate's fields, checked: a known field
-    each; text for a field that is not text read as `--pin` reads it ("5,3" -> (5, 3), "2"
-    -> 2); a list of blocks per stage as a tuple; a choice among the field's choices. A
-    pin the search could never match would otherwise leave the ranking empty, unexplained."""
-    out: dict[str, object] = {}
-    for name, value in pins.items():
-        if name not in _PINNABLE:
-            raise RatrainError(
-                f"pin {name}={value!r}: unknown field {name!r}; pinnable: {', '.join(_PINNABLE)}"
-            )
-        if isinstance(value, str) and not isinstance(getattr(_DEFAULTS, name), str):
-            value = _convert(name, value)
-        if name == "layer_split" and isinstance(value, list):
-            value = tuple(value)
-        if name == "layer_split" and not (
-            isinstance(value, tuple)
-            and value
-            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value)
-        ):
-            raise RatrainError(
-                f'pin layer_split={value!r}: expected blocks per stage, e.g. (5, 3) or "5,3"'
-            )
-        if name in _CHOICES and value not in _CHOICES[name]:
-            raise RatrainError(f"pin {name}={value!r}: choose one of {', '.join(_CHOICES[name])}")
-        out[name] = value
-    return out
+    """`ratrain.schema.normalize_pins` for a `Plan`."""
+    return _normalize_pins(Plan, pins)
 
 
 # -- structures ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, order=True)
-class Structure:
-    """The pipeline shape of a candidate: fixes the compute of every stage."""
+def _microbatches(self, global_batch: int) -> int:
+    return global_batch // (self.micro_batch * self.dp)
 
-    pp: int
-    dp: int
-    micro_batch: int
-    layer_split: tuple[int, ...]
 
-    def microbatches(self, global_batch: int) -> int:
-        return global_batch // (self.micro_batch * self.dp)
+Structure = make_dataclass(
+    "Structure",
+    [(f.name, f.type) for f in search_fields(Plan, "structure")],
+    frozen=True,
+    order=True,
+    namespace={"microbatches": _microbatches},
+)
+Structure.__module__ = __name__
+Structure.__doc__ = """The pipeline shape of a candidate, the plan's fields of `ratrain.schema.
+Knob.search` "structure" (pp, dp, micro_batch, layer_split): fixes the compute of every
+stage."""
 
 
 def _largest_dp(limit: int, per_replica: int) -> int:
@@ -390,27 +313,19 @@ def structures(req: Request, family: Family) -> Iterator[Structure]:
 # -- knobs -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Knobs:
-    """Everything but the structure and the recompute policy."""
-
-    family: str
-    schedule: str
-    shard_optimizer: bool
-    view_policy: str
-    view_lookahead: int
-    compute_dtype: str
-    grad_dtype: str
-    offload_activations: bool
-    rank_layout: str = "pp-inner"
-    """Which dimension's neighbours share a node (`ratrain.ranks`): searched only where the
-    layouts differ (`rank_layouts`); it moves communication only, never memory."""
-    pipeline: str = "1f1b"
-    """The pass order (`Plan.pipeline`): zb-h1 or zb-h2 only with pp > 1 and the knobs they support
-    (`pipelines`, `zb_supported`), under every recompute policy the plan allows."""
-    loss_chunk_tokens: int | None = None
-    """The loss (`Plan.loss_chunk_tokens`): the plain one (None) or the fused chunked one
-    (`loss_chunks`)."""
+Knobs = make_dataclass(
+    "Knobs",
+    [("family", str)]
+    + [(f.name, f.type, field(default=f.default)) for f in search_fields(Plan, "knob")],
+    frozen=True,
+)
+Knobs.__module__ = __name__
+Knobs.__doc__ = """Everything but the structure and the recompute policy: the family and the
+plan's fields the search varies per structure (`ratrain.schema.Knob.search` "knob"), in the
+plan's field order. Among them rank_layout is searched only where the layouts differ
+(`rank_layouts`; it moves communication only, never memory); pipeline, the pass order, is
+zb-h1 or zb-h2 only with pp > 1 and the knobs they support (`pipelines`, `zb_supported`);
+loss_chunk_tokens, the plain loss (None) or the fused chunked one (`loss_chunks`)."""
 
 
 def loss_chunks(req: Request) -> tuple[int | None, ...]:
@@ -500,7 +415,16 @@ def knob_combos(req: Request, family: Family, st: Structure) -> list[Knobs]:
     ):
         out.append(
             Knobs(
-                family.name, family.schedule, sh, vp, la, cdt, gd, off, rl, loss_chunk_tokens=loss
+                family=family.name,
+                schedule=family.schedule,
+                shard_optimizer=sh,
+                view_policy=vp,
+                view_lookahead=la,
+                compute_dtype=cdt,
+                grad_dtype=gd,
+                offload_activations=off,
+                rank_layout=rl,
+                loss_chunk_tokens=loss,
             )
         )
     return _with_pipelines(req, family, st, out)
@@ -589,34 +513,26 @@ _PLANS: Memo[Plan] = Memo(200_000)
 def make_plan(req: Request, st: Structure, kn: Knobs, recompute: tuple[str, ...]) -> Plan:
     """The Plan of one candidate; pins of fields the search does not vary are applied here.
     (Memoised: the search builds the same candidate's plan several times.)"""
-    extra = {
-        k: v for k, v in req.pins.items() if k in ("bucket_bytes", "clip_grad", "sync_bucket_bytes")
-    }
+    extra = {k: v for k, v in req.pins.items() if k in _FIXED_FIELDS}
     key = (req.spec.name, req.global_batch, req.seq, st, kn, recompute, tuple(extra.items()))
     return _PLANS.get_or(key, _make_plan, req, st, kn, recompute, extra)
+
+
+_KNOB_FIELDS = tuple(f.name for f in search_fields(Plan, "knob"))
+_STRUCTURE_FIELDS = tuple(f.name for f in search_fields(Plan, "structure"))
+_FIXED_FIELDS = tuple(f.name for f in search_fields(Plan, None) if f.name in _PINNABLE)
+"""Pinnable fields the search does not vary (bucket sizes, the clip): set from the pins."""
 
 
 def _make_plan(req: Request, st: Structure, kn: Knobs, recompute, extra) -> Plan:
     rec: tuple[str, ...] | str = recompute[0] if len(set(recompute)) == 1 else recompute
     return Plan(
-        pp=st.pp,
-        dp=st.dp,
-        micro_batch=st.micro_batch,
         global_batch=req.global_batch,
         seq=req.seq,
-        schedule=kn.schedule,
-        layer_split=st.layer_split,
         recompute=rec,
-        shard_optimizer=kn.shard_optimizer,
-        view_policy=kn.view_policy,
-        view_lookahead=kn.view_lookahead,
-        compute_dtype=kn.compute_dtype,
-        grad_dtype=kn.grad_dtype,
-        offload_activations=kn.offload_activations,
-        rank_layout=kn.rank_layout,
-        pipeline=kn.pipeline,
-        loss_chunk_tokens=kn.loss_chunk_tokens,
         model=req.spec.name,
+        **{f: getattr(st, f) for f in _STRUCTURE_FIELDS},
+        **{f: getattr(kn, f) for f in _KNOB_FIELDS},
         **extra,
     )
 
