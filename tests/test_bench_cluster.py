@@ -1,4 +1,4 @@
-"""`ratrain bench cluster`: the emulated cluster's platform file, the result schema and
+"""`ratrain bench cluster`: the emulated network's platform file, the result schema and
 report, and the command's one-line refusals (the measured sweep itself is a benchmark)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 
 from ratrain.bench.cluster import Rate, Setup, result_json, speedups
 from ratrain.bench.link_probe import fit
-from ratrain.bench.platform import base_platform_dict, cluster_platform
+from ratrain.bench.platform import base_platform_dict, emulated_platform
 from ratrain.bench.report import markdown
 from ratrain.config import Plan
 from ratrain.cost.model import CostModel
@@ -30,7 +30,7 @@ PROBE = {
 
 
 def _platform(tmp_path, probe=PROBE):
-    d = cluster_platform(base_platform_dict("cpu-local"), probe, 100, "2026-12-02")
+    d = emulated_platform(base_platform_dict("cpu-local"), probe, 100, "2026-12-02")
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(d, sort_keys=False))
     return load(str(path))
@@ -42,7 +42,7 @@ def test_fit_recovers_alpha_beta():
     assert b == pytest.approx(6.5e6, rel=1e-6)
 
 
-def test_cluster_platform_is_the_machine_with_measured_links(tmp_path):
+def test_emulated_platform_is_the_machine_with_measured_links(tmp_path):
     p, base = _platform(tmp_path), load("cpu-local")
     assert p.units_per_node == 2 and p.sharing_units == 4
     assert p.inter_node.bandwidth_bytes_per_s == pytest.approx(6.5e6, rel=1e-3)
@@ -50,7 +50,7 @@ def test_cluster_platform_is_the_machine_with_measured_links(tmp_path):
     assert p.workspace_bytes == 0
     assert p.peak_flops == base.peak_flops and p.rank_speed == base.rank_speed
     assert "measured: ping-pong" in yaml.safe_dump(
-        cluster_platform(base_platform_dict("cpu-local"), PROBE, 100, "now")["network"]
+        emulated_platform(base_platform_dict("cpu-local"), PROBE, 100, "now")["network"]
     )
 
 
@@ -135,7 +135,7 @@ def test_speedups_need_both_figures():
 @pytest.mark.parametrize(
     ("flags", "words"),
     [
-        (["--peer-layouts", "2x2,3x1"], "must use the cluster's 4 ranks"),
+        (["--peer-layouts", "2x2,3x1"], "must use the emulated network's 4 ranks"),
         (["--peer-layouts", "two"], "expected PPxDP"),
         (["--caps", "0.1,-1"], "positive numbers"),
         (["--model", "nope"], "unknown model preset"),

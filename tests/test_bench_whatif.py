@@ -1,4 +1,4 @@
-"""`ratrain bench cluster --predict`: the simulator's answer on an emulated cluster with
+"""`ratrain bench cluster --predict`: the simulator's answer on an emulated network with
 assumed links, the breakdown of a simulated step, and the bench's own calibration."""
 
 from __future__ import annotations

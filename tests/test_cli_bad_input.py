@@ -20,6 +20,8 @@ BENCH = ["bench", "paper", "--quiet"]
 EXPORT = ["export", "{dir}", "--hf", "{tmp}/hf"]
 CALIBRATE = ["calibrate", "--no-progress", "-o", "{tmp}/c.yaml"]
 VALIDATE = ["validate", "--platform", "cpu-local"]
+EMULATE = ["emulate", "--raw"]
+LINK_PROBE = ["link-probe", "{tmp}/links.json", "--ranks-per-node", "2"]
 
 # (flag, bad value) of the plan flags simulate, train and verify share
 PLAN_FLAGS = [
@@ -133,6 +135,16 @@ CASES = [
     (VALIDATE, ["--max-ranks", "abc"]),
     (VALIDATE, ["--rescore", ""]),
     (VALIDATE, ["--plot", "{tmp}/v.txt"]),
+    (EMULATE, ["--nodes", "0"]),
+    (EMULATE, ["--ranks-per-node", "abc"]),
+    (EMULATE, ["--link-mbit", "nan"]),
+    (EMULATE, ["--latency-ms", "-1"]),
+    (EMULATE, ["--master-port", "0"]),
+    (EMULATE, ["--timeout", "0"]),
+    (EMULATE, ["--max-restarts", "-1"]),
+    (["link-probe", "{tmp}/links.json"], []),
+    (LINK_PROBE, ["--ranks-per-node", "0"]),
+    (LINK_PROBE, ["--reps", "abc"]),
 ]
 
 

@@ -5,7 +5,8 @@ packages it builds on directly; it may import those and, transitively, whatever 
 on. Every `import`/`from ... import` of `ratrain` counts, inside functions too, so a lazy
 import cannot hide a loop. The table itself must be acyclic, so no entry can allow a loop.
 The pure layers import no torch at all (the subprocess tests beside each package check
-that importing them loads none; this one checks every import statement).
+that importing them loads none; this one checks every import statement). Only `cli/`
+parses command lines: nothing below it imports argparse (`argparse_below_cli`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ DEPENDS: dict[str, set[str]] = {
     # measuring a machine, and checking the simulator against it
     "calibrate": {"train", "planner"},
     "validate": {"calibrate"},
-    # benchmarks a user runs: the peers and the emulated cluster's measured table
+    # benchmarks a user runs: the peers and the emulated network's measured table
     "bench": {"validate"},
     # the only package that imports everything
     "cli": {"bench"},
@@ -147,6 +148,28 @@ def test_every_package_keeps_to_its_layer():
     assert not bad, "\n".join(bad)
 
 
+PARSES_ARGV = {"cli"}
+"""The only package that reads command lines with argparse; everything below it takes its
+arguments from its caller (a torchrun entry point is a `ratrain` subcommand)."""
+
+
+def argparse_below_cli(src: Path, allowed_pkgs: set[str] = PARSES_ARGV) -> list[str]:
+    """Every import of argparse (inside functions too) outside `allowed_pkgs`."""
+    bad = []
+    for path in sorted(src.rglob("*.py")):
+        if _package_of(path, src) in allowed_pkgs:
+            continue
+        for line, mod in imports_of(path, src):
+            if mod.split(".")[0] == "argparse":
+                bad.append(f"{path.relative_to(src)}:{line}: imports {mod} below cli/")
+    return bad
+
+
+def test_no_argparse_below_cli():
+    bad = argparse_below_cli(SRC)
+    assert not bad, "\n".join(bad)
+
+
 def test_layer_table_is_acyclic_and_complete():
     allowed(DEPENDS)  # raises on a loop
     on_disk = {_package_of(p, SRC) for p in SRC.rglob("*.py")}
@@ -192,3 +215,18 @@ def test_torch_in_a_pure_layer_is_caught(tmp_path):
 def test_a_package_missing_from_the_table_is_caught(tmp_path):
     src = _tree(tmp_path, {"newpkg/a.py": "x = 1\n"})
     assert violations(src, {}, set()) == ["newpkg/a.py: package 'newpkg' is not in the layer table"]
+
+
+def test_argparse_below_cli_is_caught(tmp_path):
+    src = _tree(
+        tmp_path,
+        {
+            "cli/run.py": "import argparse\n",
+            "bench/probe.py": "def main():\n    import argparse\n",
+            "train/request.py": "from argparse import Namespace\n",
+        },
+    )
+    assert argparse_below_cli(src) == [
+        "bench/probe.py:2: imports argparse below cli/",
+        "train/request.py:1: imports argparse below cli/",
+    ]

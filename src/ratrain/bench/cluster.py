@@ -1,18 +1,20 @@
 """`ratrain bench cluster`: ratrain against its strongest peers on an emulated
-bandwidth-constrained cluster, under memory caps, measured.
+bandwidth-constrained network, under memory caps, measured. (The benchmark keeps its name,
+its output folder and its JSON keys; the network it runs on is `ratrain emulate`'s.)
 
 Per link rate (`--link-mbit`), on `--nodes` network namespaces of `--ranks-per-node` ranks
-joined by links shaped to that rate (`ratrain.launch.cluster`):
+joined by links shaped to that rate (an emulated network, `ratrain.launch.emulate`):
 
-1. **The links are measured** from inside the cluster (`ratrain.bench.link_probe`) and
-   written into a platform file: the machine's own calibrated platform (`--base-platform`,
-   its kernels and its core sharing: the nodes are namespaces of this machine) with the
-   measured link between nodes (`ratrain.bench.platform`).
+1. **The links are measured** from inside the emulated network (`ratrain link-probe`,
+   `ratrain.bench.link_probe`) and written into a platform file: the machine's own
+   calibrated platform (`--base-platform`, its kernels and its core sharing: the nodes are
+   namespaces of this machine) with the measured link between nodes
+   (`ratrain.bench.platform`).
 2. **Planned systems.** Per cap, `ratrain plan` on that platform finds the best plan of
    each family (ratrain, gpu-style, zero1-pp, fsdp-pp) that fits the cap, its rank
    placement included; fp32 compute and gradients and no clipping are pinned, so that
    every system runs the same maths as the peers.
-3. **Peers.** torch.distributed.pipelining (each schedule that runs here, with DDP or
+3. **Peers.** torch.distributed.pipelining (each pipeline that runs here, with DDP or
    FSDP2 for the data-parallel dimension and with or without full activation
    checkpointing, as torchtitan composes them) and DeepSpeed's PipelineEngine (ZeRO 0 or
    1, activation-checkpoint interval 0 or 1; skipped when not installed), at each pp x dp
@@ -119,10 +121,11 @@ class Setup:
 
 # -- the platform of each link rate ---------------------------------------------------------
 def _torchrun(setup: Setup, port: int, *argv: str, ranks: int | None = None) -> list[str]:
-    """torchrun on every node, or, for a job of fewer `ranks` than the cluster has (a plan
-    that leaves clusters over), on the first nodes filled `ranks_per_node` at a time, the
-    others running nothing (as the planner placed them: `ratrain.ranks`)."""
-    from ratrain.launch.cluster import torchrun_argv
+    """torchrun on every emulated node, or, for a job of fewer `ranks` than the nodes hold
+    (a plan that leaves compute units over: pp x dp below `ratrain plan --clusters`), on the
+    first nodes filled `ranks_per_node` at a time, the others running nothing (as the
+    planner placed them: `ratrain.ranks`)."""
+    from ratrain.launch.emulate import torchrun_argv
 
     r = setup.ranks_per_node
     ranks = setup.world if ranks is None else ranks
@@ -142,15 +145,15 @@ def _torchrun(setup: Setup, port: int, *argv: str, ranks: int | None = None) -> 
 _PORTS = itertools.count(29600)
 
 
-def _on_cluster(
-    cluster, setup: Setup, argv: list[str], what: str, ranks: int | None = None
+def _on_nodes(
+    net, setup: Setup, argv: list[str], what: str, ranks: int | None = None
 ) -> str | None:
-    """Run `argv` (a module and its arguments) under torchrun on every node (`_torchrun`);
-    None when every node succeeded, else one line saying which failed and the tail of its
-    output."""
+    """Run `argv` (a module and its arguments) under torchrun on every node of the emulated
+    network `net` (`_torchrun`); None when every node succeeded, else one line saying which
+    failed and the tail of its output."""
     env = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore"}
     cmd = _torchrun(setup, next(_PORTS), *argv, ranks=ranks)
-    res = cluster.run_on_nodes(cmd, env=env, timeout_s=setup.run_timeout_s)
+    res = net.run_on_nodes(cmd, env=env, timeout_s=setup.run_timeout_s)
     bad = [r for r in res if r.returncode != 0]
     if not bad:
         return None
@@ -160,19 +163,21 @@ def _on_cluster(
     return f"{what}: node {r.node_rank} {why}: {tail[-600:]}"
 
 
-def measure_platform(cluster, setup: Setup, mbit: float, out: Path) -> Path:
-    """Probe the links of `cluster` and write its platform file; returns its path."""
+def measure_platform(net, setup: Setup, mbit: float, out: Path) -> Path:
+    """Probe the links of the emulated network `net` and write its platform file; returns
+    its path."""
     import yaml
 
-    from ratrain.bench.platform import base_platform_dict, cluster_platform
+    from ratrain.bench.platform import base_platform_dict, emulated_platform
 
     probe_json = out / f"links-{mbit:g}mbit.json"
-    err = _on_cluster(
-        cluster,
+    err = _on_nodes(
+        net,
         setup,
         [
             "-m",
-            "ratrain.bench.link_probe",
+            "ratrain",
+            "link-probe",
             str(probe_json),
             "--ranks-per-node",
             str(setup.ranks_per_node),
@@ -183,7 +188,7 @@ def measure_platform(cluster, setup: Setup, mbit: float, out: Path) -> Path:
         raise RatrainError(err)
     probe = json.loads(probe_json.read_text())
     on = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    plat = cluster_platform(base_platform_dict(setup.base_platform), probe, mbit, on)
+    plat = emulated_platform(base_platform_dict(setup.base_platform), probe, mbit, on)
     path = out / f"platform-{mbit:g}mbit.yaml"
     path.write_text(
         "# Written by `ratrain bench cluster`; every value says how it was obtained.\n"
@@ -299,12 +304,12 @@ def ratrain_peak(setup: Setup, plan_path: Path, ranks: int, metrics: Path) -> li
     return [int(x) for x in last["peak_bytes_per_rank"]]
 
 
-def ratrain_timed(cluster, setup: Setup, plan_path: Path, ranks: int, metrics: Path) -> dict:
-    """Time the plan file `plan_path` (of `ranks` ranks) on the cluster."""
+def ratrain_timed(net, setup: Setup, plan_path: Path, ranks: int, metrics: Path) -> dict:
+    """Time the plan file `plan_path` (of `ranks` ranks) on the emulated network `net`."""
     if metrics.exists():
         metrics.unlink()
-    err = _on_cluster(
-        cluster,
+    err = _on_nodes(
+        net,
         setup,
         _train_argv(plan_path, setup.steps, metrics),
         f"ratrain train --plan {plan_path.name}",
@@ -320,7 +325,7 @@ def ratrain_timed(cluster, setup: Setup, plan_path: Path, ranks: int, metrics: P
 # -- peers -------------------------------------------------------------------------------------
 def peer_candidates(setup: Setup) -> list[tuple[str, dict]]:
     """(name, knobs) of every peer configuration tried, at each of `setup.peer_layouts`
-    (pp x dp): torch pipelining's schedules x DDP/FSDP2 (dp > 1) x full activation
+    (pp x dp): torch pipelining's pipelines (`Schedule*`) x DDP/FSDP2 (dp > 1) x full activation
     checkpointing, and DeepSpeed's ZeRO stage (1 only with dp > 1) x checkpoint interval."""
     from ratrain.bench.peers import SPLIT_BACKWARD, deepspeed_available
 
@@ -416,14 +421,14 @@ def peer_peak(setup: Setup, knobs: dict) -> list[int] | str:
     return [int(r["peak"]) for r in sorted(res, key=lambda r: r["rank"])]
 
 
-def peer_timed(cluster, setup: Setup, knobs: dict, where: Path) -> dict:
+def peer_timed(net, setup: Setup, knobs: dict, where: Path) -> dict:
     where.mkdir(parents=True, exist_ok=True)
     for f in where.glob("rank-*.json"):
         f.unlink()
     cfg_path = where / "config.json"
     cfg_path.write_text(json.dumps(peer_config(setup, knobs, setup.steps, False)))
-    err = _on_cluster(
-        cluster, setup, ["-m", "ratrain.bench.peer_rank", str(cfg_path), str(where)], where.name
+    err = _on_nodes(
+        net, setup, ["-m", "ratrain.bench.peer_rank", str(cfg_path), str(where)], where.name
     )
     if err:
         return {"error": err}
@@ -431,7 +436,7 @@ def peer_timed(cluster, setup: Setup, knobs: dict, where: Path) -> dict:
     pp = knobs["pp_dp"][0]
     last = [r for r in ranks if r.get("stage") == pp - 1] or ranks
     last = min(last, key=lambda r: r["rank"])
-    # the last chunk's rank reports the losses (stage 0 in the V-shaped schedules)
+    # the last chunk's rank reports the losses (stage 0 in the V-shaped pipelines)
     losses = next((r["losses"] for r in ranks if r.get("losses") is not None), None)
     return {"times": last["times"], "losses": losses}
 
@@ -457,7 +462,7 @@ class Rate:
 
 def run_bench(setup: Setup) -> list[dict]:
     """The whole sweep; returns one `result_json` per link rate (also written)."""
-    from ratrain.launch.cluster import Cluster, unavailable
+    from ratrain.launch.emulate import EmulatedNetwork, unavailable
 
     why = unavailable()
     if why:
@@ -481,17 +486,17 @@ def run_bench(setup: Setup) -> list[dict]:
     plan_peaks: dict[str, list[int]] = {}
     for rep in range(setup.repeats):
         for rate in rates if rep % 2 == 0 else reversed(rates):
-            with Cluster(setup.nodes, rate.mbit) as cluster:
+            with EmulatedNetwork(setup.nodes, rate.mbit) as net:
                 if rate.platform is None:
                     setup.say(f"{rate.mbit:g} Mbit/s: measuring the links")
-                    rate.platform = measure_platform(cluster, setup, rate.mbit, out)
+                    rate.platform = measure_platform(net, setup, rate.mbit, out)
                     _plan_all(setup, rate, out, plan_peaks)
                 jobs = _jobs(setup, rate, runnable)
                 if rep % 2:
                     jobs.reverse()
                 for key, fn in jobs:
                     setup.say(f"repeat {rep + 1}/{setup.repeats}, {rate.mbit:g} Mbit/s: {key}")
-                    res = fn(cluster)
+                    res = fn(net)
                     if "error" in res:
                         rate.errors[key] = res["error"]
                         setup.say(f"  failed: {res['error'][:300]}")
@@ -533,7 +538,8 @@ def _plan_all(setup: Setup, rate: Rate, out: Path, plan_peaks: dict) -> None:
 
 
 def _jobs(setup: Setup, rate: Rate, peers) -> list:
-    """(key, fn(cluster) -> result) of every distinct timed run at this rate."""
+    """(key, fn(net) -> result) of every distinct timed run at this rate, `net` the
+    emulated network."""
     jobs, seen = [], set()
     out = Path(setup.out)
     for (_cap, _fam), e in sorted(rate.plans.items(), key=lambda kv: (kv[0][0], kv[0][1])):
@@ -546,10 +552,10 @@ def _jobs(setup: Setup, rate: Rate, peers) -> list:
         path = e["path"]
         metrics = out / f"{path.stem}.metrics.jsonl"
         n = e["plan"].pp * e["plan"].dp
-        jobs.append((key, lambda c, p=path, n=n, m=metrics: ratrain_timed(c, setup, p, n, m)))
+        jobs.append((key, lambda net, p=path, n=n, m=metrics: ratrain_timed(net, setup, p, n, m)))
     for name, knobs in peers:
         where = out / f"peer-{rate.mbit:g}mbit-{name.replace('/', '-')}"
-        jobs.append((name, lambda c, k=knobs, w=where: peer_timed(c, setup, k, w)))
+        jobs.append((name, lambda net, k=knobs, w=where: peer_timed(net, setup, k, w)))
     return jobs
 
 

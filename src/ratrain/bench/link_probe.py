@@ -1,5 +1,7 @@
-"""Measure an emulated cluster's links from inside it: the torchrun entry
-`python -m ratrain.bench.link_probe OUT.json --ranks-per-node R`, run on every node.
+"""Measure an emulated network's links from inside it: `probe_links`, which
+`ratrain link-probe OUT.json --ranks-per-node R` (`ratrain.cli.link_probe`) runs under
+torchrun on every node (`torchrun ... -m ratrain link-probe ...`, as `ratrain bench cluster`
+launches it).
 
 Rank r of node 2k is paired with rank r of node 2k + 1 (global ranks g and g + R), as the
 stages of a pipeline whose ranks are placed dp-inner on two nodes are (with more nodes,
@@ -10,20 +12,21 @@ dp-inner pipeline's stage boundary):
   back); a one-way time is half a round trip. All R pairs share the node's link, as a
   pipeline's R replicas do.
 - all_reduce: every pair's 2-rank group at once (a DP group across the link, pp-inner),
-  then the world (all ranks, both nodes), one fp32 all-reduce of each size.
+  then the world (all ranks, every node), one fp32 all-reduce of each size.
 
-The median of `--reps` repeats per size (each the slowest rank's time); rank 0 writes `{"p2p": [[bytes, s], ...],
-"all_reduce": {"2": [[bytes, s], ...], "<world>": [...]}, "nodes": N, "ranks_per_node": R}`.
+The median of `reps` repeats per size (each the slowest rank's time); rank 0 writes
+`{"p2p": [[bytes, s], ...], "all_reduce": {"2": [[bytes, s], ...], "<world>": [...]},
+"nodes": N, "ranks_per_node": R}`.
 `fit` turns it into α/β (`ratrain.calibrate.fit.fit_alpha_beta`, least squares).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 
-__all__ = ["SIZES", "main", "fit"]
+from ratrain.errors import RatrainError
+
+__all__ = ["SIZES", "probe_links", "check_world", "fit"]
 
 SIZES = (64 * 1024, 512 * 1024, 2 * 2**20, 8 * 2**20)
 """Bytes per message: from latency-bound to bandwidth-bound at 100 Mbit/s - 1 Gbit/s."""
@@ -37,11 +40,7 @@ def _probe(ranks_per_node: int, reps: int, sizes: tuple[int, ...]) -> dict:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     r = ranks_per_node
-    nodes = world // r if world % r == 0 else 0
-    if nodes < 2 or nodes % 2:
-        raise SystemExit(
-            f"link_probe: needs an even number of nodes of {r} ranks, got {world} ranks"
-        )
+    check_world(world, r)
     on_first = (rank // r) % 2 == 0
     peer = rank + r if on_first else rank - r
     # every rank creates every group, in the same order (torch.distributed.new_group)
@@ -74,32 +73,34 @@ def fit(points: list[list[float]]) -> tuple[float, float]:
     return fit_alpha_beta([(float(b), float(t)) for b, t in points])
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ratrain.bench.link_probe")
-    p.add_argument("out", help="where rank 0 writes the JSON")
-    p.add_argument("--ranks-per-node", type=int, required=True)
-    p.add_argument("--reps", type=int, default=3)
-    a = p.parse_args(argv)
-    import torch.distributed as dist
+def check_world(world: int, ranks_per_node: int) -> None:
+    """Refuse in one line a world that is not an even number of nodes of `ranks_per_node`."""
+    r = ranks_per_node
+    nodes = world // r if r > 0 and world % r == 0 else 0
+    if nodes < 2 or nodes % 2:
+        raise RatrainError(f"needs an even number of nodes of {r} ranks, got {world} ranks")
 
-    from ratrain.launch.grid import ParallelGrid, rendezvous_from_env
+
+def probe_links(out: str, ranks_per_node: int, reps: int = 3) -> None:
+    """This rank's part of the probe, under torchrun (the rendezvous from the environment,
+    `ratrain.launch.grid.rendezvous_from_env`); rank 0 writes the JSON to `out`."""
+    from ratrain.launch.grid import rendezvous_from_env
 
     rdzv = rendezvous_from_env()
     if rdzv is None:
-        print("link_probe: run it under torchrun (RANK/WORLD_SIZE unset)", file=sys.stderr)
-        return 2
+        raise RatrainError("run it under torchrun on every node (RANK/WORLD_SIZE unset)")
+    check_world(rdzv.world_size, ranks_per_node)
+    import torch.distributed as dist
+
+    from ratrain.launch.grid import ParallelGrid
+
     grid = ParallelGrid.init(1, rdzv.world_size, rdzv, device="cpu")
     try:
-        res = _probe(a.ranks_per_node, a.reps, SIZES)
-        res |= {"nodes": rdzv.world_size // a.ranks_per_node, "ranks_per_node": a.ranks_per_node}
+        res = _probe(ranks_per_node, reps, SIZES)
+        res |= {"nodes": rdzv.world_size // ranks_per_node, "ranks_per_node": ranks_per_node}
         if dist.get_rank() == 0:
-            with open(a.out, "w") as f:
+            with open(out, "w") as f:
                 json.dump(res, f)
         dist.barrier()
     finally:
         grid.destroy()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,11 @@
-"""One rank of a peer system, as torchrun starts it on each node of a cluster:
+"""One rank of a peer system, as torchrun starts it on each node (of an emulated network
+`ratrain bench cluster` runs on, or of real machines):
 
     python -m ratrain.bench.peer_rank CONFIG.json OUT_DIR
 
 CONFIG.json (`config_for` writes it):
 
-    {"system": a `ratrain.bench.peers.TORCH_SCHEDULES` key or "deepspeed",
+    {"system": a `ratrain.bench.peers.TORCH_PIPELINES` key or "deepspeed",
      "model": dataclasses.asdict(ModelSpec), "plan": Plan.to_dict(),
      "cfg": TrainConfig's fields (at least steps, seed, lr),
      "data": "synthetic" (or a path `ratrain.data.make_source` reads),
@@ -38,7 +39,7 @@ from pathlib import Path
 from ratrain.bench.peers import (
     DP_WRAPS,
     DS_ZERO_STAGES,
-    TORCH_SCHEDULES,
+    TORCH_PIPELINES,
     check_dp_wrap,
     chunk_split,
 )
@@ -49,8 +50,8 @@ from ratrain.ranks import RANK_LAYOUTS
 
 __all__ = ["SYSTEMS", "KNOBS", "config_for", "check_config", "rank_main", "run_local", "main"]
 
-SYSTEMS = (*TORCH_SCHEDULES, "deepspeed")
-"""The peer systems a config may name (`peers.TORCH_SCHEDULES` and deepspeed)."""
+SYSTEMS = (*TORCH_PIPELINES, "deepspeed")
+"""The peer systems a config may name (`peers.TORCH_PIPELINES` and deepspeed)."""
 
 DEFAULT_LAYOUT = "dp-inner"
 """The peers' own placement: torchtitan's mesh puts pp outermost, DeepSpeed's topology
@@ -210,7 +211,7 @@ def check_config(config) -> _Run:
             f"dp-inner, not {knobs['layout']!r}"
         )
     if system != "deepspeed":
-        style = TORCH_SCHEDULES[system][1]
+        style = TORCH_PIPELINES[system][1]
         if style is not None:
             try:
                 chunk_split(spec, plan, style)

@@ -8,11 +8,11 @@ set (bytes).
 
 - torch-1f1b: `torch.distributed.pipelining.Schedule1F1B` on ratrain's own units.
 - torch-interleaved-1f1b, torch-izb, torch-zbv, torch-dualpipev: torch's multi-stage
-  schedules (`ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble`,
+  pipelines (`ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble`,
   `ScheduleZBVZeroBubble`, `ScheduleDualPipeV`) on the same units cut into 2·pp chunks, two
   per rank (interleaved: rank r holds chunks r and r+pp; V-shaped: r and 2pp-1-r; see
   `chunk_split`).
-- ceiling (not a peer): the job's work with no pipeline at all, what no schedule of the
+- ceiling (not a peer): the job's work with no pipeline at all, what no pipeline of the
   layout can beat (`ceiling_rank`).
 - deepspeed: DeepSpeed's `PipelineEngine` on the same units (`deepspeed.pipe.LayerSpec`, so
   each rank builds only its own), gloo, `DS_ACCELERATOR=cpu`, a `torch.optim.AdamW`
@@ -59,7 +59,7 @@ from ratrain.observe.memory import LiveBytes, PeakMemory
 from ratrain.observe.profile import StepProfile
 
 __all__ = [
-    "TORCH_SCHEDULES",
+    "TORCH_PIPELINES",
     "DP_WRAPS",
     "SPLIT_BACKWARD",
     "check_dp_wrap",
@@ -75,7 +75,7 @@ __all__ = [
     "deepspeed_available",
 ]
 
-TORCH_SCHEDULES = {
+TORCH_PIPELINES = {
     "torch-1f1b": ("Schedule1F1B", None),
     "torch-interleaved-1f1b": ("ScheduleInterleaved1F1B", "loop"),
     "torch-izb": ("ScheduleInterleavedZeroBubble", "loop"),
@@ -90,11 +90,11 @@ DP_WRAPS = ("allreduce", "ddp", "fsdp2")
 nothing to sync and every choice runs the plain stage):
 
 - allreduce: the GPU-style end-of-step sync, one flat all-reduce of the whole stage's
-  gradients after the schedule (`dp_mean_grads`);
+  gradients after the pipeline flush (`dp_mean_grads`);
 - ddp: each chunk in `torch.nn.parallel.DistributedDataParallel` over the stage's DP group;
   the gradients are all-reduced once per step, bucket by bucket, during the last
   microbatch's backward (torch's stage arms DDP's reducer for that backward only). Not
-  with the zero-bubble schedules (`SPLIT_BACKWARD`);
+  with the zero-bubble pipelines (`SPLIT_BACKWARD`);
 - fsdp2: `torch.distributed.fsdp.fully_shard` on each unit of the chunk (embedding, every
   block, head), then on the chunk, over a 1-D mesh of the stage's DP ranks, parameters
   kept unsharded from the first forward to the end of the step
@@ -104,7 +104,7 @@ nothing to sync and every choice runs the plain stage):
   last microbatch)."""
 
 SPLIT_BACKWARD = ("torch-izb", "torch-zbv", "torch-dualpipev")
-"""The zero-bubble schedules: their weight-gradient pass (`stage_backward_weight`) adds
+"""The zero-bubble pipelines: their weight-gradient pass (`stage_backward_weight`) adds
 `torch.autograd.grad`'s results into `.grad` by hand, which DDP's autograd hooks never see,
 so DDP would leave those gradients unsynced; they run with allreduce or fsdp2 only."""
 
@@ -170,14 +170,14 @@ def _timed(step, steps: int, profile: bool) -> dict:
 
 
 def rank_chunks(pp: int, rank: int, style: str | None) -> tuple[int, ...]:
-    """The chunks (pipeline stages of torch's schedule) a pipeline rank holds, in order."""
+    """The chunks (the stages of torch's pipeline) a pipeline rank holds, in order."""
     if style is None:
         return (rank,)
     return (rank, rank + pp) if style == "loop" else (rank, 2 * pp - 1 - rank)
 
 
 def chunk_split(spec, plan: Plan, style: str) -> tuple[int, ...]:
-    """Blocks per chunk of the 2·pp chunks a multi-stage schedule runs (`style` "loop" or
+    """Blocks per chunk of the 2·pp chunks a multi-stage pipeline runs (`style` "loop" or
     "v", `rank_chunks`). With no split in the plan (even), the even split into 2·pp chunks
     (`ratrain.config.even_split`, as the one-stage peers' into pp); with one (blocks per
     rank), every rank keeps its blocks, halved between its two chunks (the one holding the
@@ -234,15 +234,15 @@ def torch_pipelining_rank(
     activation_checkpoint: bool = False,
     layout: str = "pp-inner",
 ) -> dict:
-    """One rank of a `TORCH_SCHEDULES` system. `measure`: also count the rank's peak tensor
+    """One rank of a `TORCH_PIPELINES` system. `measure`: also count the rank's peak tensor
     bytes (`ratrain.observe.memory`, the executor's own counter; slower on CPU) as "peak".
-    `dp_wrap`: one of `DP_WRAPS` (not ddp with a `SPLIT_BACKWARD` schedule).
+    `dp_wrap`: one of `DP_WRAPS` (not ddp with a `SPLIT_BACKWARD` pipeline).
     `activation_checkpoint`: every block recomputed in its backward (`checkpoint_wrapper`,
     non-reentrant: torchtitan's full AC). `layout`: the rank layout (`ratrain.ranks`). On
     CUDA when one is available."""
     import torch.distributed.pipelining as pipelining
 
-    cls_name, style = TORCH_SCHEDULES[system]
+    cls_name, style = TORCH_PIPELINES[system]
     check_dp_wrap(system, dp_wrap)
     grid = ParallelGrid.init(
         plan.pp,
@@ -452,7 +452,7 @@ def ceiling_rank(rdzv, spec, plan: Plan, cfg: TrainConfig, source, profile=False
     Each rank so does 1/(pp·dp) of the job's forward, backward and update work, and waits
     for nothing but the barrier: a pipeline on the same ranks does the same work plus its
     bubble, its transfers and its DP sync. Where every rank has a core of its own, its
-    tokens/s bound every schedule's from above, up to what the shapes change (each rank runs
+    tokens/s bound every pipeline's from above, up to what the shapes change (each rank runs
     whole microbatches through every unit; a pipeline's stages hold fewer weights each, so
     their caches hold more of them). Where ranks share cores it is no bound: whole-model
     ranks time-sliced on a core ran slower than pipeline ranks that wait and lend theirs."""

@@ -1,6 +1,7 @@
-"""The platform file of an emulated cluster: the machine's own calibrated platform (its
-kernels, memory and runtime costs: the nodes are namespaces of this machine and share its
-cores) with the links between nodes as `ratrain.bench.link_probe` measured them.
+"""The platform file of an emulated network (`ratrain emulate`): the machine's own
+calibrated platform (its kernels, memory and runtime costs: the nodes are namespaces of this
+machine and share its cores) with the links between nodes as `ratrain.bench.link_probe`
+measured them.
 
 Pure: no torch.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 from ratrain.bench.link_probe import fit
 from ratrain.yaml_io import read_yaml_file
 
-__all__ = ["cluster_platform", "link_platform", "base_platform_dict"]
+__all__ = ["emulated_platform", "link_platform", "base_platform_dict"]
 
 
 def base_platform_dict(name_or_path: str) -> dict:
@@ -33,18 +34,18 @@ def _v(value, note: str) -> dict:
     return {"value": value, "note": note}
 
 
-def cluster_platform(
+def emulated_platform(
     base: dict, probe: dict, link_mbit: float, on: str, name: str | None = None
 ) -> dict:
-    """`base` (a platform mapping) made into the emulated cluster's: `probe` is
-    `link_probe`'s JSON, measured on the cluster with links of `link_mbit` Mbit/s."""
+    """`base` (a platform mapping) made into the emulated network's: `probe` is
+    `link_probe`'s JSON, measured on that network with links of `link_mbit` Mbit/s."""
     out = copy.deepcopy(base)
     nodes, r = int(probe["nodes"]), int(probe["ranks_per_node"])
-    out["name"] = name or f"cluster-{nodes}x{r}-{link_mbit:g}mbit"
+    out["name"] = name or f"emulated-{nodes}x{r}-{link_mbit:g}mbit"
     out["description"] = (
-        f"An emulated cluster of {nodes} nodes x {r} ranks (network namespaces of one machine "
-        f"joined by links shaped to {link_mbit:g} Mbit/s each way, `ratrain cluster`), links "
-        f"measured by ratrain.bench.link_probe {on}; everything else: {base.get('name')} "
+        f"An emulated network of {nodes} nodes x {r} ranks (network namespaces of one machine "
+        f"joined by links shaped to {link_mbit:g} Mbit/s each way, `ratrain emulate`), links "
+        f"measured by ratrain link-probe {on}; everything else: {base.get('name')} "
         f"({str(base.get('description', '')).strip()[:200]})"
     )
     alpha, beta = fit(probe["p2p"])
@@ -65,7 +66,7 @@ def _with_link(
     cores, joined by links of `beta` bytes/s and `alpha` s per message."""
     net = out["network"]
     net["units_per_node"] = _v(
-        r, f"sourced: the emulated cluster's ranks per node ({nodes} nodes x {r})"
+        r, f"sourced: the emulated network's ranks per node ({nodes} nodes x {r})"
     )
     net["inter_node"] = {
         "bandwidth_bytes_per_s": _v(float(f"{beta:.4g}"), note),
@@ -79,20 +80,20 @@ def _with_link(
     )
     out["workspace_bytes"] = _v(
         0,
-        "assumed: the emulated cluster's caps count live tensor bytes (LiveBytes, "
+        "assumed: the emulated network's caps count live tensor bytes (LiveBytes, "
         "ratrain.observe.memory), for every system alike; nothing is reserved beside them",
     )
 
 
 def link_platform(base: dict, nodes: int, r: int, link_mbit: float) -> dict:
-    """`base` made into an emulated cluster's whose links of `link_mbit` Mbit/s are not
+    """`base` made into an emulated network's whose links of `link_mbit` Mbit/s are not
     measured but assumed: each of a node's `r` rank pairs across the link gets 1/r of it
     (as measured on the shaped links: `ratrain.bench.link_probe`), at the base platform's
     inter-node latency."""
     out = copy.deepcopy(base)
     out["name"] = f"whatif-{nodes}x{r}-{link_mbit:g}mbit"
     out["description"] = (
-        f"An emulated cluster of {nodes} nodes x {r} ranks with links of {link_mbit:g} "
+        f"An emulated network of {nodes} nodes x {r} ranks with links of {link_mbit:g} "
         f"Mbit/s, assumed, not measured; everything else: {base.get('name')}"
     )
     lat = base["network"]["inter_node"]["latency_s"]

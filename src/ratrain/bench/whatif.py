@@ -1,4 +1,4 @@
-"""The simulator's answer to where ratrain would lead on an emulated cluster: for each model,
+"""The simulator's answer to where ratrain would lead on an emulated network: for each model,
 link rate and memory cap, the best plan of every family (`ratrain plan --family F`, the
 pins of `ratrain.bench.cluster`) on a platform of this machine with that link, their
 predicted tokens/s, ratrain's predicted speedup over the best other family, and where each

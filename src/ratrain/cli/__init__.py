@@ -12,7 +12,7 @@ import warnings
 
 from ratrain.errors import RatrainError
 
-__all__ = ["main", "COMMANDS", "STARTED_AT"]
+__all__ = ["main", "COMMANDS", "ALIASES", "STARTED_AT"]
 
 STARTED_AT: float | None = None
 """When `main` started (perf_counter), before the subcommand's imports: the time a command's
@@ -31,8 +31,12 @@ COMMANDS = {
     "eval": "the held-out loss of a checkpoint, through the pipeline (as train --eval-every)",
     "calibrate": "measure this machine (kernels, communication, runtime costs): a platform file",
     "validate": "run a grid of plans for real and set each beside its prediction",
-    "cluster": "run a ratrain command across an emulated cluster (namespaces, shaped links)",
+    "emulate": "run a ratrain command across an emulated network (namespaces, shaped links)",
+    "link-probe": "measure an emulated network's links (under torchrun on every node)",
 }
+
+ALIASES = {"cluster": "emulate"}
+"""Other names a command answers to (alias -> command): `ratrain cluster` was `emulate`'s."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,12 +50,15 @@ def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
     parser = _Parser(prog="ratrain", description="Resource-aware LLM training runtime (RATrain).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the chosen subcommand's module is imported, so `ratrain simulate` never loads torch.
-    chosen = next((a for a in argv if a in COMMANDS), None)
+    names = {**{c: c for c in COMMANDS}, **ALIASES}
+    chosen = next((names[a] for a in argv if a in names), None)
     module = None
     for name, help_text in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        aliases = [a for a, c in ALIASES.items() if c == name]
+        said = "".join(f" (`ratrain {a}` is an alias of `ratrain {name}`)" for a in aliases)
+        p = sub.add_parser(name, aliases=aliases, help=help_text, description=help_text + said)
         if name == chosen:
-            module = importlib.import_module(f"ratrain.cli.{name}")
+            module = importlib.import_module(f"ratrain.cli.{name.replace('-', '_')}")
             module.add_arguments(p)
     return parser, module
 

@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "what",
         choices=("paper", "cluster"),
         help="paper: the paper's evaluation by simulation; cluster: ratrain and its peers "
-        "measured on an emulated bandwidth-constrained cluster under memory caps (root)",
+        "measured on an emulated bandwidth-constrained network (ratrain emulate's) under "
+        "memory caps (root)",
     )
     p.add_argument(
         "--out",

@@ -1,5 +1,7 @@
 """`ratrain bench cluster`: ratrain, its planned families and its peers, measured on an
-emulated bandwidth-constrained cluster under memory caps (`ratrain.bench.cluster`).
+emulated bandwidth-constrained network (`ratrain emulate`'s) under memory caps
+(`ratrain.bench.cluster`). The benchmark keeps its name "cluster", its output folder and
+its JSON keys.
 
     ratrain bench cluster --quick --json out/bench-cluster/result.json
 """
@@ -79,7 +81,7 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--quick",
         action="store_true",
-        help="cluster: fewer torch schedules (1F1B, Interleaved1F1B, ZBV), 1 repeat, 5 steps",
+        help="cluster: fewer torch pipelines (1F1B, Interleaved1F1B, ZBV), 1 repeat, 5 steps",
     )
     g.add_argument(
         "--systems",
@@ -90,7 +92,8 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--base-platform",
         default=MEASURE,
-        help="cluster: the platform of this machine that the cluster's is made from: a "
+        help="cluster: the platform of this machine that the emulated network's is made "
+        "from: a "
         "preset or file, or 'measure' (default): calibrate this machine first "
         "(ratrain calibrate --quick, fp32, about 2 minutes)",
     )
@@ -129,7 +132,7 @@ def run_cluster(args: argparse.Namespace) -> int:
     for pp, dp in args.peer_layouts:
         if pp * dp != world:
             raise RatrainError(
-                f"--peer-layouts {pp}x{dp} must use the cluster's {world} ranks "
+                f"--peer-layouts {pp}x{dp} must use the emulated network's {world} ranks "
                 "(--nodes x --ranks-per-node)"
             )
         if args.global_batch % dp != 0:

@@ -39,7 +39,7 @@ PRESETS: dict[str, ModelSpec] = {
         ),
         ModelSpec("tiny-tied", 2, 32, 2, 1, 64, 128, max_seq=64, tied_embeddings=True),
         # small models for benchmarks on CPU (minutes): the runtime_vs_peers job's, and a
-        # smaller one whose steps a 100 Mbit/s emulated cluster link can keep up with
+        # smaller one whose steps a 100 Mbit/s emulated network link can keep up with
         ModelSpec("bench-512", 8, 512, 8, 8, 1376, 8192, max_seq=256),
         ModelSpec("bench-256", 8, 256, 4, 4, 688, 8192, max_seq=256),
     ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ALL_FAMILIES", "BASELINE_FAMILIES", "FAMILIES", "Family"]
+__all__ = ["ALL_FAMILIES", "COMPARED_FAMILIES", "FAMILIES", "Family"]
 
 
 @dataclass(frozen=True)
@@ -94,5 +94,7 @@ FAMILIES: dict[str, Family] = {
         ),
     ]
 }
-BASELINE_FAMILIES = ("gpu-style", "zero1-pp", "fsdp-pp")
+COMPARED_FAMILIES = ("gpu-style", "zero1-pp", "fsdp-pp")
+"""The families ratrain's plan is compared against (`ratrain plan --baselines`, the paper's
+tables). Not the "baseline" family: that is Baseline-1F1B, the reference schedule."""
 ALL_FAMILIES = tuple(FAMILIES)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ratrain.config import PLANNED_ZB_PIPELINES
 from ratrain.models.presets import get_preset
-from ratrain.planner.families import BASELINE_FAMILIES
+from ratrain.planner.families import COMPARED_FAMILIES
 from ratrain.planner.search import Candidate, Near, search
 from ratrain.planner.space import Request
 from ratrain.platforms import Platform
@@ -87,7 +87,7 @@ def compare_models(
     models: tuple[str, ...] = PAPER_MODELS,
     clusters: int = 1024,
     progress: Callable[[str], None] | None = None,
-    baselines: tuple[str, ...] = BASELINE_FAMILIES,
+    baselines: tuple[str, ...] = COMPARED_FAMILIES,
 ) -> list[ModelRow]:
     """Per model: the best RATrain plan and the best plan of each baseline family."""
     rows = []

@@ -1,4 +1,5 @@
-"""Platform descriptions: compute, memory tiers and network of one compute unit and its cluster.
+"""Platform descriptions: compute and memory tiers of one compute unit, and the network
+between units (within a node and across nodes).
 
 Pure Python (no torch). Presets are YAML files beside this module; users write their own
 with the same schema. Every number in a preset carries a note saying where it comes from
@@ -41,7 +42,7 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       collective_compute_s_per_byte: {value, note}   # compute a collective's CPU work takes
       cores_per_node: {value, note}       # cores the node's ranks share
       units_sharing_cores: {value, note}  # ranks sharing those cores, if not a node's
-                                          # (an emulated cluster: all of them)
+                                          # (an emulated network: all of them)
       thread_efficiency: {value, note}    # speed-up of each extra thread of one rank
     runtime:
       action_overhead_s: {F: {value, note}, B: ..., default: ...}   # fixed cost per action
@@ -118,9 +119,9 @@ class Platform:
     """Cores shared by the compute of a node's ranks; None: each unit has its own."""
     units_sharing_cores: int | None = None
     """Ranks whose compute shares one set of cores (`cores_per_node`, `rank_speed`): a
-    node's ranks (None: `units_per_node`), or all the ranks of an emulated cluster whose
-    nodes are network namespaces of one machine (`ratrain.bench.cluster`), where the links
-    are per node but the cores are the machine's."""
+    node's ranks (None: `units_per_node`), or all the ranks of an emulated network whose
+    nodes are network namespaces of one machine (`ratrain emulate`, `ratrain.bench.cluster`),
+    where the links are per node but the cores are the machine's."""
 
     @property
     def sharing_units(self) -> int:

@@ -26,8 +26,9 @@ _LOWERINGS = {
 @gc_paused()  # bulk building of acyclic data: see ratrain.gcpause
 def build_schedule(spec: ModelSpec, plan: Plan) -> Schedule:
     """One training step of `plan`, lowered as ``plan.schedule`` says (with ``plan.pipeline``
-    zb-h1, zb-h2 or zb-v, a zero-bubble pass order, `ratrain.schedule.zerobubble`, which refuses in one line
-    the features it does not support yet)."""
+    zb-h1, zb-h2, zb-v or 1f1b-v, a zero-bubble or V-shaped pass order:
+    `ratrain.schedule.zerobubble.refuse_unsupported` first refuses in one line the features
+    it does not support yet)."""
     plan.check_for(spec)
     refuse_unsupported(plan)
     return _LOWERINGS[plan.schedule](spec, plan)

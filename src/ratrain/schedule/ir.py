@@ -240,7 +240,11 @@ class Schedule:
     stages: list[list[Action]]
     deps: dict[Action, tuple[Action, ...]] = field(default_factory=dict)
     kind: str = ""
-    """Which lowering produced it: baseline | gpu-style | ratrain."""
+    """What built it: a plan's lowering, named as `Plan.schedule` (baseline | gpu-style |
+    ratrain | fsdp-pp: `ratrain.schedule.build`); "eval" for the forward-only evaluation
+    step (`ratrain.schedule.eval`); a pass order built on its own says what its builder
+    was given ("1f1b", `build_1f1b`'s default); "" when unset. The simulator reports it
+    as the step's schedule, falling back to `Plan.schedule` (`ratrain.sim.simulate`)."""
     meta: dict = field(default_factory=dict)
 
     @property

@@ -49,9 +49,10 @@ def reads_view(a: Action) -> bool:
 
 
 def base_schedule(spec: ModelSpec, plan: Plan, kind: str, view_policy: str) -> Schedule:
-    """The 1F1B step of a lowering `kind` (the zero-bubble one with ``plan.pipeline``
-    zb-h1 or zb-h2, `ratrain.schedule.zerobubble`; zb-v, `ratrain.schedule.vshape`), with the meta every lowering sets (see
-    `ratrain.schedule.lowering`) and RECOMPUTE placed (`add_recompute`)."""
+    """The pass order of a lowering `kind`: 1F1B, or with ``plan.pipeline`` zb-h1 or zb-h2
+    the zero-bubble one (`ratrain.schedule.zerobubble`), with zb-v or 1f1b-v the V-shaped
+    one (two chunks per stage, `ratrain.schedule.vshape`); with the meta every lowering
+    sets (see `ratrain.schedule.lowering`) and RECOMPUTE placed (`add_recompute`)."""
     if plan.chunks == 2:
         sch = build_v(spec, plan, kind)
     elif plan.split_backward:

@@ -1,5 +1,6 @@
-"""The emulated cluster (`ratrain.launch.cluster`, `ratrain cluster`): network namespaces
-joined by shaped links. Needs root and iproute2; skips with the one line saying why not."""
+"""The emulated network (`ratrain.launch.emulate`, `ratrain emulate`, alias `ratrain
+cluster`): network namespaces joined by shaped links. Needs root and iproute2; skips with
+the one line saying why not."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from ratrain.launch.cluster import Cluster, unavailable
+from ratrain.launch.emulate import EmulatedNetwork, unavailable
 
 WHY = unavailable()
 pytestmark = [pytest.mark.dist, pytest.mark.skipif(WHY is not None, reason=WHY or "")]
@@ -69,7 +70,7 @@ s.sendall(b"x" * (6 << 20)); s.close()
 
 @pytest.mark.timeout(60)
 def test_link_rate_and_teardown():
-    c = Cluster(2, 200)
+    c = EmulatedNetwork(2, 200)
     with c:
         names = c.namespaces()
         assert set(names) <= set(_netns())
@@ -115,7 +116,7 @@ for _ in range(3):
 def test_a_message_after_idle_is_not_let_through_faster_than_the_rate():
     """A pipeline sends a 128 KiB activation now and then: at 50 Mbit/s it takes about
     21 ms, whatever the link did before, so the bucket of the shaper must be small."""
-    with Cluster(2, 50) as c:
+    with EmulatedNetwork(2, 50) as c:
         res = c.run_on_nodes(_server_client(ECHO_SERVER, BURST_CLIENT), timeout_s=30)
         assert [r.returncode for r in res] == [0, 0], [r.output for r in res]
         times = [float(x.split()[1]) for x in res[1].output.splitlines() if x.startswith("MSG")]
@@ -125,7 +126,7 @@ def test_a_message_after_idle_is_not_let_through_faster_than_the_rate():
 
 @pytest.mark.timeout(60)
 def test_killed_node_commands_leave_nothing():
-    c = Cluster(2, 100)
+    c = EmulatedNetwork(2, 100)
     with c:
         names = c.namespaces()
         # each node leaves a process outside the command's process group, too
@@ -152,7 +153,7 @@ def test_killed_node_commands_leave_nothing():
 
 @pytest.mark.timeout(60)
 def test_timeout_kills_and_tears_down():
-    with Cluster(2, 100) as c:
+    with EmulatedNetwork(2, 100) as c:
         names = c.namespaces()
         res = c.run_on_nodes(["sleep", "300"], timeout_s=1)
         assert all(r.timed_out and r.returncode == 124 for r in res)
@@ -174,10 +175,10 @@ TRAIN = [
 
 @pytest.mark.timeout(120)
 def test_train_across_nodes_bit_exact_with_loopback(tmp_path):
-    cl, lo = tmp_path / "cluster.jsonl", tmp_path / "local.jsonl"
+    cl, lo = tmp_path / "emulated.jsonl", tmp_path / "local.jsonl"
     r = subprocess.run(
         [
-            sys.executable, "-m", "ratrain", "cluster",
+            sys.executable, "-m", "ratrain", "emulate",
             "--nodes", "2", "--ranks-per-node", "2", "--link-mbit", "200", "--timeout", "100",
             "--", *TRAIN, "--metrics", str(cl),
         ],
@@ -202,9 +203,9 @@ def test_train_across_nodes_bit_exact_with_loopback(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_sigterm_to_cluster_command_tears_down():
+def test_sigterm_to_emulate_command_tears_down():
     p = subprocess.Popen(
-        [sys.executable, "-m", "ratrain", "cluster", "--nodes", "2", "--raw", "--",
+        [sys.executable, "-m", "ratrain", "emulate", "--nodes", "2", "--raw", "--",
          "sleep", "300"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -229,5 +230,5 @@ def test_sigterm_to_cluster_command_tears_down():
 def test_cli_refuses_empty_command(capsys):
     from ratrain.cli import main
 
-    assert main(["cluster", "--nodes", "2"]) == 2
+    assert main(["emulate", "--nodes", "2"]) == 2
     assert "no command given" in capsys.readouterr().err

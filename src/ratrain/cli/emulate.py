@@ -1,13 +1,14 @@
-"""`ratrain cluster`: run a ratrain command across an emulated cluster on this machine.
+"""`ratrain emulate`: run a ratrain command across an emulated network on this machine
+(`ratrain cluster` is an alias, the command's old name).
 
 Brings up `--nodes` network namespaces joined by links shaped to `--link-mbit` each way
-(`ratrain.launch.cluster`), runs `torchrun --nnodes N --nproc-per-node R --node-rank I
+(`ratrain.launch.emulate`), runs `torchrun --nnodes N --nproc-per-node R --node-rank I
 --master-addr NODE0 -m ratrain COMMAND ...` on every node (static rendezvous), prints
 each node's output prefixed with `[node I]`, and tears everything down afterwards, also
 after a failure, a timeout or SIGTERM/SIGINT. `--raw` runs the command itself on every
 node instead, with `{node_rank}`, `{nnodes}`, `{master_addr}` and `{node_addr}` substituted.
 
-    ratrain cluster --nodes 2 --ranks-per-node 2 --link-mbit 200 -- \\
+    ratrain emulate --nodes 2 --ranks-per-node 2 --link-mbit 200 -- \\
         train --pp 2 --dp 2 --steps 5 --metrics m.jsonl
 """
 
@@ -51,20 +52,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cleanup",
         action="store_true",
-        help="remove namespaces left by cluster runs whose process is gone (a SIGKILLed run)",
+        help="remove namespaces left by emulate runs whose process is gone (a SIGKILLed run)",
     )
     p.add_argument(
         "--max-restarts", type=nonneg_int, default=0, help="torchrun --max-restarts (default 0)"
     )
     p.add_argument(
-        "command",
+        "node_command",  # not `command`: that is the subcommand's name (`ratrain.cli.main`)
+        metavar="command",
         nargs=argparse.REMAINDER,
         help="after --: a ratrain command and its flags (e.g. train --pp 2 --dp 2)",
     )
 
 
 def torchrun_command(args: argparse.Namespace, rest: list[str]) -> list[str]:
-    from ratrain.launch.cluster import torchrun_argv
+    from ratrain.launch.emulate import torchrun_argv
 
     return torchrun_argv(
         args.nodes,
@@ -78,7 +80,12 @@ def torchrun_command(args: argparse.Namespace, rest: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ratrain.launch.cluster import Cluster, remove_namespaces, stale_namespaces, unavailable
+    from ratrain.launch.emulate import (
+        EmulatedNetwork,
+        remove_namespaces,
+        stale_namespaces,
+        unavailable,
+    )
 
     why = unavailable()
     if why:
@@ -86,24 +93,24 @@ def run(args: argparse.Namespace) -> int:
     if args.cleanup:
         stale = stale_namespaces()
         left = remove_namespaces(stale)
-        print(f"ratrain cluster: removed {len(stale) - len(left)} stale namespaces")
+        print(f"ratrain emulate: removed {len(stale) - len(left)} stale namespaces")
         return 1 if left else 0
-    rest = list(args.command)
+    rest = list(args.node_command)
     if rest and rest[0] == "--":
         rest = rest[1:]
     if not rest:
-        raise RatrainError("no command given: ratrain cluster [flags] -- train --pp 2 ...")
+        raise RatrainError("no command given: ratrain emulate [flags] -- train --pp 2 ...")
     cmd = rest if args.raw else torchrun_command(args, rest)
-    with Cluster(args.nodes, args.link_mbit, latency_ms=args.latency_ms) as c:
+    with EmulatedNetwork(args.nodes, args.link_mbit, latency_ms=args.latency_ms) as net:
         print(
-            f"ratrain cluster: {args.nodes} nodes ({c.prefix}-n*), links {args.link_mbit:g} "
-            f"Mbit/s each way, master {c.master_addr}:{args.master_port}",
+            f"ratrain emulate: {args.nodes} nodes ({net.prefix}-n*), links {args.link_mbit:g} "
+            f"Mbit/s each way, master {net.master_addr}:{args.master_port}",
             file=sys.stderr,
             flush=True,
         )
-        results = c.run_on_nodes(cmd, timeout_s=args.timeout, echo=True)
+        results = net.run_on_nodes(cmd, timeout_s=args.timeout, echo=True)
     bad = [r for r in results if r.returncode != 0]
     for r in bad:
         what = "timed out" if r.timed_out else f"exited with code {r.returncode}"
-        print(f"ratrain cluster: node {r.node_rank} {what}", file=sys.stderr)
+        print(f"ratrain emulate: node {r.node_rank} {what}", file=sys.stderr)
     return next((r.returncode for r in bad), 0)

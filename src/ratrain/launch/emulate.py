@@ -1,5 +1,5 @@
-"""An emulated cluster on one machine: N nodes as network namespaces joined by
-rate-limited links, and a command run on every node.
+"""An emulated network on one machine: N nodes as network namespaces joined by
+rate-limited links, and a command run on every node (`ratrain emulate`).
 
 Topology (all of it inside namespaces this module creates, named with a per-run prefix
 `rtc<pid>x<n>-`): a "switch" namespace `PREFIX-sw` holding a bridge `br0`; per node a
@@ -12,10 +12,11 @@ switch namespace with its peer placed straight into the node's.
 `run_on_nodes` runs a command on every node (`ip netns exec NODE env ... cmd`, each in its
 own process group) with `{node_rank}`, `{nnodes}`, `{master_addr}` and `{node_addr}`
 substituted and `GLOO_SOCKET_IFNAME`/`TP_SOCKET_IFNAME` set to the node's interface,
-waits for all, and returns their exit codes and output. `Cluster` is a context manager:
-leaving it (normally, on an exception, on SIGTERM/SIGINT turned into `ClusterInterrupted`,
-on a timeout) kills every process left in its namespaces and deletes the namespaces, which
-takes the veths, the bridge and the qdiscs with them. `ip netns list` is the check.
+waits for all, and returns their exit codes and output. `EmulatedNetwork` is a context
+manager: leaving it (normally, on an exception, on SIGTERM/SIGINT turned into
+`EmulationInterrupted`, on a timeout) kills every process left in its namespaces and
+deletes the namespaces, which takes the veths, the bridge and the qdiscs with them.
+`ip netns list` is the check.
 
 Needs root, `ip` and `tc` (iproute2), and kernel support for network namespaces, veth,
 bridges and tbf; `unavailable()` says in one line what is missing.
@@ -36,8 +37,8 @@ from dataclasses import dataclass, field
 from ratrain.errors import RatrainError
 
 __all__ = [
-    "Cluster",
-    "ClusterInterrupted",
+    "EmulatedNetwork",
+    "EmulationInterrupted",
     "NodeResult",
     "unavailable",
     "stale_namespaces",
@@ -57,11 +58,13 @@ IFNAME = "eth0"
 _COUNTER = itertools.count()
 
 
-class ClusterInterrupted(KeyboardInterrupt):
-    """SIGTERM or SIGINT arrived while the cluster was up; it was torn down."""
+class EmulationInterrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived while the emulated network was up; it was torn down."""
 
     def __init__(self, signum: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name}; the cluster was torn down")
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name}; the emulated network was torn down"
+        )
         self.exit_code = 128 + signum
 
 
@@ -82,16 +85,16 @@ def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.Com
 
 
 def unavailable() -> str | None:
-    """None when an emulated cluster can run here, else one line saying why not."""
+    """None when an emulated network can run here, else one line saying why not."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "an emulated cluster needs root (network namespaces)"
+        return "an emulated network needs root (network namespaces)"
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
-            return f"an emulated cluster needs `{tool}` (iproute2), not found on PATH"
+            return f"an emulated network needs `{tool}` (iproute2), not found on PATH"
     probe = f"{PREFIX_STEM}{os.getpid()}probe{next(_COUNTER)}"
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if r.returncode != 0:
-        return f"an emulated cluster needs network namespaces: {r.stderr.strip()}"
+        return f"an emulated network needs network namespaces: {r.stderr.strip()}"
     try:
         r = subprocess.run(
             [
@@ -113,7 +116,7 @@ def unavailable() -> str | None:
             text=True,
         )
         if r.returncode != 0:
-            return f"an emulated cluster needs veth links: {r.stderr.strip()}"
+            return f"an emulated network needs veth links: {r.stderr.strip()}"
     finally:
         subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
     return None
@@ -146,7 +149,7 @@ def remove_namespaces(names) -> list[str]:
 
 def stale_namespaces() -> list[str]:
     """Namespaces of this module whose creating process is gone (a run killed with
-    SIGKILL cannot tear itself down; `ratrain cluster --cleanup` removes these)."""
+    SIGKILL cannot tear itself down; `ratrain emulate --cleanup` removes these)."""
     out = []
     for ns in _namespaces():
         if not ns.startswith(PREFIX_STEM):
@@ -167,7 +170,7 @@ def _burst_bytes(mbit: float) -> int:
 
 
 @dataclass
-class Cluster:
+class EmulatedNetwork:
     """`nodes` network namespaces joined through a bridge by links of `link_mbit` each way."""
 
     nodes: int
@@ -204,7 +207,7 @@ class Cluster:
         return [self.switch] + [self.node(i) for i in range(self.nodes)]
 
     # lifetime -----------------------------------------------------------------------
-    def __enter__(self) -> Cluster:
+    def __enter__(self) -> EmulatedNetwork:
         self._install_handlers()
         try:
             self.up()
@@ -221,7 +224,7 @@ class Cluster:
             return
 
         def handler(signum, frame):
-            raise ClusterInterrupted(signum)
+            raise EmulationInterrupted(signum)
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             self._old_handlers[sig] = signal.signal(sig, handler)
@@ -373,9 +376,9 @@ class Cluster:
 def torchrun_argv(
     nnodes: int, nproc_per_node: int, master_port: int, *rest: str, max_restarts: int = 0
 ) -> list[str]:
-    """torchrun (this Python's) for one node of a `Cluster` run: static rendezvous on node
-    0's address, `{node_rank}` and `{master_addr}` left for `run_on_nodes` to fill in,
-    then `rest` (e.g. `-m ratrain train ...`)."""
+    """torchrun (this Python's) for one node of an `EmulatedNetwork` run: static rendezvous
+    on node 0's address, `{node_rank}` and `{master_addr}` left for `run_on_nodes` to fill
+    in, then `rest` (e.g. `-m ratrain train ...`)."""
     return [
         sys.executable,
         "-m",
