@@ -83,13 +83,14 @@ def io_table(plan: Plan, reps: int) -> list[dict]:
 
 def overhead(plan: Plan, steps: int, every: int) -> dict:
     from ratrain.data import make_source
-    from ratrain.train.job import Job, run_job
+    from ratrain.train.job import CheckpointOpts, Job, Launch, Outputs, run_job
 
     cfg = TrainConfig(steps=steps, warmup_steps=1)
     with tempfile.TemporaryDirectory(prefix="ratrain-ckpt-bench-") as root:
         job = Job(
             SPEC, plan, cfg, functools.partial(make_source, "synthetic", SPEC, plan.seq, 0),
-            device="cpu", progress=False, save_dir=root, save_every=every, keep=1,
+            launch=Launch(device="cpu"), outputs=Outputs(progress=False),
+            checkpoints=CheckpointOpts(save_dir=root, save_every=every, keep=1),
         )  # fmt: skip
         results = run_job(job)
     step_s = max(sum(r.runs[plan.schedule].step_times_s) for r in results)

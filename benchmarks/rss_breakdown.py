@@ -43,7 +43,7 @@ from ratrain.launch.spawn import spawn
 from ratrain.observe import memory as rt_memory
 from ratrain.observe import trace
 from ratrain.train import job as distributed_train
-from ratrain.train.job import Job, rank_main, runtime_ledger
+from ratrain.train.job import Job, Launch, Outputs, rank_main, runtime_ledger
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -223,11 +223,12 @@ def main() -> None:
         plan,
         cfg,
         source,
-        device="cpu",
-        progress=False,
-        measure_memory=True,
-        malloc_mmap_threshold_bytes=a.malloc_mmap_threshold,
-        host_allocator=a.host_allocator,
+        launch=Launch(
+            device="cpu",
+            malloc_mmap_threshold_bytes=a.malloc_mmap_threshold,
+            host_allocator=a.host_allocator,
+        ),
+        outputs=Outputs(progress=False, measure_memory=True),
     )
     ledger = runtime_ledger(spec, plan)
     allocator = resolve_host_allocator(a.host_allocator, a.malloc_mmap_threshold)

@@ -1,4 +1,4 @@
-"""ratrain vs torch.distributed.pipelining's schedules vs DeepSpeed's PipelineEngine, interleaved.
+"""ratrain vs torch.distributed.pipelining's pipelines vs DeepSpeed's PipelineEngine, interleaved.
 
     python benchmarks/runtime_vs_peers.py [--quick] [--json out.json] [--layouts 2x1,2x2]
         [--repeats 3] [--steps 6] [--warmup 2]
@@ -12,7 +12,7 @@
 
 The job (issue 12): a LLaMA with 8 layers, hidden 512, 8 heads, ffn 1376, vocab 8192;
 seq 256; fp32; micro-batch 2; 8 microbatches per pipeline; one thread per rank; no
-gradient clipping (the peers' schedules have no global-norm step). Layouts are pp x dp.
+gradient clipping (the peers' pipelines have no global-norm step). Layouts are pp x dp.
 
 Systems: `ratrain` (the runtime with `--compile` and `--loss-chunk-tokens` as given),
 `ratrain-plan` (ratrain as a user runs it: `ratrain plan` for the job on `--split-platform`,
@@ -32,7 +32,7 @@ runs on `auto`, the first of tcmalloc, jemalloc found, else glibc's malloc),
 `--malloc-mmap-threshold`: less RSS, more page faults), `ceiling` (not a system and not a
 peer: the layout's ranks each run an even share of the step's microbatches through the
 whole model, and of the AdamW update, with no pipeline and no communication but a barrier
-per step, `peers.ceiling_rank`; with a core per rank, what no schedule on these ranks can
+per step, `peers.ceiling_rank`; with a core per rank, what no pipeline on these ranks can
 beat; with ranks sharing cores, no bound; reported as each system's share of it); the peers, see `peers.py`:
 torch.distributed.pipelining's `torch-1f1b` (Schedule1F1B), `torch-interleaved-1f1b`
 (ScheduleInterleaved1F1B), `torch-izb` (ScheduleInterleavedZeroBubble), `torch-zbv`
@@ -45,8 +45,8 @@ peers' ranks run on glibc's malloc, their default. (Figures in docs/runtime.md t
 Splits: ratrain (all its variants) runs the split `ratrain plan` picks for the job on
 `--split-platform` (cpu-local); the peers run `--layer-split` (their own default, even) and,
 when ratrain's differs, once more on ratrain's (`torch-1f1b@5,3`, `deepspeed@5,3`): "the
-better peer" is the fastest of all of them (torch's schedules and DeepSpeed), named in the
-report. torch's multi-stage schedules run 2 chunks per rank (2·pp pipeline stages;
+better peer" is the fastest of all of them (torch's pipelines and DeepSpeed), named in the
+report. torch's multi-stage pipelines run 2 chunks per rank (2·pp pipeline stages;
 interleaved: rank r holds chunks r and r+pp, V-shaped: r and 2pp-1-r): with the even split,
 the layers split evenly into 2·pp chunks; with a given split (blocks per rank), each rank's
 blocks halved between its two chunks (`peers.chunk_split`); a split that cannot be cut so
@@ -93,7 +93,7 @@ import subprocess
 import tempfile
 
 from peers import (
-    TORCH_SCHEDULES,
+    TORCH_PIPELINES,
     ceiling_rank,
     chunk_split,
     deepspeed_available,
@@ -117,7 +117,7 @@ from ratrain.models.spec import ModelSpec
 from ratrain.observe.profile import BUCKETS
 from ratrain.planner.report import describe
 from ratrain.planner.space import v_splits
-from ratrain.train.job import Job, run_job
+from ratrain.train.job import Job, Launch, Outputs, run_job
 
 BENCH_SPEC = ModelSpec("bench-512", 8, 512, 8, 8, 1376, 8192, max_seq=256)
 """The issue's job model (LLaMA-style, MHA)."""
@@ -137,7 +137,7 @@ ZB_SYSTEMS = {
 for it."""
 
 CEILING = "ceiling"
-"""Not a system: the layout's bubble-free ceiling (`peers.ceiling_rank`), what no schedule on
+"""Not a system: the layout's bubble-free ceiling (`peers.ceiling_rank`), what no pipeline on
 these ranks can beat when each has a core of its own; reported as every system's share of it."""
 
 PLANNED = "ratrain-plan"
@@ -151,12 +151,12 @@ KNOWN_SYSTEMS = (
     "ratrain-compiled",
     "ratrain-lowrss",
     *HOST_SYSTEMS,
-    *TORCH_SCHEDULES,
+    *TORCH_PIPELINES,
     "deepspeed",
     CEILING,
 )
 
-DEFAULT_SYSTEMS = ",".join(["ratrain", PLANNED, *ZB_SYSTEMS, *TORCH_SCHEDULES, "deepspeed"])
+DEFAULT_SYSTEMS = ",".join(["ratrain", PLANNED, *ZB_SYSTEMS, *TORCH_PIPELINES, "deepspeed"])
 
 LOSS_RTOL = 1e-5
 """A torch peer whose first-step loss differs from torch-1f1b's by more (relative) is
@@ -276,7 +276,14 @@ def _median_tail(times: list[float], warmup: int) -> float:
 
 
 def run_ratrain(
-    spec, plan, cfg, source, compile_units: bool, profile: bool, mmap_threshold: int, **job_kw
+    spec,
+    plan,
+    cfg,
+    source,
+    compile_units: bool,
+    profile: bool,
+    mmap_threshold: int,
+    host_allocator: str = "auto",
 ) -> dict:
     """ratrain's runtime; the profiled step is an extra step after the timed ones."""
     steps = cfg.steps + (1 if profile else 0)  # the profiled step is extra, not timed
@@ -285,13 +292,14 @@ def run_ratrain(
         plan,
         dataclasses.replace(cfg, steps=steps),
         source,
-        device="cpu",
-        progress=False,
-        profile_step=cfg.steps if profile else None,
-        compile_units=compile_units,
-        deadline_s=_DEADLINE_S,
-        malloc_mmap_threshold_bytes=mmap_threshold,
-        **job_kw,
+        launch=Launch(
+            device="cpu",
+            compile_units=compile_units,
+            deadline_s=_DEADLINE_S,
+            host_allocator=host_allocator,
+            malloc_mmap_threshold_bytes=mmap_threshold,
+        ),
+        outputs=Outputs(progress=False, profile_step=cfg.steps if profile else None),
     )
     out = {"rss": {}, "profile": {}, "times": None, "compile_s": {}}
     for r in run_job(job):
@@ -311,7 +319,7 @@ def run_peer(system: str, spec, plan, cfg, source, profile: bool) -> dict:
     """A peer (`system` without its "@split" suffix), timed on the last pipeline rank of
     the first replica."""
     args = (spec, plan, cfg, source, profile)
-    if system in TORCH_SCHEDULES:
+    if system in TORCH_PIPELINES:
         fn = functools.partial(torch_pipelining_rank, system=system)
     elif system == CEILING:
         fn = ceiling_rank
@@ -338,7 +346,7 @@ def check_losses(runs: dict[str, list[dict]]) -> dict[str, str]:
     """The torch peers whose first-step loss is not torch-1f1b's (within `LOSS_RTOL`): a
     one-line reason each. Same model, weights and data: only a mis-split model differs."""
     ref = next((rs[0]["loss"] for s, rs in runs.items() if _base(s) == "torch-1f1b"), None)
-    torch_peers = [s for s in runs if _base(s) in TORCH_SCHEDULES and _base(s) != "torch-1f1b"]
+    torch_peers = [s for s in runs if _base(s) in TORCH_PIPELINES and _base(s) != "torch-1f1b"]
     if ref is None:
         if torch_peers:
             print("  no torch-1f1b run: the torch peers' first-step losses are not checked")
@@ -416,11 +424,11 @@ def bench_layout(a, spec: ModelSpec, pp: int, dp: int) -> dict:
             name = f"{s}@{_fmt(own_split)}"
             systems.append(name)
             plans[name] = own
-    # torch's multi-stage schedules: two chunks per rank (`peers.chunk_split`)
+    # torch's multi-stage pipelines: two chunks per rank (`peers.chunk_split`)
     skipped: dict[str, str] = {}
     chunks: dict[str, tuple[int, ...]] = {}
     for s in list(systems):
-        style = TORCH_SCHEDULES.get(_base(s), (None, None))[1]
+        style = TORCH_PIPELINES.get(_base(s), (None, None))[1]
         if style is not None:
             try:
                 chunks[s] = chunk_split(spec, plans[s], style)

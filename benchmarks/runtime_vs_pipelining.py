@@ -37,7 +37,7 @@ from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
 from ratrain.launch.spawn import spawn
 from ratrain.models.presets import get_preset
-from ratrain.train.job import Job, run_job
+from ratrain.train.job import Job, Outputs, run_job
 
 
 def _median_tail(xs: list[float], warmup: int) -> float:
@@ -61,9 +61,7 @@ def run_ratrain(spec, plan, cfg, source, variants, measure: bool, trace_steps=()
         cfg,
         source,
         variants=tuple(variants),
-        progress=False,
-        measure_memory=measure,
-        trace_steps=tuple(trace_steps),
+        outputs=Outputs(progress=False, measure_memory=measure, trace_steps=tuple(trace_steps)),
     )
     out: dict[str, dict] = {}
     for r in run_job(job):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
 from ratrain.models.spec import ModelSpec
-from ratrain.train.job import Job, RankResult, run_job
+from ratrain.train.job import Job, Launch, Outputs, RankResult, run_job
 
 
 def source(spec: ModelSpec, plan: Plan, cfg: TrainConfig):
@@ -16,19 +17,31 @@ def source(spec: ModelSpec, plan: Plan, cfg: TrainConfig):
 
 
 def job(
-    spec: ModelSpec, plan: Plan, cfg: TrainConfig, variants, *, timeout_s=120, deadline_s=400, **kw
+    spec: ModelSpec,
+    plan: Plan,
+    cfg: TrainConfig,
+    variants,
+    *,
+    timeout_s=120,
+    deadline_s=400,
+    launch: Launch | None = None,
+    outputs: Outputs | None = None,
+    **parts,
 ) -> Job:
+    """A job of `variants` on the CPU, quiet, under `timeout_s` and `deadline_s`; `launch`
+    and `outputs` give the rest of their records, `parts` the job's other records."""
+    launch = dataclasses.replace(
+        launch or Launch(), device="cpu", timeout_s=timeout_s, deadline_s=deadline_s
+    )
     return Job(
         spec,
         plan,
         cfg,
         source(spec, plan, cfg),
         variants=tuple(variants),
-        device="cpu",
-        progress=False,
-        timeout_s=timeout_s,
-        deadline_s=deadline_s,
-        **kw,
+        launch=launch,
+        outputs=dataclasses.replace(outputs or Outputs(), progress=False),
+        **parts,
     )
 
 

@@ -13,7 +13,7 @@ from ratrain.checkpoint.read import read_tensors
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
 from ratrain.models.presets import get_preset
-from ratrain.train.job import Job, run_job
+from ratrain.train.job import CheckpointOpts, Job, Launch, Outputs, run_job
 
 pytestmark = pytest.mark.dist
 
@@ -37,8 +37,12 @@ def _other(**kw) -> Plan:
 def _run(plan: Plan, save_dir, *, resume=None, save_every=None):
     job = Job(
         SPEC, plan, CFG, functools.partial(make_source, "synthetic", SPEC, plan.seq, CFG.seed),
-        device="cpu", progress=False, timeout_s=60, deadline_s=240, save_dir=str(save_dir),
-        save_every=save_every, resume_from=str(resume) if resume else None,
+        launch=Launch(device="cpu", timeout_s=60, deadline_s=240),
+        outputs=Outputs(progress=False),
+        checkpoints=CheckpointOpts(
+            save_dir=str(save_dir), save_every=save_every,
+            resume_from=str(resume) if resume else None,
+        ),
     )  # fmt: skip
     (losses,) = [r.runs[plan.schedule].losses for r in run_job(job) if r.runs[plan.schedule].losses]
     return losses

@@ -25,7 +25,7 @@ from ratrain.schedule import (
     eval_plan,
     find_problems,
 )
-from ratrain.train.job import eval_batches, held_out_source, run_job
+from ratrain.train.job import EvalOpts, eval_batches, held_out_source, run_job
 from ratrain.train.reference import ReferenceTrainer
 
 SPEC = get_preset("tiny")
@@ -90,7 +90,7 @@ def _job(plan: Plan, eval_every: int | None, **kw):
     job = harness.job(SPEC, plan, CFG, [("run", {})], timeout_s=60, deadline_s=240, **kw)
     if eval_every is None:
         return job
-    return dataclasses.replace(job, eval_every=eval_every, eval_source=_synthetic(plan))
+    return dataclasses.replace(job, evaluation=EvalOpts(every=eval_every, source=_synthetic(plan)))
 
 
 def _run(plan: Plan, eval_every: int | None) -> tuple[list[float], list[tuple[int, float]]]:

@@ -91,9 +91,9 @@ def test_planned_fsdp_pp_plans_fit_their_ledger_and_simulator(platform):
 
 
 def test_fsdp_pp_is_a_baseline_of_plan_baselines():
-    from ratrain.planner import BASELINE_FAMILIES
+    from ratrain.planner import COMPARED_FAMILIES
 
-    assert "fsdp-pp" in BASELINE_FAMILIES
+    assert "fsdp-pp" in COMPARED_FAMILIES
 
 
 # -- the runtime ----------------------------------------------------------------------------
@@ -106,7 +106,7 @@ RT_PLAN = Plan(
 @pytest.mark.dist
 @pytest.mark.timeout(180)
 def test_fsdp_pp_runs_with_the_reference_losses():
-    from ratrain.train.job import Job, run_job
+    from ratrain.train.job import Job, Launch, Outputs, run_job
     from ratrain.train.reference import ReferenceTrainer
 
     cfg = TrainConfig(steps=6, warmup_steps=1)
@@ -130,10 +130,8 @@ def test_fsdp_pp_runs_with_the_reference_losses():
         cfg,
         source,
         variants=tuple(variants),
-        device="cpu",
-        progress=False,
-        timeout_s=60,
-        deadline_s=150,
+        launch=Launch(device="cpu", timeout_s=60, deadline_s=150),
+        outputs=Outputs(progress=False),
     )
     res = run_job(job)
 

@@ -34,6 +34,7 @@ from ratrain.launch.host_memory import (
 )
 from ratrain.launch.spawn import spawn
 from ratrain.models.presets import get_preset
+from ratrain.train.job import Launch
 
 # A freed 8 MiB tensor raises glibc's dynamic threshold to 8 MiB; 64 tensors of 1 MiB then
 # come from the heap, and with the last one kept on top, the 63 MiB freed below it stay
@@ -235,7 +236,7 @@ def _tiny_losses(**kw) -> dict[str, list[float]]:
     plan = Plan(pp=2, dp=1, micro_batch=1, global_batch=4, seq=16, compute_dtype="fp32")
     cfg = TrainConfig(steps=3, warmup_steps=1)
     runs = [("ratrain", {}), ("baseline", {"schedule": "baseline"})]
-    results = harness.run(spec, plan, cfg, runs, **kw)
+    results = harness.run(spec, plan, cfg, runs, launch=Launch(**kw))
     return {name: harness.losses(results, name) for name, _ in runs}
 
 

@@ -19,7 +19,7 @@ from ratrain.platforms import load
 from ratrain.schedule import build_schedule
 from ratrain.schedule.ir import Op
 from ratrain.sim import simulate
-from ratrain.train.job import Job, run_job
+from ratrain.train.job import Job, Launch, Outputs, run_job
 
 # A vocabulary large against the width: the embedding and head gradients dominate.
 SPEC = ModelSpec(name="toy", n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, ffn=172, vocab=2048)
@@ -44,9 +44,8 @@ def test_baseline_norm_peak_is_counted(dtype):
         plan,
         TrainConfig(steps=2, warmup_steps=1),
         functools.partial(make_source, "synthetic", SPEC, plan.seq),
-        progress=False,
-        measure_memory=True,
-        deadline_s=170,
+        launch=Launch(deadline_s=170),
+        outputs=Outputs(progress=False, measure_memory=True),
     )
     measured = {r.stage: r.runs["baseline"].peak_bytes for r in run_job(job)}
     for stage, ledger in enumerate(sim.peak_memory_bytes):

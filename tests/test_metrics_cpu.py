@@ -22,6 +22,7 @@ from ratrain.models.presets import get_preset
 from ratrain.observe import metrics
 from ratrain.observe.memory import peaks_per_rank
 from ratrain.observe.metrics import Progress, TensorBoardWriter
+from ratrain.train.job import Outputs
 
 SMALL = ["--seq", "16", "--micro-batch", "2", "--global-batch", "4", "--threads", "1"]
 
@@ -133,7 +134,7 @@ def test_peak_bytes_are_tensor_bytes_with_measure_memory():
     spec = get_preset("tiny")
     plan = Plan(pp=1, micro_batch=2, global_batch=4, seq=16, compute_dtype="fp32", model="tiny")
     cfg = TrainConfig(steps=2, warmup_steps=1)
-    (res,) = harness.run(spec, plan, cfg, [("ratrain", {})], measure_memory=True)
+    (res,) = harness.run(spec, plan, cfg, [("ratrain", {})], outputs=Outputs(measure_memory=True))
     run = res.runs["ratrain"]
     rec = run.records[-1]
     assert rec["peak_bytes_source"] == "tensors"

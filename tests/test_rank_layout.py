@@ -22,7 +22,7 @@ from ratrain.cli import main
 from ratrain.config import RANK_LAYOUTS, Plan, TrainConfig, load_plan, save_plan
 from ratrain.cost import comm
 from ratrain.errors import RatrainError
-from ratrain.launch.cluster import unavailable
+from ratrain.launch.emulate import unavailable
 from ratrain.launch.grid import ParallelGrid, rank_layout
 from ratrain.models.presets import get_preset
 from ratrain.planner.search import search
@@ -227,7 +227,7 @@ def test_train_holds_a_plan_to_the_cap_it_was_planned_for(tmp_path, capsys):
     one_line_error(capsys, ["train", "--plan", str(tmp_path / "bad.yaml")], "memory_cap_gib")
 
 
-# -- the emulated cluster --------------------------------------------------------------------
+# -- the emulated network --------------------------------------------------------------------
 
 WHY = unavailable()
 TRAIN = [
@@ -247,10 +247,10 @@ TRAIN = [
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(WHY is not None, reason=WHY or "")
 def test_dp_inner_across_two_nodes_matches_the_local_run_bit_for_bit(tmp_path):
-    cl, lo = tmp_path / "cluster.jsonl", tmp_path / "local.jsonl"
+    cl, lo = tmp_path / "emulated.jsonl", tmp_path / "local.jsonl"
     r = subprocess.run(
         [
-            sys.executable, "-m", "ratrain", "cluster",
+            sys.executable, "-m", "ratrain", "emulate",
             "--nodes", "2", "--ranks-per-node", "2", "--link-mbit", "200", "--timeout", "100",
             "--", *TRAIN, "--rank-layout", "dp-inner", "--metrics", str(cl),
         ],

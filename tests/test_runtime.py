@@ -14,7 +14,7 @@ from ratrain.errors import RatrainError
 from ratrain.memory import replay
 from ratrain.models.presets import get_preset
 from ratrain.schedule import build_schedule
-from ratrain.train.job import Job, RankResult, check_fits, run_job
+from ratrain.train.job import Job, MemoryCap, Outputs, RankResult, check_fits, run_job
 from ratrain.train.reference import ReferenceTrainer
 
 pytestmark = pytest.mark.dist
@@ -68,7 +68,8 @@ def test_microbatches_fewer_than_stages(tmp_path):
     )
     cfg = TrainConfig(steps=4, warmup_steps=1)
     variants = [(k, {"schedule": k}) for k in ("baseline", "gpu-style", "ratrain")]
-    job = _job(plan, cfg, variants, trace_path=str(tmp_path / "step.json"), trace_steps=(2,))
+    outputs = Outputs(trace_path=str(tmp_path / "step.json"), trace_steps=(2,))
+    job = _job(plan, cfg, variants, outputs=outputs)
     res = run_job(job)
     assert plan.microbatches < plan.pp
     assert _losses(res, "ratrain") == _losses(res, "baseline") == _losses(res, "gpu-style")
@@ -124,7 +125,7 @@ def test_peak_memory_ratrain_not_above_baseline_and_ledger_close():
         for dt, vp in (("fp32", "persistent"), ("bf16", "transient"))
         for kind in ("baseline", "ratrain")
     ]
-    res = run_job(_job(plan, cfg, variants, measure_memory=True))
+    res = run_job(_job(plan, cfg, variants, outputs=Outputs(measure_memory=True)))
     for r in res:
         for dt in ("fp32", "bf16"):
             assert r.runs[f"ratrain-{dt}"].peak_bytes <= r.runs[f"baseline-{dt}"].peak_bytes
@@ -146,7 +147,7 @@ def test_plan_for_another_model_is_refused():
 
 def test_plan_over_the_declared_memory_is_refused():
     with pytest.raises(RatrainError, match=r"plan does not fit: stage \d needs .* GiB"):
-        run_job(_job(PLAN, CFG, [], memory_cap_bytes=2**20, memory_cap_label="a 1 MiB test cap"))
+        run_job(_job(PLAN, CFG, [], memory_cap=MemoryCap(2**20, "a 1 MiB test cap")))
     check_fits(SPEC, PLAN, 2**30)  # fits a GiB
 
 

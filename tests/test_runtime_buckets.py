@@ -16,7 +16,7 @@ from ratrain.memory import replay
 from ratrain.models.presets import get_preset
 from ratrain.schedule import build_schedule
 from ratrain.schedule.passes import sync_buckets
-from ratrain.train.job import RankResult
+from ratrain.train.job import Launch, Outputs, RankResult
 from ratrain.train.reference import ReferenceTrainer
 
 pytestmark = pytest.mark.dist
@@ -60,7 +60,7 @@ def test_bucketed_compiled_schedules_bitwise_and_near_reference():
         ("ratrain", {"schedule": "ratrain"}),
         ("ratrain-unbucketed", {"schedule": "ratrain", "sync_bucket_bytes": 0}),
     ]
-    res = _run(PLAN, CFG, variants, compile_units=True)
+    res = _run(PLAN, CFG, variants, launch=Launch(compile_units=True))
     assert any(r.runs["ratrain"].compile_s > 0 for r in res)
     ratrain = _losses(res, "ratrain")
     assert all(math.isfinite(x) for x in ratrain)
@@ -77,7 +77,8 @@ def test_bucketed_peak_memory_close_to_ledger():
     plan = PLAN.replace(micro_batch=2, global_batch=8, seq=64, loss_chunk_tokens=None)
     cfg = TrainConfig(steps=1, warmup_steps=1)
     variants = [(k, {"schedule": k}) for k in ("baseline", "ratrain")]
-    res = _run(plan, cfg, variants, timeout_s=60, deadline_s=240, measure_memory=True)
+    outputs = Outputs(measure_memory=True)
+    res = _run(plan, cfg, variants, timeout_s=60, deadline_s=240, outputs=outputs)
     for kind in ("baseline", "ratrain"):
         p = plan.replace(schedule=kind)
         ledger = replay(build_schedule(SPEC, p), SPEC, p)
@@ -122,6 +123,6 @@ def test_cores_of_an_equal_share_each_then_mixed_stages():
 def test_pinned_ranks_train_the_same():
     plan = PLAN.replace(dp=1, global_batch=2, sync_bucket_bytes=0, loss_chunk_tokens=None)
     cfg = TrainConfig(steps=2, warmup_steps=1)
-    pinned = _run(plan, cfg, [("ratrain", {})], pin_cores=True)
+    pinned = _run(plan, cfg, [("ratrain", {})], launch=Launch(pin_cores=True))
     free = _run(plan, cfg, [("ratrain", {})])
     assert _losses(pinned, "ratrain") == _losses(free, "ratrain")

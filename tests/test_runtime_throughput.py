@@ -12,7 +12,7 @@ import _runtime as harness
 from ratrain.config import Plan, TrainConfig
 from ratrain.launch.toolchain import cxx_compiler
 from ratrain.models.presets import get_preset
-from ratrain.train.job import RankResult
+from ratrain.train.job import Launch, RankResult
 from ratrain.train.reference import ReferenceTrainer
 
 pytestmark = pytest.mark.dist
@@ -73,7 +73,7 @@ LIFECYCLE = {
 def test_compiled_units_equal_eager_and_bitwise_across_schedules(eager_chunked):
     lifecycle = [(f"{k}-lifecycle", {"schedule": k, **LIFECYCLE}) for k in ("baseline", "ratrain")]
     plan = PLAN.replace(loss_chunk_tokens=5)
-    compiled = _run(plan, VARIANTS + lifecycle, compile_units=True)
+    compiled = _run(plan, VARIANTS + lifecycle, launch=Launch(compile_units=True))
     assert any(r.runs["ratrain-clip"].compile_s > 0 for r in compiled)
     for clip in ("clip", "noclip"):
         ratrain = _losses(compiled, f"ratrain-{clip}")

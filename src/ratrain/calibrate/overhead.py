@@ -19,7 +19,7 @@ import statistics
 from ratrain.calibrate.shapes import TINY_SPEC
 from ratrain.config import Plan, TrainConfig
 from ratrain.data import make_source
-from ratrain.train.job import Job, run_job
+from ratrain.train.job import Job, Launch, Outputs, run_job
 
 __all__ = ["measure_action_overhead"]
 
@@ -53,10 +53,8 @@ def _medians(quick: bool, device: str | None, pipeline: str) -> dict[str, float]
         plan,
         cfg,
         functools.partial(make_source, "synthetic", TINY_SPEC, seq),
-        device=device,
-        trace_steps=tuple(range(2, steps)),
-        progress=False,
-        deadline_s=300,
+        launch=Launch(device=device, deadline_s=300),
+        outputs=Outputs(progress=False, trace_steps=tuple(range(2, steps))),
     )
     run = run_job(job)[0].runs[plan.schedule]
     by_op: dict[str, list[float]] = {}

@@ -19,10 +19,11 @@ __all__ = ["save_due", "save_stage", "resume_stage", "resume_dir", "keep_records
 
 
 def save_due(job, k: int) -> bool:
-    if not job.save_dir:
+    opts = job.checkpoints
+    if not opts.save_dir:
         return False
     last = k + 1 == job.cfg.steps
-    return last or (job.save_every is not None and (k + 1) % job.save_every == 0)
+    return last or (opts.save_every is not None and (k + 1) % opts.save_every == 0)
 
 
 def save_stage(grid, model, ex, job, plan: Plan, step: int) -> None:
@@ -30,7 +31,7 @@ def save_stage(grid, model, ex, job, plan: Plan, step: int) -> None:
 
     data = {"source": ex.batches.source.describe(), "seed": job.cfg.seed}
     save_checkpoint(
-        job.save_dir,
+        job.checkpoints.save_dir,
         next_step=step,
         grid=grid,
         model=model,
@@ -39,15 +40,17 @@ def save_stage(grid, model, ex, job, plan: Plan, step: int) -> None:
         plan=plan,
         cfg=job.cfg,
         data=data,
-        keep=job.keep,
-        fault=job.fault,
+        keep=job.checkpoints.keep,
+        fault=job.hooks.fault,
     )
 
 
 def resume_stage(grid, model, job, plan: Plan) -> dict:
     from ratrain.checkpoint.io import load_checkpoint
 
-    return load_checkpoint(job.resume_from, grid=grid, model=model, spec=job.spec, plan=plan)
+    return load_checkpoint(
+        job.checkpoints.resume_from, grid=grid, model=model, spec=job.spec, plan=plan
+    )
 
 
 def keep_records_before(path: str, step: int) -> None:

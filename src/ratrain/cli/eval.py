@@ -101,10 +101,17 @@ def run(args: argparse.Namespace) -> int:
     from ratrain.checkpoint.hooks import is_rank0
     from ratrain.checkpoint.io import check_compatible
     from ratrain.config import TrainConfig
-    from ratrain.launch.grid import DEFAULT_TIMEOUT_S
     from ratrain.models.spec import ModelSpec
     from ratrain.train.failures import run_job_one_line
-    from ratrain.train.job import Job, check_local, eval_batches, held_out_source
+    from ratrain.train.job import (
+        CheckpointOpts,
+        EvalOpts,
+        Job,
+        Launch,
+        Outputs,
+        eval_batches,
+        held_out_source,
+    )
 
     ckpt, meta = _checkpoint(args.checkpoint)
     spec = ModelSpec.from_dict(meta["model"])
@@ -126,16 +133,12 @@ def run(args: argparse.Namespace) -> int:
         plan,
         TrainConfig(steps=1, seed=seed),
         source,
-        device=args.device,
-        timeout_s=args.timeout or DEFAULT_TIMEOUT_S,
-        progress=False,
-        resume_from=str(ckpt),
-        eval_source=source,
-        eval_tokens=args.eval_tokens,
-        eval_only=True,
+        launch=Launch(device=args.device, timeout_s=args.timeout),
+        outputs=Outputs(progress=False),
+        checkpoints=CheckpointOpts(resume_from=str(ckpt)),
+        evaluation=EvalOpts(source=source, tokens=args.eval_tokens, only=True),
     )
-    check_local(job)
-    results = run_job_one_line(job)
+    results = run_job_one_line(job)  # checked once there, before any rank starts
     if not is_rank0():
         return 0
     (step, loss), *_ = [e for r in results for run_ in r.runs.values() for e in run_.evals]

@@ -118,7 +118,7 @@ def _config(args: argparse.Namespace, plan: Plan) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     from ratrain.data import make_source
     from ratrain.train.failures import run_job_one_line
-    from ratrain.train.job import Job
+    from ratrain.train.job import FaultHooks, Job, Launch, MemoryCap, Outputs
     from ratrain.train.reference import ReferenceTrainer
 
     spec, plan = plan_from_args(args, default_model="tiny")
@@ -136,12 +136,10 @@ def run(args: argparse.Namespace) -> int:
             ("baseline", {"schedule": "baseline", "pipeline": "1f1b"}),
             ("ratrain", {"schedule": "ratrain"}),
         ),
-        device=args.device,
-        timeout_s=args.timeout,
-        progress=not args.quiet,
-        memory_cap_bytes=int(cap * 2**30) if cap else None,
-        memory_cap_label=cap_label,
-        fault=os.environ.get("RATRAIN_FAULT"),
+        launch=Launch(device=args.device, timeout_s=args.timeout),
+        outputs=Outputs(progress=not args.quiet),
+        memory_cap=MemoryCap(int(cap * 2**30), cap_label) if cap else None,
+        hooks=FaultHooks(fault=os.environ.get("RATRAIN_FAULT")),
     )
     losses: dict[str, list[float]] = {}
     skipped: dict[str, int] = {}

@@ -7,7 +7,7 @@ jobs, in a small file the launcher's parent reads after a rank died without repo
 what happened, the step and the last complete checkpoint to resume from
 (`ratrain.train.failures.failure_message` words it).
 
-Test hook (read when the job starts, carried to the ranks in the `Job`):
+Test hook (read when the job starts, carried to the ranks in the `Job`, `FaultHooks`):
 `RATRAIN_FAULT=RANK:STEP` makes rank RANK kill itself with SIGKILL as it starts
 step STEP; `RANK:STEP:save` does it inside the checkpoint save that follows step STEP - 1,
 after its DCP files are written and before the checkpoint is published; `step-raise` and

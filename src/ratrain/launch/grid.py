@@ -99,7 +99,7 @@ def rendezvous_from_env(env: Mapping[str, str] | None = None) -> Rendezvous | No
 
 
 def device_kind(device: str | None) -> str:
-    """`Job.device` resolved: None is cuda when a CUDA device is visible, else cpu."""
+    """`Launch.device` resolved: None is cuda when a CUDA device is visible, else cpu."""
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device

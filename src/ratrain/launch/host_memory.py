@@ -7,7 +7,7 @@ step's activations from its heap, which fragments: on the issue-12 job
 of 529 MiB of live tensors, and freed heap memory stays resident.
 
 **The host allocator** (`ratrain train --host-allocator auto|tcmalloc|jemalloc|malloc`,
-`Job.host_allocator`): a maintained malloc, tcmalloc (gperftools') or jemalloc, preloaded
+`Launch.host_allocator`): a maintained malloc, tcmalloc (gperftools') or jemalloc, preloaded
 into the ranks the launcher spawns (`LD_PRELOAD`, `ratrain.launch.spawn`), as PyTorch's CPU
 performance guide recommends. They replace malloc/free for the whole process, torch's
 allocations and oneDNN's scratch memory included, so nothing in torch has to know. `auto`

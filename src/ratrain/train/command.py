@@ -1,5 +1,6 @@
-"""`ratrain train` on pp x dp ranks: a `TrainRequest` as a Job, the launch (local ranks, or
-this rank of a torchrun/Slurm job), one-line failures and the summary line."""
+"""`ratrain train` on pp x dp ranks: a `TrainRequest` as a Job, checked once before the
+header, the launch (local ranks, or this rank of a torchrun/Slurm job), one-line failures
+and the summary line."""
 
 from __future__ import annotations
 
@@ -18,17 +19,9 @@ from ratrain.launch.faults import (
     signal_name,
     signals_interrupt,
 )
-from ratrain.launch.grid import DEFAULT_TIMEOUT_S, rendezvous_from_env
-from ratrain.launch.host_memory import resolve_host_allocator
 from ratrain.models.spec import ModelSpec
 from ratrain.train.failures import last_checkpoint_note, run_job_one_line, stop_line, stopped_run
-from ratrain.train.job import (
-    Job,
-    RankResult,
-    check_cap,
-    check_local,
-    eval_batches,
-)
+from ratrain.train.job import CheckedJob, FaultHooks, Job, RankResult, check_job, eval_batches
 from ratrain.train.request import TrainRequest
 from ratrain.train.summary import memory_note, summary_line
 
@@ -41,50 +34,49 @@ def run_distributed(
     plan: Plan,
     cfg: TrainConfig,
     source: Callable[[], TokenSource],
-    eval_source: Callable[[], TokenSource] | None = None,
 ) -> int:
     """`ratrain train` on pp x dp ranks: spawned locally (or this rank of a torchrun/Slurm
     job), progress bar and metrics from the metrics rank, a summary line at the end.
-    `source` builds the token source (on each rank, and here for the header); `eval_source`
-    the held-out one of `request.eval_every` (`ratrain.train.job.held_out_source`). Stopped by
-    SIGTERM/SIGINT, the ranks finish a step, save with `--save`, and it returns
-    `STOP_EXIT_CODE` after one line; a second signal aborts (`Interrupted`, 128 + signal)."""
+    `source` builds the token source (on each rank, and here for the header); the held-out
+    one of the evaluations is `request.evaluation.source`
+    (`ratrain.train.job.held_out_source`). Stopped by SIGTERM/SIGINT, the ranks finish a
+    step, save with `--save`, and it returns `STOP_EXIT_CODE` after one line; a second
+    signal aborts (`Interrupted`, 128 + signal)."""
+    save_dir = request.checkpoints.save_dir
     with signals_interrupt():
         try:
-            resume_from = resume_dir(
-                spec, plan, save_dir=request.save_dir, resume=request.resume, cfg=cfg
-            )
-            job = _job(request, spec, plan, cfg, source, resume_from)
-            return _train(dataclasses.replace(job, eval_source=eval_source), resume_from)
+            resume_from = resume_dir(spec, plan, save_dir=save_dir, resume=request.resume, cfg=cfg)
+            return _train(_job(request, spec, plan, cfg, source, resume_from))
         except Interrupted as e:  # outside the ranks' run: before they start, or after
             if str(e):
                 raise
-            last = last_checkpoint_note(request.save_dir)
+            last = last_checkpoint_note(save_dir)
             raise Interrupted(e.signum, f"interrupted by {signal_name(e.signum)}; {last}") from None
 
 
-def _train(job: Job, resume_from) -> int:
-    """Launch `job` (resuming from `resume_from`, None: a fresh start) with its header, its
-    summary and its last line; the exit code."""
-    launched = rendezvous_from_env() is not None
-    if not launched:
-        check_local(job)  # before the header: a plan for a cluster is one line, nothing else
-    check_cap(job)  # --memory-cap: refused before the header, too
+def _train(job: Job) -> int:
+    """Check `job` (before the header: a plan for a cluster, or over its memory cap, is one
+    line, nothing else), launch it with its header, its summary and its last line; the exit
+    code."""
+    checked = check_job(job)
+    launched = checked.rdzv is not None
     src = job.source()
     held_out = _eval_line(job)  # a bad held-out source is one line here, not one per rank
     if not launched or is_rank0():
-        _print_header(job, src, resume_from)
+        _print_header(checked, src)
         if held_out:
             print(held_out, flush=True)
-    results = run_job_one_line(job, checkpoints=True)
-    _print_summaries(results, job.plan, src, job.memory_cap_bytes)
+    results = run_job_one_line(checked, checkpoints=True)
+    cap = job.memory_cap.cap_bytes if job.memory_cap else None
+    _print_summaries(results, job.plan, src, cap)
+    save_dir = job.checkpoints.save_dir
     stopped = stopped_run(results)
     if stopped is not None:
         if not launched or is_rank0():
-            print(f"ratrain train: {stop_line(*stopped, job.save_dir)}", file=sys.stderr)
+            print(f"ratrain train: {stop_line(*stopped, save_dir)}", file=sys.stderr)
         return STOP_EXIT_CODE
-    if job.save_dir and (not launched or is_rank0()):
-        done = complete_checkpoints(job.save_dir)
+    if save_dir and (not launched or is_rank0()):
+        done = complete_checkpoints(save_dir)
         if done:
             print(f"checkpoint {done[-1]}")
     return 0
@@ -98,35 +90,39 @@ def _job(
     source: Callable[[], TokenSource],
     resume_from,
 ) -> Job:
-    """The Job that `request` asks for, resuming from `resume_from` (None: a fresh start).
-    The request's fields fill the Job's fields of the same name, but for those set here."""
-    own = dict(
-        timeout_s=request.timeout_s or DEFAULT_TIMEOUT_S,
-        trace_steps=(cfg.steps - 1,) if request.trace_path else (),
-        resume_from=str(resume_from) if resume_from else None,
-        fault=os.environ.get("RATRAIN_FAULT"),
-        stop_on_signal=True,
+    """The Job that `request` asks for, resuming from `resume_from` (None: a fresh start):
+    its records, with a clean stop on SIGTERM/SIGINT, the last step traced when it writes
+    a trace and none is named, and the RATRAIN_FAULT test hook."""
+    outputs = request.outputs
+    if outputs.trace_path and not outputs.trace_steps:
+        outputs = dataclasses.replace(outputs, trace_steps=(cfg.steps - 1,))
+    checkpoints = dataclasses.replace(
+        request.checkpoints, resume_from=str(resume_from) if resume_from else None
     )
-    job_fields = {f.name for f in dataclasses.fields(Job)}
-    same = {
-        f.name: getattr(request, f.name)
-        for f in dataclasses.fields(TrainRequest)
-        if f.name in job_fields and f.name not in own
-    }
-    return Job(spec, plan, cfg, source, **same, **own)
+    return Job(
+        spec,
+        plan,
+        cfg,
+        source,
+        launch=dataclasses.replace(request.launch, stop_on_signal=True),
+        outputs=outputs,
+        checkpoints=checkpoints,
+        evaluation=request.evaluation,
+        memory_cap=request.memory_cap,
+        hooks=FaultHooks(fault=os.environ.get("RATRAIN_FAULT")),
+    )
 
 
-def _print_header(job: Job, src: TokenSource, resume_from) -> None:
+def _print_header(checked: CheckedJob, src: TokenSource) -> None:
+    """What is trained on what, how (ranks, batch, dtype, schedule, host allocator), and
+    where its weights come from; or, for `--steps 0`, what is converted."""
+    job = checked.job
     spec, plan, cfg = job.spec, job.plan, job.cfg
-    allocator = resolve_host_allocator(
-        job.host_allocator,
-        job.malloc_mmap_threshold_bytes,
-        launched=rendezvous_from_env() is not None,
-    )
+    run_steps, opts = job.launch.run_steps, job.checkpoints
     ranks = f"pp={plan.pp} dp={plan.dp} ({plan.pp * plan.dp} ranks)"
-    if job.run_steps == 0:  # --steps 0: a conversion, no step taken
+    if run_steps == 0:  # --steps 0: a conversion, no step taken
         print(
-            f"converting {spec.name} into a checkpoint in {job.save_dir}: no training "
+            f"converting {spec.name} into a checkpoint in {opts.save_dir}: no training "
             f"(--steps 0)\n  {ranks}, {plan.compute_dtype}"
         )
     else:
@@ -135,13 +131,13 @@ def _print_header(job: Job, src: TokenSource, resume_from) -> None:
             f"  {cfg.steps} steps x {plan.global_batch} seqs x {plan.seq} tokens, {ranks}, "
             f"micro-batch {plan.micro_batch}, {plan.microbatches} microbatches per pipeline, "
             f"{plan.compute_dtype}, schedule {plan.schedule}\n"
-            f"  host allocator: {allocator.describe()}"
+            f"  host allocator: {checked.allocator.describe()}"
         )
-    if resume_from:
-        print(f"  resuming from {resume_from}")
-    elif job.init_from:
-        print(f"  weights from {job.init_from}")
-    elif job.run_steps == 0:
+    if opts.resume_from:
+        print(f"  resuming from {opts.resume_from}")
+    elif opts.init_from:
+        print(f"  weights from {opts.init_from}")
+    elif run_steps == 0:
         print(f"  initial weights (seed {cfg.seed})")
     sys.stdout.flush()
 
@@ -149,12 +145,13 @@ def _print_header(job: Job, src: TokenSource, resume_from) -> None:
 def _eval_line(job: Job) -> str | None:
     """The header's line on the evaluations of `job` (None: none), its held-out source and
     set built once here so that their errors are one line before any rank starts."""
-    if not job.eval_every or job.eval_source is None or job.run_steps == 0:
+    opts = job.evaluation
+    if not opts.every or opts.source is None or job.launch.run_steps == 0:
         return None
-    batches = eval_batches(job.eval_source(), job.plan, job.eval_tokens)
+    batches = eval_batches(opts.source(), job.plan, opts.tokens)
     n = batches.global_batch
     return (
-        f"  evaluating every {job.eval_every} steps and after the last on {n} sequences "
+        f"  evaluating every {opts.every} steps and after the last on {n} sequences "
         f"({n * job.plan.seq:,} tokens) of {batches.source.describe()}"
     )
 

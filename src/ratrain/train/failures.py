@@ -13,9 +13,8 @@ from ratrain.checkpoint import complete_checkpoints
 from ratrain.checkpoint.layout import step_dir_name
 from ratrain.errors import RatrainError
 from ratrain.launch.faults import Interrupted, JobFailed, current_step, read_steps, signal_name
-from ratrain.launch.grid import rendezvous_from_env
 from ratrain.launch.spawn import RankFailure, RanksInterrupted
-from ratrain.train.job import Job, RankResult, run_job
+from ratrain.train.job import CheckedJob, Job, RankResult, check_job, run_job
 
 NO_CHECKPOINTS = "no checkpoints (run with --save DIR to keep progress)"
 
@@ -29,41 +28,53 @@ __all__ = [
 ]
 
 
-def run_job_one_line(job: Job, what: str = "", *, checkpoints: bool = False) -> list[RankResult]:
+def run_job_one_line(
+    job: Job | CheckedJob, what: str = "", *, checkpoints: bool = False
+) -> list[RankResult]:
     """`run_job`, with a rank's failure as one line (`JobFailed`, exit code 1): which rank,
     what happened, at which step, and with `checkpoints` where to resume from; `what` goes
-    first (e.g. "plan pp2-dp1: "). A user mistake the ranks found stays the `RatrainError` it
+    first (e.g. "plan pp2-dp1: "). A `Job` is checked first (`check_job`), a `CheckedJob`
+    is not again. A user mistake the checks or the ranks found stays the `RatrainError` it
     is; ranks stopped by a signal that did not end cleanly are `Interrupted`."""
-    launched = rendezvous_from_env() is not None
+    checked = job if isinstance(job, CheckedJob) else check_job(job)
+    launched = checked.rdzv is not None
     status = None
-    if job.status_dir is None and not launched:
+    if checked.job.hooks.status_dir is None and not launched:
         status = tempfile.TemporaryDirectory(prefix="ratrain-status-")
-        job = dataclasses.replace(job, status_dir=status.name)
+        checked = _with_status_dir(checked, status.name)
+    status_dir, save_dir = checked.job.hooks.status_dir, checked.job.checkpoints.save_dir
     try:
-        return run_job(job)
+        return run_job(checked)
     except RatrainError:
         raise
     except RankFailure as e:
-        steps = read_steps(job.status_dir) if job.status_dir else {}
+        steps = read_steps(status_dir) if status_dir else {}
         step = steps.get(e.rank) if e.rank is not None else None
         if step is None and steps:
             step = max(steps.values())
-        line = failure_message(e.rank, e.cause, step, job.save_dir, checkpoints)
+        line = failure_message(e.rank, e.cause, step, save_dir, checkpoints)
         raise JobFailed(what + line) from None
     except RanksInterrupted as e:
-        steps = read_steps(job.status_dir) if job.status_dir else {}
-        raise Interrupted(e.signum, what + _interrupt_line(e, steps, job.save_dir)) from None
+        steps = read_steps(status_dir) if status_dir else {}
+        raise Interrupted(e.signum, what + _interrupt_line(e, steps, save_dir)) from None
     except Exception as e:  # launched by torchrun/Slurm: this rank saw the failure
         if not launched:
             raise
         rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
         first = (str(e).strip().splitlines() or [""])[0][:200]
         cause = f"stopped ({type(e).__name__}: {first}; a peer rank may have died)"
-        line = failure_message(rank, cause, current_step(), job.save_dir, checkpoints)
+        line = failure_message(rank, cause, current_step(), save_dir, checkpoints)
         raise JobFailed(what + line) from None
     finally:
         if status is not None:
             status.cleanup()
+
+
+def _with_status_dir(checked: CheckedJob, status_dir: str) -> CheckedJob:
+    """`checked` with its ranks reporting their steps in `status_dir`."""
+    job = checked.job
+    hooks = dataclasses.replace(job.hooks, status_dir=status_dir)
+    return dataclasses.replace(checked, job=dataclasses.replace(job, hooks=hooks))
 
 
 def failure_message(

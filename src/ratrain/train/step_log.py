@@ -59,13 +59,14 @@ class StepLog:
         self.eval_loss: float | None = None  # the latest held-out loss, kept on the bar
         self.jsonl = self.tb = self.bar = None
         if job is not None:
-            if job.metrics_path and start:
-                keep_records_before(job.metrics_path, start)  # the resumed run continues it
+            out = job.outputs
+            if out.metrics_path and start:
+                keep_records_before(out.metrics_path, start)  # the resumed run continues it
             self.jsonl = (
-                JsonlWriter(job.metrics_path, append=start > 0) if job.metrics_path else None
+                JsonlWriter(out.metrics_path, append=start > 0) if out.metrics_path else None
             )
-            self.tb = TensorBoardWriter(job.tensorboard_dir) if job.tensorboard_dir else None
-            quiet = not job.progress or job.run_steps == 0  # --steps 0 only converts
+            self.tb = TensorBoardWriter(out.tensorboard_dir) if out.tensorboard_dir else None
+            quiet = not out.progress or job.launch.run_steps == 0  # --steps 0 only converts
             self.bar = Progress(job.cfg.steps, kind, quiet=quiet, start=start)
 
     def push(self, res: StepResult, peak_bytes: int | None, stop_signum: int = 0) -> None:
@@ -113,7 +114,7 @@ class StepLog:
         }
         if self.plan.compute_dtype == "fp16":
             rec.update(loss_scale=res.loss_scale, skipped=res.skipped)
-        if res.eval_loss is not None:  # evaluated after this step (`Job.eval_every`)
+        if res.eval_loss is not None:  # evaluated after this step (`EvalOpts.every`)
             rec["eval_loss"] = self.eval_loss = res.eval_loss
         self.losses.append(loss)
         self.records.append(rec)

@@ -27,7 +27,7 @@ from ratrain.errors import RatrainError
 from ratrain.platforms import Platform
 from ratrain.sim import simulate
 from ratrain.train.failures import run_job_one_line
-from ratrain.train.job import Job
+from ratrain.train.job import FaultHooks, Job, Launch, Outputs
 from ratrain.validate.grid import GridPlan
 from ratrain.validate.results import PlanResult, planner_pick, summarize
 from ratrain.validate.speed import machine_speed
@@ -35,16 +35,15 @@ from ratrain.validate.speed import machine_speed
 __all__ = ["run_plan", "validate"]
 
 
-def _job(g: GridPlan, steps: int, **kw) -> Job:
+def _job(g: GridPlan, steps: int, outputs: Outputs) -> Job:
     return Job(
         g.spec,
         g.plan,
         TrainConfig(steps=steps, warmup_steps=1),
         functools.partial(make_source, "synthetic", g.spec, g.plan.seq),
-        progress=False,
-        deadline_s=1800,
-        fault=os.environ.get("RATRAIN_FAULT"),
-        **kw,
+        launch=Launch(deadline_s=1800),
+        outputs=outputs,
+        hooks=FaultHooks(fault=os.environ.get("RATRAIN_FAULT")),
     )
 
 
@@ -52,7 +51,7 @@ def _timing(g: GridPlan, steps: int, warmup: int) -> tuple[list[list[float]], li
     """One timing run: every rank's step times (warm-up included), rank order, and the
     measured trace of the last step."""
     kind = g.plan.schedule
-    job = _job(g, warmup + steps, trace_steps=(warmup + steps - 1,))
+    job = _job(g, warmup + steps, Outputs(progress=False, trace_steps=(warmup + steps - 1,)))
     ranks = run_job_one_line(job, f"plan {g.name}: ")
     times = [list(r.runs[kind].step_times_s) for r in ranks]
     return times, [rec for r in ranks for rec in r.runs[kind].trace]
@@ -70,7 +69,9 @@ def _assemble(
         statistics.median([t for times, _ in runs for t in times[r][warmup:]])
         for r in range(n_ranks)
     ]
-    mem_ranks = run_job_one_line(_job(g, 2, measure_memory=True), f"plan {g.name} (memory run): ")
+    mem_ranks = run_job_one_line(
+        _job(g, 2, Outputs(progress=False, measure_memory=True)), f"plan {g.name} (memory run): "
+    )
     peaks = [[0] * g.plan.dp for _ in range(g.plan.pp)]
     for r in mem_ranks:
         peaks[r.stage][r.replica] = int(r.runs[kind].peak_bytes or 0)
