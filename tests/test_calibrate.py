@@ -91,7 +91,7 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys, m
     assert p.notes["runtime.waiting_ranks_lend_cores"].startswith("measured")
     # The peak stays a bound: no unit is charged less than its FLOPs at the peak.
     from ratrain.models.presets import get_preset
-    from ratrain.planner.bounds import peak_unit_times, unit_times
+    from ratrain.planner.time_bound import peak_unit_times, unit_times
 
     tiny = get_preset("tiny")
     fast, charged = peak_unit_times(tiny, p, 2, 64, "fp32"), unit_times(tiny, p, 2, 64, "fp32")

@@ -212,7 +212,7 @@ def test_halves_factors_below_one_raise_the_peaks_so_bounds_stay_bounds():
     are raised above it (`_raise_peaks`), so the planner's peak times stay below."""
     from ratrain.calibrate.platform_file import _raise_peaks
     from ratrain.models.presets import get_preset
-    from ratrain.planner.bounds import peak_unit_times, unit_times
+    from ratrain.planner.time_bound import peak_unit_times, unit_times
 
     data = yaml.safe_load((_DIR / "cpu-local.yaml").read_text())
     c = data["compute"]

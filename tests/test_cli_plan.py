@@ -249,12 +249,15 @@ def test_a_baseline_not_found_in_time_is_not_said_not_to_fit(monkeypatch, capsys
     """A baseline family's search that stops at the hard deadline with no plan found says
     so ("unfinished" in --json), instead of "no plan fits"."""
     from ratrain.cli import plan as cli_plan
+    from ratrain.deadline import Budget
 
     argv = ["plan", "--model", "tiny", "--platform", "cpu-local", "--clusters", "4", "--quiet"]
     real = cli_plan._baselines
     # the main search as usual; each baseline's with a hard deadline already past
     monkeypatch.setattr(
-        cli_plan, "_baselines", lambda req, progress, budget: real(req, None, 1e-12)
+        cli_plan,
+        "_baselines",
+        lambda req, progress, budget: real(req, None, Budget.for_plan(1e-12)),
     )
     assert main([*argv, "--baselines"]) == 0
     out = capsys.readouterr().out

@@ -12,7 +12,7 @@ from ratrain.cost.model import CostModel
 from ratrain.errors import RatrainError
 from ratrain.memory import activation_bytes, replay
 from ratrain.models.presets import get_preset
-from ratrain.planner.bounds import (
+from ratrain.planner.time_bound import (
     overheads,
     peak_unit_times,
     step_time_lower_bound_s,

@@ -12,20 +12,20 @@ from ratrain.errors import RatrainError
 from ratrain.memory import replay
 from ratrain.models.presets import get_preset
 from ratrain.planner import FAMILIES, Request, parse_pins, search
-from ratrain.planner.bounds import (
-    MemoryBound,
-    overheads,
-    peak_unit_times,
-    step_time_lower_bound_s,
-    unit_times,
-)
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.fit import stage_options
+from ratrain.planner.memory_bound import MemoryBound
 from ratrain.planner.space import (
     knob_combos,
     loss_chunks,
     make_plan,
     structures,
+)
+from ratrain.planner.time_bound import (
+    overheads,
+    peak_unit_times,
+    step_time_lower_bound_s,
+    unit_times,
 )
 from ratrain.platforms.load import load
 from ratrain.schedule import build_schedule

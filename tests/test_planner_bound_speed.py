@@ -9,9 +9,9 @@ from ratrain.config import Plan
 from ratrain.errors import RatrainError
 from ratrain.models.presets import get_preset
 from ratrain.planner import fit
-from ratrain.planner.bounds import MemoryBound
 from ratrain.planner.evaluate import usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, memory_bound, structure_bound
+from ratrain.planner.memory_bound import MemoryBound
 from ratrain.planner.space import Request, family_of, knob_combos, make_plan, structures
 from ratrain.platforms.load import load
 

@@ -8,7 +8,7 @@ import random
 from ratrain.config import Plan
 from ratrain.errors import RatrainError
 from ratrain.models.presets import get_preset
-from ratrain.planner.bounds import MemoryBound
+from ratrain.planner.memory_bound import MemoryBound
 from ratrain.platforms.load import load
 from ratrain.schedule import build_schedule
 from ratrain.sim.simulate import platform_ledger

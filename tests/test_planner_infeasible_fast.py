@@ -161,7 +161,7 @@ def test_explanation_under_a_budget_uses_the_bound_and_without_one_the_ledger():
 
 
 def test_a_slow_proof_leaves_the_explanation_less_time():
-    from ratrain.cli.plan import (
+    from ratrain.deadline import (
         EXPLAIN_BUDGET_FACTOR,
         EXPLAIN_MIN_FACTOR,
         INFEASIBLE_BUDGET_FACTOR,
@@ -182,20 +182,20 @@ def test_the_commands_start_up_counts_against_the_infeasible_budget(monkeypatch)
     from types import SimpleNamespace
 
     import ratrain.cli
-    from ratrain.cli.plan import _spent_s
+    from ratrain.cli.plan import _budget
 
-    res = SimpleNamespace(search_time_s=0.1)
+    args = SimpleNamespace(time_budget=1.2)
     monkeypatch.setattr(ratrain.cli, "STARTED_AT", None)
-    assert _spent_s(res) == 0.1
+    assert _budget(args).spent_s(0.1) == 0.1
     monkeypatch.setattr(ratrain.cli, "STARTED_AT", time.perf_counter() - 0.5)
-    assert 0.5 <= _spent_s(res) < 5.0
+    assert 0.5 <= _budget(args).spent_s(0.1) < 5.0
 
 
 @pytest.mark.parametrize("name,seq", [("tiny", 128), ("llama2-7b", 1024)])
 def test_bound_with_held_sends_stays_below_the_ledger_that_holds_them(name, seq):
     """cpu-local's sends are held to the step's end: the bound counts those already made,
     and stays below the ledger's peak replayed as the simulator replays it there."""
-    from ratrain.planner.bounds import MemoryBound
+    from ratrain.planner.memory_bound import MemoryBound
     from ratrain.schedule import build_schedule
     from ratrain.sim.simulate import platform_ledger
 

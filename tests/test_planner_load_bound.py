@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ratrain.config import Plan
 from ratrain.models.presets import get_preset
-from ratrain.planner.bounds import overheads, step_time_lower_bound_s, unit_times
+from ratrain.planner.time_bound import overheads, step_time_lower_bound_s, unit_times
 from ratrain.platforms.load import load
 from ratrain.sim import simulate
 

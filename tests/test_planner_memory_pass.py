@@ -9,8 +9,10 @@ from ratrain.models.presets import get_preset
 from ratrain.planner.evaluate import usable_bytes
 from ratrain.planner.families import ALL_FAMILIES
 from ratrain.planner.fit import options
-from ratrain.planner.search import _memory_pass, _ruled_out, _State
 from ratrain.planner.space import Request, family_of, knob_combos, structures
+from ratrain.planner.structure import State as _State
+from ratrain.planner.structure import memory_pass as _memory_pass
+from ratrain.planner.structure import ruled_out as _ruled_out
 from ratrain.platforms.load import load
 
 

@@ -11,7 +11,7 @@ from ratrain.errors import RatrainError
 from ratrain.models import counts
 from ratrain.models.presets import get_preset
 from ratrain.planner import search
-from ratrain.planner.bounds import MemoryBound
+from ratrain.planner.memory_bound import MemoryBound
 from ratrain.planner.space import Request
 from ratrain.platforms.load import load
 from ratrain.schedule import build_schedule

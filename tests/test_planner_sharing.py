@@ -10,9 +10,9 @@ import pytest
 from ratrain.config import Plan
 from ratrain.cost import CostModel
 from ratrain.planner import search
-from ratrain.planner.bounds import overheads, step_time_lower_bound_s, unit_times
 from ratrain.planner.evaluate import usable_bytes
 from ratrain.planner.space import Request
+from ratrain.planner.time_bound import overheads, step_time_lower_bound_s, unit_times
 from ratrain.platforms.load import load
 from ratrain.schedule.ir import Op
 from ratrain.sim import simulate

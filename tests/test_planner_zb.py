@@ -15,16 +15,16 @@ from ratrain.errors import RatrainError
 from ratrain.memory import replay
 from ratrain.models.presets import get_preset
 from ratrain.planner import Request, search
-from ratrain.planner.bounds import (
+from ratrain.planner.evaluate import Evaluator, usable_bytes
+from ratrain.planner.fit import memory_bound
+from ratrain.planner.paper import AblationRow, ZbRow
+from ratrain.planner.space import family_of, knob_combos, make_plan, structures
+from ratrain.planner.time_bound import (
     overheads,
     peak_unit_times,
     step_time_lower_bound_s,
     unit_times,
 )
-from ratrain.planner.evaluate import Evaluator, usable_bytes
-from ratrain.planner.fit import memory_bound
-from ratrain.planner.paper import AblationRow, ZbRow
-from ratrain.planner.space import family_of, knob_combos, make_plan, structures
 from ratrain.platforms import load
 from ratrain.schedule import build_schedule, check_schedule
 from ratrain.schedule.zerobubble import refuse_unsupported

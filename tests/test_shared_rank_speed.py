@@ -13,9 +13,9 @@ from ratrain.cost import CostModel
 from ratrain.cost.sharing import peak_speed, shared_speed
 from ratrain.errors import RatrainError
 from ratrain.planner import search
-from ratrain.planner.bounds import overheads, step_time_lower_bound_s, unit_times
 from ratrain.planner.evaluate import usable_bytes
 from ratrain.planner.space import Request
+from ratrain.planner.time_bound import overheads, step_time_lower_bound_s, unit_times
 from ratrain.platforms.load import _DIR, load
 from ratrain.sim import simulate
 from test_planner import TINY, _exhaustive, _small_cap

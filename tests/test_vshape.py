@@ -298,7 +298,7 @@ def test_runtime_zb_v_evaluates_as_1f1b():
     evaluating leaves training unchanged."""
     pytest.importorskip("torch")
     import _runtime as harness
-    from ratrain.train.job import held_out_source, run_job
+    from ratrain.train.job import EvalOpts, held_out_source, run_job
 
     cfg = TrainConfig(steps=2, warmup_steps=1)
     evals = {}
@@ -306,7 +306,7 @@ def test_runtime_zb_v_evaluates_as_1f1b():
         plan = RUNTIME_PLAN.replace(pipeline=pipe)
         job = harness.job(TINY, plan, cfg, [("run", {})], timeout_s=60, deadline_s=240)
         src = functools.partial(held_out_source, "synthetic", TINY, plan.seq, cfg.seed)
-        job = dataclasses.replace(job, eval_every=1, eval_source=src)
+        job = dataclasses.replace(job, evaluation=EvalOpts(every=1, source=src))
         results = run_job(job)
         got = {tuple(r.runs["run"].evals) for r in results}
         assert len(got) == 1  # every rank got the same held-out losses
@@ -359,7 +359,7 @@ def test_the_v_pass_stops_at_the_time_budget(capsys, monkeypatch):
     pinned = search(req.with_(pins={**pins, "pipeline": "zb-v"}), top=5, time_budget_s=1e-9)
     assert pinned.ranked and pinned.ranked[0].plan.pipeline == "zb-v"
     # The CLI with no hard deadline: the first plan is always ranked, then the cut.
-    monkeypatch.setattr("ratrain.cli.plan.NO_FIT_BUDGET_FACTOR", 1e18)
+    monkeypatch.setattr("ratrain.deadline.NO_FIT_BUDGET_FACTOR", 1e18)
     argv = ["plan", "--model", "bench-512", "--platform", "cpu-local", "--clusters", "2"]
     argv += ["--global-batch", "16", "--seq", "256", "--pin", "pp=2", "--quiet"]
     assert main([*argv, "--time-budget", "1e-9"]) == 0

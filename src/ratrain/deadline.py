@@ -1,11 +1,21 @@
-"""A wall-clock deadline that long pure computations check between their phases.
+"""The planner's time: one `Budget` for a search and its explanation, and the check that
+long pure computations make between their phases.
+
+A `Budget` is a clock (started at `start`, `time.perf_counter`) with two limits: the soft
+one (`soft_s`, the time budget: once a plan is ranked, the search stops there) and the
+hard one (`hard_s`: with no plan yet, it stops there too). `over_soft(ahead_s)` asks
+whether a step expected to take `ahead_s` more would end past the soft limit (the
+estimate is the caller's: `Rate` keeps one from what was measured). The `ratrain plan`
+defaults (`DEFAULT_TIME_BUDGET_S` and the factors below) are the budget's own
+(`Budget.for_plan`, `Budget.explanation`).
 
 The planner's first simulation of a deep pipeline can take seconds. Where the search has
-a hard deadline and no plan yet, it runs that simulation under `until(t)`; the simulator,
-the schedule lowering and the steady-state extrapolation call `check()` between their
-phases (never inside a phase's inner loop), which raises `DeadlinePassed` once the clock
-is past `t`, so a simulation overruns the deadline by at most one phase. Outside `until`
-`check()` costs one list test. Pure Python.
+no plan yet, it runs that simulation under `until(budget)`; the simulator, the schedule
+lowering and the steady-state extrapolation call `check()` between their phases (never
+inside a phase's inner loop), which raises `OutOfTime` once the clock is past the budget's
+hard limit, so a simulation overruns it by at most one phase. The budget is carried to
+them by a context variable (only a `Budget` enters it), not through their signatures.
+Outside `until`, `check()` costs one lookup. Pure Python.
 """
 
 from __future__ import annotations
@@ -13,30 +23,193 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 
-__all__ = ["DeadlinePassed", "until", "check"]
+__all__ = [
+    "DEFAULT_TIME_BUDGET_S",
+    "EXPLAIN_BUDGET_FACTOR",
+    "EXPLAIN_MIN_FACTOR",
+    "FLOOR_BUDGET_FRACTION",
+    "INFEASIBLE_BUDGET_FACTOR",
+    "NO_FIT_BUDGET_FACTOR",
+    "Budget",
+    "OutOfTime",
+    "Rate",
+    "check",
+    "explain_budget_s",
+    "until",
+]
 
-_STACK: list[float] = []
+DEFAULT_TIME_BUDGET_S = 1.2
+"""assumed: an interactive answer within about 2 s of a fresh process (start-up about 0.3 s,
+a fifth of the budget more to tighten the gap after a cut); the exact search is one flag away
+(--time-budget 0)."""
+
+NO_FIT_BUDGET_FACTOR = 5.0
+"""measured: with no plan fitting yet, the search goes on to 5x the budget (6 s by default)
+before it answers that none was found in time. At 2.5x (3 s), on the 2-core machine on a
+day it ran about 2x slower than when the default budget was set, llama2-70b, qwen2.5-32b
+(1024 mt3000 clusters) and llama2-13b (64 a100-80g clusters) got "no plan found" at
+3.6-4.2 s; at 5x each was answered, its first plan found after 2.6-4.5 s of search
+(`docs/paper_eval.md`, "The hard deadline on a slower day"). Only a search with no plan fitting yet runs
+that long: one cut at the budget with a plan answers as before."""
+
+EXPLAIN_BUDGET_FACTOR = 0.4
+"""assumed: the explanation of an infeasible request searches for its suggested changes for
+0.4x the budget (0.48 s by default), so that "this cannot fit" comes within about 1 s."""
+
+INFEASIBLE_BUDGET_FACTOR = 0.6
+"""assumed: the command's own start-up (imports, reading the platform), the proof of
+infeasibility and its explanation together keep to 0.6x the budget (0.72 s by default,
+under 1 s with the interpreter's start): a command that took longer to get there leaves the
+explanation less than `EXPLAIN_BUDGET_FACTOR`, down to `EXPLAIN_MIN_FACTOR`."""
+
+EXPLAIN_MIN_FACTOR = 0.1
+"""assumed: whatever the search took, the explanation may look for changes for 0.1x the
+budget (the closest miss and its worst stage are described in any case)."""
+
+FLOOR_BUDGET_FRACTION = 0.2
+"""assumed: after a cut, a fifth of the budget more for tightening the bounds left (no
+simulation), which shrinks the gap reported."""
 
 
-class DeadlinePassed(Exception):
-    """Raised by `check()` past the innermost `until` deadline."""
+def explain_budget_s(budget_s: float, search_s: float) -> float:
+    """The explanation's time for an infeasible request whose search (with the command's
+    start-up before it) took `search_s`."""
+    left = INFEASIBLE_BUDGET_FACTOR * budget_s - search_s
+    return min(EXPLAIN_BUDGET_FACTOR, max(EXPLAIN_MIN_FACTOR, left / budget_s)) * budget_s
+
+
+class OutOfTime(Exception):
+    """A budget's limit passed: raised by `check()` past the hard limit of the budget
+    `until` entered, and by `Budget.check` past the soft one."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A clock and its limits (seconds from `start`; None: no limit)."""
+
+    soft_s: float | None = None
+    """The time budget: with a plan ranked, the search stops here."""
+    hard_s: float | None = None
+    """With no plan yet, the search stops here."""
+    start: float = field(default_factory=time.perf_counter)
+    """When the clock started (`time.perf_counter`)."""
+    origin: float | None = None
+    """When the answer began (the command's start, before its imports), where earlier than
+    `start`: that time counts against the explanation's share (`explanation`)."""
+
+    @classmethod
+    def for_plan(cls, budget_s: float | None, origin: float | None = None) -> Budget:
+        """`ratrain plan`'s budget: `budget_s` (None: none), and `NO_FIT_BUDGET_FACTOR` x
+        that with no plan fitting yet; its clock starts now."""
+        if budget_s is None:
+            return cls(origin=origin)
+        return cls(budget_s, budget_s * NO_FIT_BUDGET_FACTOR, origin=origin)
+
+    def restarted(self) -> Budget:
+        """The same limits on a clock started now (each search of a command its own)."""
+        return replace(self, start=time.perf_counter())
+
+    @property
+    def soft(self) -> float | None:
+        """The soft limit as a `time.perf_counter` time."""
+        return None if self.soft_s is None else self.start + self.soft_s
+
+    @property
+    def hard(self) -> float | None:
+        """The hard limit as a `time.perf_counter` time."""
+        return None if self.hard_s is None else self.start + self.hard_s
+
+    @property
+    def limited(self) -> bool:
+        return self.soft_s is not None
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.start
+
+    def over_soft(self, ahead_s: float = 0.0) -> bool:
+        """Past the soft limit, or past it after `ahead_s` more seconds of work."""
+        soft = self.soft
+        return soft is not None and time.perf_counter() + ahead_s > soft
+
+    def over_hard(self) -> bool:
+        hard = self.hard
+        return hard is not None and time.perf_counter() > hard
+
+    def check(self, ahead_s: float = 0.0) -> None:
+        """Raise `OutOfTime` where `over_soft(ahead_s)`."""
+        if self.over_soft(ahead_s):
+            raise OutOfTime
+
+    def spent_s(self, search_s: float) -> float:
+        """What the answer has taken so far: since `origin` (imports, the platform, the
+        search), or `search_s` (the search alone) without one."""
+        if self.origin is None:
+            return search_s
+        return max(search_s, time.perf_counter() - self.origin)
+
+    def explanation(self, search_s: float) -> Budget:
+        """The explanation's budget, started now, for an infeasible request whose search
+        took `search_s` (`explain_budget_s`; none without a soft limit)."""
+        if self.soft_s is None:
+            return Budget(origin=self.origin)
+        return Budget(explain_budget_s(self.soft_s, self.spent_s(search_s)), origin=self.origin)
+
+    def tightening(self) -> Budget | None:
+        """After a cut, the time for tightening the bounds left, started now:
+        `FLOOR_BUDGET_FRACTION` of the soft limit (None without one, or at 0)."""
+        if not self.soft_s:
+            return None
+        return Budget(FLOOR_BUDGET_FRACTION * self.soft_s)
+
+
+@dataclass
+class Rate:
+    """What a step of some kind is expected to take: its work (in the caller's units) at
+    the rate measured so far, the slowest seen (`slowest`) or the last, or `default_s` per
+    unit before any (None: 0 s expected)."""
+
+    default_s: float | None = None
+    slowest: bool = True
+    s_per_unit: float | None = None
+
+    def expected_s(self, work: float) -> float:
+        rate = self.default_s if self.s_per_unit is None else self.s_per_unit
+        return 0.0 if rate is None else rate * work
+
+    def record(self, work: float, seconds: float) -> None:
+        rate = seconds / work
+        if self.slowest and self.s_per_unit is not None:
+            rate = max(self.s_per_unit, rate)
+        self.s_per_unit = rate
+
+
+_ACTIVE: ContextVar[Budget | None] = ContextVar("ratrain_budget", default=None)
 
 
 @contextmanager
-def until(deadline: float | None) -> Iterator[None]:
-    """Within the block, `check()` raises once `time.perf_counter()` passes `deadline`
-    (None: no deadline)."""
-    if deadline is None:
+def until(budget: Budget | None) -> Iterator[None]:
+    """Within the block, `check()` raises `OutOfTime` once `budget`'s hard limit passes
+    (None, or a budget without a hard limit: the enclosing one, if any, holds)."""
+    if budget is None or budget.hard_s is None:
         yield
         return
-    _STACK.append(deadline)
+    token = _ACTIVE.set(budget)
     try:
         yield
     finally:
-        _STACK.pop()
+        _ACTIVE.reset(token)
+
+
+def active() -> Budget | None:
+    """The budget the innermost `until` entered (None outside)."""
+    return _ACTIVE.get()
 
 
 def check() -> None:
-    if _STACK and time.perf_counter() > _STACK[-1]:
-        raise DeadlinePassed
+    """Between phases: raise `OutOfTime` past the hard limit of the budget `until` entered."""
+    budget = _ACTIVE.get()
+    if budget is not None and budget.over_hard():
+        raise OutOfTime

@@ -12,7 +12,7 @@ values hold less memory. From these:
   structure (`search="knob"`);
 - `ratrain.planner.saving` derives the one memory-saving order (`saves`) that the search
   and the explanation share;
-- `ratrain.planner.bounds.MemoryBound.key` reads the fields whose `bound` is set.
+- `ratrain.planner.memory_bound.MemoryBound.key` reads the fields whose `bound` is set.
 
 Pure Python, no ratrain imports but `errors`.
 """

@@ -12,7 +12,6 @@ import argparse
 import json
 import math
 import sys
-import time
 
 from ratrain.cli.common import (
     add_memory_cap_arg,
@@ -21,6 +20,13 @@ from ratrain.cli.common import (
     nonneg_float,
     positive_int,
     with_memory_cap,
+)
+from ratrain.deadline import (
+    DEFAULT_TIME_BUDGET_S,
+    EXPLAIN_BUDGET_FACTOR,
+    INFEASIBLE_BUDGET_FACTOR,
+    NO_FIT_BUDGET_FACTOR,
+    Budget,
 )
 from ratrain.errors import RatrainError
 from ratrain.platforms import PLATFORM_PRESETS
@@ -33,42 +39,6 @@ __all__ = [
     "SEQS_PER_CLUSTER",
     "DEFAULT_TIME_BUDGET_S",
 ]
-
-DEFAULT_TIME_BUDGET_S = 1.2
-"""assumed: an interactive answer within about 2 s of a fresh process (start-up about 0.3 s,
-a fifth of the budget more to tighten the gap after a cut); the exact search is one flag away
-(--time-budget 0)."""
-
-NO_FIT_BUDGET_FACTOR = 5.0
-"""measured: with no plan fitting yet, the search goes on to 5x the budget (6 s by default)
-before it answers that none was found in time. At 2.5x (3 s), on the 2-core machine on a
-day it ran about 2x slower than when the default budget was set, llama2-70b, qwen2.5-32b
-(1024 mt3000 clusters) and llama2-13b (64 a100-80g clusters) got "no plan found" at
-3.6-4.2 s; at 5x each was answered, its first plan found after 2.6-4.5 s of search
-(`docs/paper_eval.md`, "The hard deadline on a slower day"). Only a search with no plan fitting yet runs
-that long: one cut at the budget with a plan answers as before."""
-
-EXPLAIN_BUDGET_FACTOR = 0.4
-"""assumed: the explanation of an infeasible request searches for its suggested changes for
-0.4x the budget (0.48 s by default), so that "this cannot fit" comes within about 1 s."""
-
-INFEASIBLE_BUDGET_FACTOR = 0.6
-"""assumed: the command's own start-up (imports, reading the platform), the proof of
-infeasibility and its explanation together keep to 0.6x the budget (0.72 s by default,
-under 1 s with the interpreter's start): a command that took longer to get there leaves the
-explanation less than `EXPLAIN_BUDGET_FACTOR`, down to `EXPLAIN_MIN_FACTOR`."""
-
-EXPLAIN_MIN_FACTOR = 0.1
-"""assumed: whatever the search took, the explanation may look for changes for 0.1x the
-budget (the closest miss and its worst stage are described in any case)."""
-
-
-def explain_budget_s(budget_s: float, search_s: float) -> float:
-    """The explanation's time for an infeasible request whose search (with the command's
-    start-up before it) took `search_s`."""
-    left = INFEASIBLE_BUDGET_FACTOR * budget_s - search_s
-    return min(EXPLAIN_BUDGET_FACTOR, max(EXPLAIN_MIN_FACTOR, left / budget_s)) * budget_s
-
 
 DEFAULT_BATCH_TOKENS = 4 * 2**20
 """LLaMA 2's global batch, 4M tokens (Touvron et al. 2023, §2.2): 1024 sequences of 4096;
@@ -309,10 +279,15 @@ def _progress(args):
     return lambda msg: print(f"ratrain plan: {msg}", file=sys.stderr, flush=True)
 
 
-def _budget(args) -> float | None:
+def _budget(args) -> Budget:
+    """The answer's `Budget` (`Budget.for_plan`: none at --time-budget 0), from the
+    command's start where `main` ran it (its imports and the platform count against the
+    explanation's share)."""
+    from ratrain.cli import STARTED_AT
+
     if args.time_budget < 0:
         raise RatrainError(f"--time-budget must be >= 0, got {args.time_budget:g}")
-    return args.time_budget or None
+    return Budget.for_plan(args.time_budget or None, origin=STARTED_AT)
 
 
 UNFINISHED = "unfinished"
@@ -320,20 +295,17 @@ UNFINISHED = "unfinished"
 found: not a claim that none fits."""
 
 
-def _baselines(req, progress, budget) -> dict:
-    """family -> its best plan, None where none fits, or `UNFINISHED`."""
-    from ratrain.planner import BASELINE_FAMILIES, search
+def _baselines(req, progress, budget: Budget) -> dict:
+    """family -> its best plan, None where none fits, or `UNFINISHED` (each family's search
+    on its own clock, with the answer's limits)."""
+    from ratrain.planner import COMPARED_FAMILIES, search
 
     out = {}
-    for name in BASELINE_FAMILIES:
+    for name in COMPARED_FAMILIES:
         if req.pins.get("schedule") not in (None, _schedule_of(name)):
             continue
         res = search(
-            req.with_(families=(name,)),
-            top=1,
-            progress=progress,
-            time_budget_s=budget,
-            hard_budget_s=None if budget is None else budget * NO_FIT_BUDGET_FACTOR,
+            req.with_(families=(name,)), top=1, progress=progress, budget=budget.restarted()
         )
         out[name] = UNFINISHED if res.unfinished else res.best
     return out
@@ -355,18 +327,12 @@ def run(args: argparse.Namespace) -> int:
     req = _request(args)
     progress = _progress(args)
     budget = _budget(args)
-    res = search(
-        req,
-        top=args.top,
-        progress=progress,
-        time_budget_s=budget,
-        hard_budget_s=None if budget is None else budget * NO_FIT_BUDGET_FACTOR,
-    )
+    res = search(req, top=args.top, progress=progress, budget=budget.restarted())
     if not res.feasible:
         ex = explain(
             req,
             res.near,
-            budget_s=None if budget is None else explain_budget_s(budget, _spent_s(res)),
+            budget=budget.explanation(res.search_time_s),
             unexamined=res.structures_left if res.unfinished else None,
         )
         if args.json:
@@ -419,16 +385,6 @@ def _untimed_lines(res, lines: list[str]) -> list[str]:
         f"takes at least {u.step_lower_bound_s:.3f} s by the bound and was not simulated in "
         "time (--time-budget 0 simulates it)",
     ]
-
-
-def _spent_s(res) -> float:
-    """What the answer has taken so far: since `main` started (imports, the platform, the
-    search), or the search alone when called without `main`."""
-    from ratrain.cli import STARTED_AT
-
-    if STARTED_AT is None:
-        return res.search_time_s
-    return max(res.search_time_s, time.perf_counter() - STARTED_AT)
 
 
 def _save(best, req, args) -> None:

@@ -7,17 +7,18 @@ Pure Python (no torch)::
     res.best.plan, res.best.tokens_per_s, res.best.peak_memory_bytes
 
 Feasibility comes from the memory ledger, ranking from the simulator, and a closed-form
-lower bound on each (`ratrain.planner.bounds`) keeps the search to the few candidates
-that can still win. Families (`FAMILIES`) give the GPU-style baselines their own knobs.
+lower bound on each (`ratrain.planner.time_bound`, `ratrain.planner.memory_bound`) keeps
+the search to the few candidates that can still win. Families (`FAMILIES`) give the
+GPU-style baselines their own knobs.
 """
 
 from ratrain.planner.explain import Explanation, explain, find_feasible
-from ratrain.planner.families import BASELINE_FAMILIES, FAMILIES, Family
+from ratrain.planner.families import COMPARED_FAMILIES, FAMILIES, Family
 from ratrain.planner.search import Candidate, SearchResult, search
 from ratrain.planner.space import Request, parse_pins
 
 __all__ = [
-    "BASELINE_FAMILIES",
+    "COMPARED_FAMILIES",
     "FAMILIES",
     "Candidate",
     "Explanation",

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ratrain.config import Plan
 from ratrain.cost.model import CostModel
+from ratrain.deadline import Budget, Rate
 from ratrain.planner.space import Request
 from ratrain.schedule import build_schedule
 from ratrain.sim import steady as steady_state
@@ -82,7 +83,7 @@ class Evaluator:
     _mem: dict = field(default_factory=dict)
     _sim: dict = field(default_factory=dict)
     _schedule: tuple | None = None
-    _unit_s: float = 0.0
+    _short_rate: Rate = field(default_factory=lambda: Rate(slowest=False))
     """The last short step's simulation time per microbatch x stage (`_short_until`)."""
 
     def memory(self, plan: Plan) -> MemoryReport:
@@ -111,11 +112,13 @@ class Evaluator:
         self._mem[key] = rep
         return rep
 
-    def simulate(self, plan: Plan, deadline: float | None = None):
+    def simulate(self, plan: Plan, budget: Budget | None = None):
         """The full step: `ratrain.sim.simulate`'s result (memory from `memory`'s replay,
-        the full step's peaks; no memory timeline). With `deadline` (a perf_counter time):
-        None instead of a short step or a full simulation expected to end past it (the
-        steady-state tries that fail would otherwise start a full one whatever the time)."""
+        the full step's peaks; no memory timeline). With `budget`: None instead of a short
+        step or a full simulation expected to end past its soft limit (the steady-state
+        tries that fail would otherwise start a full one whatever the time)."""
+        if budget is not None and not budget.limited:
+            budget = None
         key = _freeze(plan)
         hit = self._sim.get(key)
         if hit is not None:
@@ -124,12 +127,12 @@ class Evaluator:
         res = None
         if self.steady:
             rep = self.memory(plan)  # the shortened replay: the full step's peaks
-            short = self._simulate_short if deadline is None else self._short_until(deadline)
+            short = self._simulate_short if budget is None else self._short_until(budget)
             try:
                 res = steady_state.extrapolate(plan, short, (rep.peak_bytes, rep.breakdown))
             except _Late:
                 return None
-            if res is None and deadline is not None and self._late(plan, deadline):
+            if res is None and budget is not None and self._late(plan, budget):
                 return None
         if res is not None:
             pass
@@ -160,28 +163,27 @@ class Evaluator:
         ratio = simulated_microbatches(plan, self.steady) / self.last_simulate_microbatches
         return self.last_simulate_s * ratio
 
-    def _short_until(self, deadline: float):
+    def _short_until(self, budget: Budget):
         """`_simulate_short`, raising `_Late` instead of starting a step expected to end
-        past `deadline` (at the rate of the last short step simulated)."""
+        past `budget`'s soft limit (at the rate of the last short step simulated)."""
 
         def short(plan: Plan):
-            if self._late(plan, deadline):
+            if self._late(plan, budget):
                 raise _Late
             t0 = time.perf_counter()
             res = self._simulate_short(plan)
-            self._unit_s = (time.perf_counter() - t0) / (plan.microbatches * plan.pp)
+            self._short_rate.record(plan.microbatches * plan.pp, time.perf_counter() - t0)
             return res
 
         return short
 
-    def _late(self, plan: Plan, deadline: float) -> bool:
-        """Whether simulating `plan` in full is expected to end past `deadline`: the events
-        grow with microbatches x stages, at the last short step's rate per one (none
-        measured yet: not late)."""
-        if not self._unit_s:
+    def _late(self, plan: Plan, budget: Budget) -> bool:
+        """Whether simulating `plan` in full is expected to end past `budget`'s soft limit:
+        the events grow with microbatches x stages, at the last short step's rate per one
+        (none measured yet: not late)."""
+        if not self._short_rate.s_per_unit:
             return False
-        expected_s = self._unit_s * plan.microbatches * plan.pp
-        return time.perf_counter() + expected_s > deadline
+        return budget.over_soft(self._short_rate.expected_s(plan.microbatches * plan.pp))
 
     def _simulate_short(self, plan: Plan):
         """A shortened step's timing alone (no ledger: its memory is the plan's replay)."""

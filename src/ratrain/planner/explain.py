@@ -19,10 +19,11 @@ import time
 from dataclasses import dataclass, field
 
 from ratrain.config import Plan
+from ratrain.deadline import Budget, OutOfTime, Rate
 from ratrain.planner.evaluate import Evaluator, MemoryReport, usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, memory_bound, options
+from ratrain.planner.result import Near
 from ratrain.planner.saving import saves, saving_order
-from ratrain.planner.search import Near, states_lower_bound_bytes
 from ratrain.planner.space import (
     Knobs,
     Request,
@@ -34,6 +35,7 @@ from ratrain.planner.space import (
     pin_conflict,
     structures,
 )
+from ratrain.planner.structure import states_lower_bound_bytes
 from ratrain.sim.simulate import memory_microbatches
 
 __all__ = ["Change", "Explanation", "explain", "find_feasible", "saturation_clusters"]
@@ -60,15 +62,6 @@ the smallest that fits."""
 _LINEAR_STEPS = 3
 """assumed: the ledger's smallest cluster count is usually within a few of the bound's."""
 _MIN_SEQ = 128
-
-
-class _OutOfTime(Exception):
-    """The explanation's deadline passed; what was confirmed so far is reported."""
-
-
-def _check(deadline: float | None) -> None:
-    if deadline is not None and time.perf_counter() > deadline:
-        raise _OutOfTime
 
 
 @dataclass
@@ -187,7 +180,7 @@ def find_feasible(
     *,
     confirm: bool = True,
     max_replays: int | None = None,
-    deadline: float | None = None,
+    budget: Budget | None = None,
 ) -> tuple[Plan, MemoryReport | None] | None:
     """Some plan that fits, if any: per structure, the most memory-saving knobs and per
     stage the cheapest recompute the bound allows, confirmed (and raised) by the ledger.
@@ -195,7 +188,9 @@ def find_feasible(
     its report is None), a cheap necessary condition for `find_feasible` to find one.
     `max_replays`: give up (None) after that many structures the bound allows but the
     ledger rejects (a scan of many sizes stays quick; what it returns still fits).
-    `deadline`: raises `_OutOfTime` past it."""
+    `budget`: raises `OutOfTime` past its soft limit (what was confirmed so far is the
+    caller's to report)."""
+    budget = budget or Budget()
     ev = ev or Evaluator(req)
     rejected = 0
     limit = usable_bytes(req)
@@ -213,7 +208,7 @@ def find_feasible(
             # dp, the smallest optimizer shards: the others cannot fit where it does not.
             if st.micro_batch != req.pins["micro_batch"]:
                 continue
-            _check(deadline)
+            budget.check()
             ck = knobs_key(req, st)
             kns = combos.get(ck)
             if kns is None:
@@ -240,8 +235,8 @@ def find_feasible(
     # The most room under the cap by the bound first: the likeliest to fit by the ledger,
     # so a scan of sizes rarely pays for a rejected replay.
     for _, _, st, kn, opts, fam in sorted(allowed, key=lambda a: a[:2]):
-        _check(deadline)
-        found = _confirm(ev, req, st, kn, opts, fam.per_stage_recompute, deadline)
+        budget.check()
+        found = _confirm(ev, req, st, kn, opts, fam.per_stage_recompute, budget)
         if found is not None:
             return found
         rejected += 1
@@ -252,15 +247,16 @@ def find_feasible(
 
 class _ReplayClock:
     """What a ledger confirmation is expected to take: its work (microbatches replayed,
-    those of the shortened step where `Evaluator.memory` shortens it, x the model's units) at the slowest rate seen so far in this process,
-    or a default before the first one."""
+    those of the shortened step where `Evaluator.memory` shortens it, x the model's units)
+    at the slowest rate seen so far in this process (a `Rate`), or a default before the
+    first one."""
 
     DEFAULT_S_PER_WORK = 120e-6
     """measured: 70-115 us per unit-microbatch (lowering and ledger replay, CPU time) over
     seven 7B-70B plans on mt3000, a100-80g and cpu-local on the shared 2-core machine."""
 
     def __init__(self) -> None:
-        self.s_per_work: float | None = None
+        self.rate = Rate(self.DEFAULT_S_PER_WORK, slowest=True)
 
     @staticmethod
     def work(req: Request, plan: Plan) -> int:
@@ -271,45 +267,43 @@ class _ReplayClock:
         return microbatches * (req.spec.n_layers + 2)
 
     def expected_s(self, req: Request, plan: Plan) -> float:
-        rate = self.DEFAULT_S_PER_WORK if self.s_per_work is None else self.s_per_work
-        return rate * self.work(req, plan)
+        return self.rate.expected_s(self.work(req, plan))
 
     def record(self, req: Request, plan: Plan, seconds: float) -> None:
-        rate = seconds / self.work(req, plan)
-        self.s_per_work = rate if self.s_per_work is None else max(self.s_per_work, rate)
+        self.rate.record(self.work(req, plan), seconds)
 
 
 _CLOCK = _ReplayClock()
 
 
-def _confirm(ev, req, st, kn, opts, per_stage: bool, deadline: float | None):
+def _confirm(ev, req, st, kn, opts, per_stage: bool, budget: Budget):
     if "recompute" in req.pins:
         rec = req.pins["recompute"]
         rec = (rec,) * st.pp if isinstance(rec, str) else tuple(rec)
         if len(rec) != st.pp:
             return None
         plan = make_plan(req, st, kn, rec)
-        rep = _replay(ev, req, plan, deadline)
+        rep = _replay(ev, req, plan, budget)
         return (plan, rep) if rep.fits else None
     if not per_stage:
         for o in opts.uniform[::-1][:1] + opts.uniform[:1]:
             plan = make_plan(req, st, kn, (o,) * st.pp)
-            rep = _replay(ev, req, plan, deadline)
+            rep = _replay(ev, req, plan, budget)
             if rep.fits:
                 return plan, rep
         return None
     # The most-saving policy each stage allows: if that does not fit, nothing does here.
     rec = tuple(o[-1] for o in opts.per_stage)
     plan = make_plan(req, st, kn, rec)
-    rep = _replay(ev, req, plan, deadline)
+    rep = _replay(ev, req, plan, budget)
     return (plan, rep) if rep.fits else None
 
 
-def _replay(ev: Evaluator, req: Request, plan: Plan, deadline: float | None) -> MemoryReport:
+def _replay(ev: Evaluator, req: Request, plan: Plan, budget: Budget) -> MemoryReport:
     """The ledger's report of `plan`; not started when it is expected to end past the
-    deadline (a replay is not interrupted)."""
-    if deadline is not None:
-        _check(deadline - _CLOCK.expected_s(req, plan))
+    budget (a replay is not interrupted)."""
+    if budget.limited:
+        budget.check(_CLOCK.expected_s(req, plan))
     t0, n = time.perf_counter(), ev.n_memory
     rep = ev.memory(plan)
     if ev.n_memory > n:  # not a cached report
@@ -323,19 +317,23 @@ def explain(
     ev: Evaluator | None = None,
     budget_s: float | None = None,
     unexamined: int | None = None,
+    *,
+    budget: Budget | None = None,
 ) -> Explanation:
     """The explanation of an infeasible request (`near`: the search's closest miss). With
     `budget_s`, the changes it suggests are searched for that long, and what could not be
     confirmed in time is said so. `unexamined`: the search stopped at its time budget with
     that many structures left and none fitting; the closest miss examined is described and
-    no change is suggested (the request may well fit)."""
-    deadline = None if budget_s is None else time.perf_counter() + budget_s
+    no change is suggested (the request may well fit). `budget`: the explanation's own
+    `Budget` (its soft limit), instead of `budget_s` from now."""
+    if budget is None:
+        budget = Budget(budget_s)
     ev = ev or Evaluator(req)
     limit = usable_bytes(req)
     if near is None:
         note = "" if unexamined is not None else _no_candidate_note(req)
         return Explanation(None, None, None, 0, limit, {}, note=note, unexamined=unexamined)
-    peaks, bounded = near.peak_bytes, not near.measured and deadline is not None
+    peaks, bounded = near.peak_bytes, not near.measured and budget.limited
     if bounded:
         # Under a time budget the closest miss is described by its memory lower bound: a
         # ledger replay of a deep pipeline costs as much as the rest of the answer.
@@ -352,7 +350,7 @@ def explain(
     if unexamined is not None:
         ex.unexamined = unexamined
         return ex
-    ex.changes, notes = _changes(req, ev, deadline)
+    ex.changes, notes = _changes(req, ev, budget)
     states = sum(v for k, v in ex.breakdown.items() if k in ("master", "optimizer", "view", "grad"))
     if states > limit:
         notes.append(
@@ -388,9 +386,7 @@ _PIN_CHANGE = {
 _NOT_IN_TIME = "not checked within the time budget (--time-budget 0 checks all)"
 
 
-def _changes(
-    req: Request, ev: Evaluator, deadline: float | None = None
-) -> tuple[list[Change], list[str]]:
+def _changes(req: Request, ev: Evaluator, budget: Budget) -> tuple[list[Change], list[str]]:
     """Changes that fit, cheapest first, and notes on the ones that do not."""
     out: list[Change] = []
     notes: list[str] = []
@@ -398,9 +394,9 @@ def _changes(
     for k in pinned:  # one pin at a time: the smallest departure from the request
         try:
             hit = find_feasible(
-                req.with_(pins={f: v for f, v in req.pins.items() if f != k}), deadline=deadline
+                req.with_(pins={f: v for f, v in req.pins.items() if f != k}), budget=budget
             )
-        except _OutOfTime:
+        except OutOfTime:
             notes.append(f"dropping --pin {k}: {_NOT_IN_TIME}")
             continue
         if hit is not None:
@@ -413,13 +409,13 @@ def _changes(
     if len(pinned) > 1 and not out:
         free = req.with_(pins={k: v for k, v in req.pins.items() if k not in pinned})
         try:
-            hit = find_feasible(free, deadline=deadline)
-        except _OutOfTime:
+            hit = find_feasible(free, budget=budget)
+        except OutOfTime:
             hit = None
             notes.append(f"dropping the pins {', '.join(pinned)}: {_NOT_IN_TIME}")
         if hit is not None:
             out.append(Change(f"drop the pins {', '.join(pinned)}", hit[0], hit[1].peak_bytes))
-    clusters = _more_clusters(req, deadline)
+    clusters = _more_clusters(req, budget)
     if isinstance(clusters, str):
         notes.append(clusters)
     elif clusters is not None:
@@ -430,8 +426,8 @@ def _changes(
     else:
         notes.append(f"no cluster count up to {req.clusters * _MAX_CLUSTER_FACTOR} fits")
     try:
-        seq = _shorter_seq(req, deadline)
-    except _OutOfTime:
+        seq = _shorter_seq(req, budget)
+    except OutOfTime:
         notes.append(f"a shorter sequence: {_NOT_IN_TIME}")
         return out, notes
     if seq is not None:
@@ -452,7 +448,7 @@ def _pin_text(v) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def _more_clusters(req: Request, deadline: float | None = None):
+def _more_clusters(req: Request, budget: Budget):
     """The smallest cluster count with a plan the ledger confirms. Bisection runs on the
     memory bound alone (no ledger); the ledger then confirms upwards from the count found.
     Returns (count, plan, report, note), None when no count fits, or, out of time, a note:
@@ -462,10 +458,10 @@ def _more_clusters(req: Request, deadline: float | None = None):
     try:
         n = _smallest_clusters(
             req,
-            lambda n: find_feasible(req.with_(clusters=n), confirm=False, deadline=deadline),
+            lambda n: find_feasible(req.with_(clusters=n), confirm=False, budget=budget),
             saturated,
         )
-    except _OutOfTime:
+    except OutOfTime:
         return f"more clusters: {_NOT_IN_TIME}"
     if n is None:
         if saturated <= req.clusters * _MAX_CLUSTER_FACTOR:
@@ -479,13 +475,13 @@ def _more_clusters(req: Request, deadline: float | None = None):
     def fits(n: int) -> bool:
         if n not in found:
             found[n] = find_feasible(
-                req.with_(clusters=n), max_replays=_SCAN_REPLAYS, deadline=deadline
+                req.with_(clusters=n), max_replays=_SCAN_REPLAYS, budget=budget
             )
         return found[n] is not None
 
     try:
         return _confirm_clusters(req, n, fits, found)
-    except _OutOfTime:
+    except OutOfTime:
         ok = sorted(k for k, v in found.items() if v is not None)
         bound = f"the memory bound needs at least {n} clusters"
         if not ok:
@@ -550,12 +546,12 @@ def _smallest_clusters(req: Request, fits, saturated: int | None = None):
     return hi
 
 
-def _shorter_seq(req: Request, deadline: float | None = None):
+def _shorter_seq(req: Request, budget: Budget):
     s = req.seq // 2
     while s >= _MIN_SEQ:
         # The bound rules most lengths out without the ledger.
-        if find_feasible(req.with_(seq=s), confirm=False, deadline=deadline) is not None:
-            hit = find_feasible(req.with_(seq=s), max_replays=_SCAN_REPLAYS, deadline=deadline)
+        if find_feasible(req.with_(seq=s), confirm=False, budget=budget) is not None:
+            hit = find_feasible(req.with_(seq=s), max_replays=_SCAN_REPLAYS, budget=budget)
             if hit is not None:
                 return s, hit[0], hit[1]
         s //= 2

@@ -18,20 +18,17 @@ replay overflows. Pure Python.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
-from ratrain.planner.bounds import (
-    MemoryBound,
-    UnitTimes,
-    prefetched_views_of,
-    recompute_time_s,
-    step_time_lower_bound_s,
-    transient_views_of,
-)
+from ratrain.config import Plan
 from ratrain.planner.cache import Memo
 from ratrain.planner.evaluate import usable_bytes
 from ratrain.planner.families import Family
+from ratrain.planner.memory_bound import MemoryBound
 from ratrain.planner.space import Knobs, Request, Structure, make_plan
+from ratrain.planner.time_bound import UnitTimes, recompute_time_s, step_time_lower_bound_s
 from ratrain.schedule.zerobubble import warmup
+from ratrain.schema import search_fields
 
 __all__ = [
     "Options",
@@ -94,32 +91,22 @@ def memory_bound(req: Request, plan) -> MemoryBound:
     return mb
 
 
+_STRUCTURE_FIELDS = tuple(f.name for f in search_fields(Plan, "structure"))
+_KNOB_FIELDS = tuple(f.name for f in search_fields(Plan, "knob"))
+
+
 def structure_bound(req: Request, st: Structure, kn: Knobs) -> MemoryBound:
     """`memory_bound` of the plan `make_plan(req, st, kn, ...)` builds, found by its key
     without building the plan (built the first time the key is met). Only for the stage
     values by key (`MemoryBound.stage_at`): its `plan` may be another plan of the key."""
     held, eager = req.platform.sends_held_until_waited, req.platform.eager_kernels
-    transient = transient_views_of(kn.schedule, kn.view_policy)
-    key = (
-        req.spec,
-        held,
-        eager,
-        (
-            st.pp,
-            st.dp,
-            st.micro_batch,
-            st.microbatches(req.global_batch),
-            req.seq,
-            transient,
-            kn.shard_optimizer,
-            kn.compute_dtype,
-            kn.grad_dtype,
-            kn.offload_activations,
-            prefetched_views_of(kn.schedule, kn.view_policy, kn.view_lookahead),
-            kn.pipeline,
-            kn.loss_chunk_tokens,
-        ),
+    fields = SimpleNamespace(
+        **{f: getattr(st, f) for f in _STRUCTURE_FIELDS},
+        **{f: getattr(kn, f) for f in _KNOB_FIELDS},
+        seq=req.seq,
+        microbatches=st.microbatches(req.global_batch),
     )
+    key = (req.spec, held, eager, MemoryBound.key(fields))
     mb = _BOUNDS.get(key)
     if mb is None:
         mb = memory_bound(req, make_plan(req, st, kn, _ANY_POLICY * st.pp))

@@ -205,7 +205,7 @@ def _split_costs(req: Request, pp: int, mode: str) -> list[tuple[float, float]]:
     spec = req.spec
     head, emb = counts.head_unit(spec), counts.embedding_unit(spec)
     if mode == "compute":
-        from ratrain.planner.bounds import peak_unit_times
+        from ratrain.planner.time_bound import peak_unit_times
 
         ut = peak_unit_times(spec, req.platform, 1, req.seq, req.compute_dtype)
         block, first, last = ut.f_block + ut.b_block, ut.f_emb + ut.b_emb, ut.f_head + ut.b_head
@@ -437,7 +437,7 @@ def pipelines(req: Request, family: Family, st: Structure) -> tuple[str, ...]:
     if "pipeline" in req.pins and req.pins["pipeline"] not in V_PIPELINES:
         return (str(req.pins["pipeline"]),)
     # The V orders are not searched here: they are tried on the best plans' structures
-    # (`ratrain.planner.search._v_pass`), a pinned V among them alone.
+    # (`ratrain.planner.vpass.v_pass`), a pinned V among them alone.
     pipes = tuple(p for p in family.pipelines if p not in V_PIPELINES)
     return pipes if st.pp > 1 else ("1f1b",)
 

@@ -1,0 +1,413 @@
+"""The memory bounds: cheap lower bounds on each stage's ledger peak, from the same state
+sizes the ledger uses (the step-time bound is `ratrain.planner.time_bound`).
+
+- `persistent_lower_bound_bytes` / `persistent_bound_of`: per stage, what no schedule goes
+  below (master weights and Adam states, plus the largest unit's view or gradient); the
+  search reads it before it builds a structure's plans.
+- `MemoryBound`: per stage and recompute policy, the largest of what the ledger surely
+  holds at a few moments of the stage's 1F1B or zero-bubble walk (one chunk per stage:
+  V-shaped plans are not bounded).
+
+Pure Python.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ratrain.config import Plan
+from ratrain.models import counts
+from ratrain.models.spec import ModelSpec
+from ratrain.planner.cache import Memo
+from ratrain.planner.memory_tables import Layout, Run, unit_tables, zb_profile
+from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
+from ratrain.schedule.views import prefetched_views_of, transient_views_of
+from ratrain.schedule.zerobubble import warmup
+from ratrain.schema import bound_fields
+from ratrain.sizes.states import (
+    ADAM_BYTES_PER_PARAM,
+    MASTER_BYTES_PER_PARAM,
+    grad_bytes_per_param,
+    shards,
+    view_bytes_per_param,
+)
+
+__all__ = [
+    "persistent_bound_of",
+    "persistent_lower_bound_bytes",
+    "MemoryBound",
+]
+
+
+def persistent_lower_bound_bytes(spec: ModelSpec, plan: Plan) -> tuple[int, ...]:
+    """Per stage, bytes no schedule goes below: the fp32 master weights and Adam states of
+    all its units (their shard, when sharded) are held through the step, and at some time
+    the largest unit's view (while its forward runs) or its full gradient (from its first
+    backward) exists on top of them."""
+    most = max(view_bytes_per_param(plan), grad_bytes_per_param(plan))
+    return persistent_bound_of(spec, plan.blocks_per_stage(spec), shards(plan), most)
+
+
+def persistent_bound_of(
+    spec: ModelSpec, split: tuple[int, ...], n_shards: int, most_bytes_per_param: int
+) -> tuple[int, ...]:
+    """`persistent_lower_bound_bytes` from what it reads of a plan: the layer split, the
+    shard count and the wider of the view and gradient bytes per parameter (the search
+    bounds structures with it before it builds their plans)."""
+    key = (spec, split, n_shards, most_bytes_per_param)
+    return _PERSISTENT.get_or(key, _persistent, spec, split, n_shards, most_bytes_per_param)
+
+
+_PERSISTENT: Memo[tuple[int, ...]] = Memo(100_000)
+"""`persistent_bound_of` by its arguments."""
+
+
+def _persistent(spec: ModelSpec, split: tuple[int, ...], n_shards: int, most: int):
+    per_param = MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM
+    every = _unit_params(spec)
+    prefix, peak = _unit_prefix(spec)
+    out, start, pp = [], 1, len(split)
+    for s in range(pp):  # the units of stage s, as `Plan.stage_units` has them
+        lo, hi = (0 if s == 0 else start), (len(every) if s == pp - 1 else start + split[s])
+        start += split[s]
+        # The largest unit: the blocks share one size, so the largest of the range is
+        # among its ends and one block.
+        largest = max(every[lo], every[hi - 1], peak if hi - lo > 2 else 0)
+        out.append((prefix[hi] - prefix[lo]) * per_param // n_shards + largest * most)
+    return tuple(out)
+
+
+@lru_cache(maxsize=64)
+def _unit_prefix(spec: ModelSpec) -> tuple[tuple[int, ...], int]:
+    """Prefix sums of the units' parameters, and the largest block's (blocks are one size:
+    asserted)."""
+    every = _unit_params(spec)
+    blocks = set(every[1:-1])
+    assert len(blocks) <= 1, "blocks of one model hold the same parameters"
+    prefix = [0]
+    for n in every:
+        prefix.append(prefix[-1] + n)
+    return tuple(prefix), max(blocks, default=0)
+
+
+@lru_cache(maxsize=64)
+def _unit_params(spec: ModelSpec) -> tuple[int, ...]:
+    """Every unit's parameters, by unit (embedding, blocks, head)."""
+    return tuple(counts.unit_params(spec, u) for u in range(spec.n_layers + 2))
+
+
+_STAGE_MEMO: Memo[int] = Memo(200_000)
+"""`MemoryBound.stage` by what it reads (`MemoryBound._share`) and the stage's key."""
+_TABLES: Memo[tuple] = Memo(1024)
+"""`MemoryBound`'s per-unit activation, workspace and parameter tables, by what they read."""
+
+
+_BOUND_FIELDS = bound_fields(Plan)
+
+
+class MemoryBound:
+    """A lower bound on each stage's ledger peak under a recompute policy, from moments of
+    its 1F1B walk (one plan's knobs; the plan's own recompute field is not read). One chunk
+    per stage (asserted): a V-shaped plan (zb-v, 1f1b-v) is not bounded, and the search
+    tries those only after it (`ratrain.planner.search`).
+
+    The stage runs w = min(pp - s - 1, m) forward passes before its first backward pass
+    (`ratrain.schedule.zerobubble.warmup`: twice as many under zb-h2).
+    While B(u, mb) runs, the ledger holds at least: the master and Adam states and the
+    persistent views; the view of u if views are transient; the activations of every other
+    microbatch whose forward pass is done and whose backward pass is not, and mb's own for
+    the units its backward has not reached (u and below); what RECOMPUTE(u, mb) restored;
+    the backward workspace; and the gradients of the units the backward has met, all of
+    them from the second backward pass on (gradients live from a unit's first B to the
+    UPDATE after its last). In flight: min(w + 1, m) microbatches at mb = 0 and
+    min(w + 1, m - 1) at mb = 1. Offloaded microbatches count for nothing. With
+    `sends_held`, the buffers of the sends already made (one per finished forward pass
+    unless the stage is the last, one per finished backward pass unless it is the first),
+    and the last backward pass is a moment too (all m forward sends and m - 1 backward
+    sends held, on top of its own activations and all the gradients); otherwise comm
+    buffers, and other transient bytes, only add. With `eager_kernels`, the activations
+    and backward workspaces of the runtime's eager kernels, as the ledger counts them on
+    such a platform (`Platform.eager_kernels`).
+
+    Under `pipeline` zb-h1 the same moments are B_IN(u, mb)'s (`ratrain.schedule.
+    zerobubble`: 1F1B's warm-up and steady pairing of F and B_IN, so as many microbatches
+    in flight, each holding its kept activations until its B_IN; zb-h2: the same with its
+    own, longer, warm-up w, which the stage key carries; RECOMPUTE(u, mb) runs
+    just before B_IN(u, mb); B_IN holds B's workspace). What differs is what the backward
+    leaves: B_IN(u, mb) adds u's output gradients as it starts, and from its end to its
+    B_W each (u, mb) keeps what the weight pass needs (`weight_grad_bytes`, whatever the
+    policy: recompute rebuilt it before B_IN). So at B_IN(u, mb) the units above u keep
+    that for mb, and so does every unit for each microbatch whose B_IN pass has run and
+    whose B_W pass has not (`zb_profile`: up to s of them on stage s). Gradients exist
+    from the stage's first B_W pass, all of them at once (a pass covers every unit), and
+    none before it. The pass order reads pp, so the moments taken are those where these
+    counts change, besides 1F1B's.
+    """
+
+    def __init__(
+        self, spec: ModelSpec, plan: Plan, sends_held: bool = False, eager_kernels: bool = False
+    ) -> None:
+        assert plan.chunks == 1, (
+            f"MemoryBound bounds one chunk per stage; pipeline {plan.pipeline!r} places "
+            f"{plan.chunks} on each"
+        )
+        self.spec, self.plan = spec, plan
+        emb, head = counts.embedding_unit(spec), counts.head_unit(spec)
+        kinds = {"emb": emb, "block": 1, "head": head}
+        # The activation tables read the tokens, the dtype and the loss chunking only:
+        # shared by the bounds of every structure and knob combination alike there.
+        tkey = (
+            spec,
+            plan.micro_batch,
+            plan.seq,
+            plan.compute_dtype,
+            plan.loss_chunk_tokens,
+            eager_kernels,
+        )
+        tables = _TABLES.get_or(tkey, unit_tables, spec, plan, kinds, eager_kernels)
+        self.keep, self.bws, self.params, boundary, wgrad = tables
+        self.gbp, vbp = grad_bytes_per_param(plan), view_bytes_per_param(plan)
+        self.zb = plan.split_backward
+        # zb-h1: what B_IN keeps for B_W (policy-independent), per unit kind: all of it,
+        # and its output gradients alone (added when B_IN starts).
+        self.w_keep = {k: sum(v) for k, v in wgrad.items()} if self.zb else {}
+        self.w_out = {k: v[1] for k, v in wgrad.items()} if self.zb else {}
+        # Under zb-h1 every gradient exists from the stage's first B_W pass on, and none
+        # before it: counted per moment (`_stage`), not as the backward meets the units.
+        self.zb_gbp = self.gbp if self.zb else 0
+        if self.zb:
+            self.gbp = 0
+        self.transient = transient_views_of(plan.schedule, plan.view_policy) and vbp > 0
+        self.prefetch = self.transient and prefetched_views_of(
+            plan.schedule, plan.view_policy, plan.view_lookahead
+        )
+        self.vbp = vbp
+        self.state_per_param = (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM) / shards(plan)
+        # Everything `_stage` reads besides the stage's key: bounds of other structures
+        # (another pp, split or family) with the same share their stages' values.
+        self._share = (
+            tkey,
+            shards(plan),
+            plan.microbatches,
+            self.transient,
+            self.prefetch,
+            vbp,
+            self.gbp,
+            plan.offload_activations,
+            sends_held,
+            # zb-h1: its pass order reads pp (`zb_profile`); its gradients count apart.
+            (plan.pp, self.zb_gbp) if self.zb else None,
+        )
+        self.m = plan.microbatches
+        # Sends held to the step's end (`Platform.sends_held_until_waited`): every output a
+        # finished forward pass sent on, and every input gradient a finished backward pass
+        # sent back, is still held.
+        self.held_send_bytes = boundary if sends_held else 0
+        self.extra: dict[tuple, object] = {}
+        """Derived results memoised by their users on the same stage keys."""
+
+    @staticmethod
+    def key(plan: Plan) -> tuple:
+        """The plan fields the bound reads besides the split (for sharing one instance):
+        those the schema marks `bound`, the microbatches they make, and the views a stage
+        holds (all that the lifecycle and the view policy change here)."""
+        views = (
+            transient_views_of(plan.schedule, plan.view_policy),
+            prefetched_views_of(plan.schedule, plan.view_policy, plan.view_lookahead),
+        )
+        return (plan.microbatches, views, *(getattr(plan, f) for f in _BOUND_FIELDS))
+
+    def stage_key(self, stage: int) -> tuple[int, bool, bool, int]:
+        """What the bound reads of a stage: its blocks, whether it holds the embedding or
+        the head, and its warmup depth w (stages alike share their bounds). One chunk per
+        stage: the constructor asserts it, and a plan set later shares the pipeline, which
+        `key` holds."""
+        plan = self.plan
+        n_blocks = plan.layer_split[stage] if plan.layer_split else None
+        if n_blocks is None:
+            n_blocks = plan.blocks_per_stage(self.spec)[stage]
+        w = warmup(plan.pp, self.m, stage, plan.pipeline)
+        return (n_blocks, stage == 0, stage == plan.pp - 1, w)
+
+    def stage(self, stage: int, policy: str) -> int:
+        return self.stage_at(self.stage_key(stage), policy)
+
+    def stage_at(self, stage_key: tuple[int, bool, bool, int], policy: str) -> int:
+        """`stage` of the stage whose `stage_key` is given (the plan's split not read)."""
+        return _STAGE_MEMO.get_or(
+            (self._share, (*stage_key, policy)), self._stage, *stage_key, policy
+        )
+
+    def breakdown(self, stage: int, policy: str) -> dict[str, int]:
+        """The bound of `stage` under `policy` by state class (the ledger's classes), at
+        the moment that gives it: the parts sum to `stage(stage, policy)`."""
+        parts = self._stage(*self.stage_key(stage), policy, parts=True)
+        assert sum(parts.values()) == self.stage(stage, policy)
+        return parts
+
+    def _layout(self, n_blocks: int, emb: bool, head: bool, policy: str) -> Layout:
+        """The stage's units as runs of units alike, their static bytes, and the units at
+        which what a backward pass holds can be largest (see `Layout`)."""
+        # The stage's units as runs of units alike: (kind, policy, count), none empty.
+        spans = [("emb", "none", 1)] if emb else []
+        if policy.startswith("first:"):
+            k = min(int(policy.split(":")[1]), n_blocks)
+            spans += [("block", "full", k), ("block", "none", n_blocks - k)]
+        else:
+            spans.append(("block", policy, n_blocks))
+        if head:
+            spans.append(("head", "none", 1))
+        spans = [r for r in spans if r[2] > 0]
+        static = sum(c * int(self.params[k] * self.state_per_param) for k, _, c in spans)
+        runs, start, keep_below, params_below, w_below = [], 0, 0, 0, 0
+        for k, p, c in spans:
+            keep = self.keep[(k, p)]
+            runs.append(Run(k, p, c, start, keep, keep_below, params_below, w_below))
+            start += c
+            keep_below += c * keep
+            params_below += c * self.params[k]
+            w_below += c * self.w_keep.get(k, 0)
+        n_params = params_below  # now over the whole stage
+        views = 0 if self.transient else n_params * self.vbp
+        static += views
+        # Within a run, what is held grows or shrinks linearly with the unit, except the
+        # reload window near the run's start: the largest value is at the run's first
+        # `ahead` + 1 units or at its last. Those units: (index, run, index in the run).
+        ahead = RELOAD_AHEAD_UNITS
+        at = tuple(
+            (run.start + j, r, j)
+            for r, run in enumerate(runs)
+            for j in sorted({*range(min(ahead, run.count - 1) + 1), run.count - 1})
+        )
+        return Layout(
+            runs=tuple(runs),
+            static=static,
+            views=views,
+            total_keep=keep_below,
+            all_grads=n_params * self.gbp,
+            at=at,
+            total_w=w_below,
+            zb_grads=n_params * self.zb_gbp,
+        )
+
+    def _unit(self, lay: Layout, u: int, r: int, j: int) -> tuple:
+        """What does not depend on the moment, for unit `u` (run `r`, `j`-th in it):
+        (kind, running, keep of units 0..u, the same when the microbatch is offloaded,
+        the gradients not yet met below it, the next unit's view fetched ahead)."""
+        run = lay.runs[r]
+        k, keep_u = run.kind, run.keep
+        running = self.keep[(k, "none")] - keep_u + self.bws[k]
+        if self.transient and k != "emb":
+            running += self.params[k] * self.vbp
+        # The unit the backward pass reads next (the one below, unless it is the
+        # embedding, whose B reads no view): its view is fetched before B(u) starts.
+        below_kind = k if j > 0 else (lay.runs[r - 1].kind if r > 0 else None)
+        ahead_view = 0
+        if self.prefetch and k != "emb" and below_kind == "block":
+            ahead_view = self.params["block"] * self.vbp
+        running += ahead_view
+        above_w = 0
+        if self.zb:
+            # B_IN(u, mb) adds u's output gradients as it starts, and every unit above u
+            # has run its B_IN of mb: each keeps what its B_W needs (`above_w`; with
+            # offload, a microbatch whose weight pass is deferred moves it off the device,
+            # `_add_weight_offload`: not counted then).
+            running += self.w_out[k]
+            above_w = lay.total_w - (run.w_below + (j + 1) * self.w_keep[k])
+        upto = run.keep_below + (j + 1) * keep_u  # keep of units 0..u
+        # An offloaded microbatch holds the unit running and the ones reloaded ahead.
+        mine_off = upto - lay.below(max(0, u - RELOAD_AHEAD_UNITS))
+        met = run.params_below + j * self.params[k]
+        return k, running, upto, mine_off, lay.all_grads - met * self.gbp, ahead_view, above_w
+
+    def _stage(
+        self, n_blocks: int, emb: bool, head: bool, w: int, policy: str, parts: bool = False
+    ):
+        plan = self.plan
+        lay = self._layout(n_blocks, emb, head, policy)
+        static, views, total_keep, all_grads = lay.static, lay.views, lay.total_keep, lay.all_grads
+        # Per unit, what does not depend on the moment; two switches do: whether every
+        # unit's gradient exists (from the second backward pass on) and whether the
+        # microbatch is offloaded. The largest unit per setting of the two is found once,
+        # and each moment adds its own terms to it (integers: the same sums as unit by
+        # unit, and the first unit at the largest, as before).
+        terms = [self._unit(lay, u, r, j) for u, r, j in lay.at]
+        largest: dict[tuple[bool, bool, bool], tuple] = {}
+
+        def largest_unit(grads_all: bool, off: bool, above: bool) -> tuple:
+            hit = largest.get((grads_all, off, above))
+            if hit is None:
+                top, arg = None, None
+                for k, running, upto, mine_off, grads_some, ahead_view, above_w in terms:
+                    grads = all_grads if grads_all else grads_some
+                    mine = mine_off if off else upto
+                    run = running + above_w if above else running
+                    v = grads + mine + run
+                    if top is None or v > top:
+                        top, arg = v, (grads, mine, run, k, ahead_view)
+                hit = largest[(grads_all, off, above)] = (top, arg)
+            return hit
+
+        best, at_best = 0, None
+        m = plan.microbatches
+        # B(., i) runs after F(min(i + w, m - 1)): microbatches i .. i + w are in flight.
+        # From i = 1 on every unit's gradient exists; i = m - 1 - w is the last steady pair.
+        # With sends held, the last backward pass too: fewer microbatches in flight, but
+        # every forward pass's send and all the earlier backward passes' are held.
+        moments = {0, min(1, m - 1), max(0, m - 1 - w)}
+        if self.held_send_bytes:
+            moments.add(m - 1)
+        profile = zb_profile(plan.pp, m, w, plan.pipeline) if self.zb else ()
+        if profile:
+            # Under zb-h1 the microbatches past their B_IN and before their B_W, and
+            # whether a B_W has run, change too: what is held is linear in mb between
+            # the changes, so the largest is at one end of a stretch without one.
+            for i in range(1, m):
+                if profile[i] != profile[i - 1]:
+                    moments |= {i - 1, i}
+        for mb in sorted(moments) if terms else ():
+            others, grads_all = min(w, m - 1 - mb), mb >= 1
+            off, others_b = self._offload(mb, others, m, w, total_keep)
+            sent = (0 if head else min(mb + w, m - 1) + 1) + (0 if emb else mb)
+            held = sent * self.held_send_bytes
+            moved = bool(profile) and plan.offload_activations and profile[mb][2]
+            v, (grads, mine, running, k, ahead_view) = largest_unit(grads_all, off, not moved)
+            if profile:
+                waiting, w_started, _ = profile[mb]
+                if not plan.offload_activations:  # else offloaded until its B_W nears
+                    others_b += waiting * lay.total_w  # each keeps what its B_W pass needs
+                grads += lay.zb_grads if w_started else 0
+                v += lay.zb_grads if w_started else 0
+            total = static + others_b + held + v
+            if total > best:
+                best, at_best = total, (grads, mine + others_b, running, k, held, ahead_view)
+        if not parts:
+            return best
+        return self._parts(static - views, views, at_best)
+
+    def _parts(self, states: int, views: int, at_best) -> dict[str, int]:
+        """`_stage`'s maximum split into the ledger's state classes."""
+        grads, kept, running, k, held, ahead_view = at_best or (0, 0, 0, "block", 0, 0)
+        fetched = self.params[k] * self.vbp if self.transient and k != "emb" else 0
+        fetched += ahead_view
+        workspace = self.bws[k] if at_best else 0
+        share = MASTER_BYTES_PER_PARAM / (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM)
+        master = int(states * share)  # each unit's states, rounded once: split by share
+        return {
+            "master": master,
+            "optimizer": states - master,
+            "view": views + fetched,
+            "grad": grads,
+            "activation": kept + running - fetched - workspace,
+            "comm_buffer": held,
+            "workspace": workspace,
+        }
+
+    def _offload(self, mb: int, others: int, m: int, w: int, total_keep: int) -> tuple[bool, int]:
+        """Whether microbatch `mb` is offloaded at its backward, and the bytes the other
+        microbatches in flight keep on the device. Offload moves a microbatch with another
+        forward pass between its F and B: all but the last when w >= 1."""
+        if not self.plan.offload_activations or w == 0:
+            return False, others * total_keep
+        last_in_flight = mb < m - 1 <= mb + others  # another microbatch, kept on device
+        return mb < m - 1, int(last_in_flight) * total_keep

@@ -1,0 +1,428 @@
+"""One structure's knob combinations, fitted and simulated: the memory pass (what the quick
+memory bounds rule out, recorded as misses), the knob queue (each combination's step-time
+bound), and the recompute policies tried on each (`try_policy`: the ledger first, then the
+simulator), per stage or uniform. The search's running state (`State`) is here too: what
+was counted, the misses, and where it stopped. Pure Python.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ratrain import deadline
+from ratrain.config import PIPELINES
+from ratrain.deadline import Budget, OutOfTime
+from ratrain.planner.evaluate import Evaluator, usable_bytes
+from ratrain.planner.families import Family
+from ratrain.planner.fit import (
+    Options,
+    beaten_by,
+    first_overflow_bytes,
+    least_bounds,
+    memory_bound,
+    options,
+    per_stage_choices,
+    time_bound_s,
+)
+from ratrain.planner.memory_bound import persistent_bound_of
+from ratrain.planner.result import Near, Top, Untimed, candidate_of, closer, may_be_closer
+from ratrain.planner.saving import dominant_of
+from ratrain.planner.space import Knobs, Request, Structure, make_plan
+from ratrain.planner.time_bound import (
+    Overheads,
+    UnitTimes,
+    overheads,
+    recompute_time_s,
+    step_time_lower_bound_s,
+    unit_times,
+)
+from ratrain.sizes.states import grad_bytes_per_param, view_bytes_per_param
+
+__all__ = [
+    "Miss",
+    "Outcome",
+    "Queued",
+    "State",
+    "Tried",
+    "bound_knobs",
+    "losses_of",
+    "memory_pass",
+    "ruled_out",
+    "run_queue",
+    "states_lower_bound_bytes",
+    "unit_times_of",
+    "zb_pipelines",
+]
+
+NEAR_TRIES = 64
+"""The bounded misses `State.nearest` ranks by their full bound, at most."""
+
+
+@dataclass(frozen=True)
+class Miss:
+    """A candidate ruled out by a quick bound, ranked at the end only if nothing fits."""
+
+    over_bytes: int
+    """A lower bound on its overflow."""
+    index: int
+    """Its order among the misses (ties)."""
+    states_only: bool
+    """The model states alone overflow a stage (its plan is built on demand); else a stage
+    overflows under every recompute policy."""
+    st: Structure
+    kn: Knobs
+    fam: Family
+
+
+@dataclass
+class State:
+    """What a search has counted and found so far, its budget, and where it stopped."""
+
+    budget: Budget = field(default_factory=Budget)
+    evaluated: int = 0
+    pruned: int = 0
+    near: Near | None = None
+    misses: list[Miss] = field(default_factory=list)
+    floor: float | None = None
+    """Set when the search is cut at the budget's soft limit: the smallest step-time bound
+    left."""
+    stopped: bool = False
+    """Set when the search stops at the budget's hard limit with no plan ranked."""
+    untimed: Untimed | None = None
+    """A plan the ledger found to fit whose simulation the hard limit interrupted."""
+    v_untried: int = 0
+    """V-shaped plans the V pass left untried at the time budget (`ratrain.planner.vpass`)."""
+
+    def cut_at(self, lb: float) -> None:
+        """Cut at a step-time bound `lb`: the floor is the smallest such."""
+        self.floor = lb if self.floor is None else min(self.floor, lb)
+
+    def nearest(self, req: Request) -> Near | None:
+        """The closest miss: `near`, or one of `misses` ranked by its full bound, tried in
+        the order of their lower bounds while one may win, at most `NEAR_TRIES` of them
+        (the miss only guides the explanation, which measures it with the ledger)."""
+        limit = usable_bytes(req)
+        near = self.near
+        misses = sorted(self.misses, key=lambda m: (m.over_bytes, m.index))
+        for m in misses[:NEAR_TRIES]:
+            if not may_be_closer(near, m.over_bytes):
+                break
+            st, kn = m.st, m.kn
+            if m.states_only:
+                plan = make_plan(req, st, kn, ("full",) * st.pp)
+                floor = tuple(memory_bound(req, plan).stage(s, "full") for s in range(plan.pp))
+                miss = Near(plan, m.fam.name, floor, limit, measured=False)
+            else:
+                bound_bytes, most_saving = least_bounds(req, st, kn)
+                plan = make_plan(req, st, kn, most_saving)
+                miss = Near(plan, m.fam.name, bound_bytes, limit, measured=False)
+            near = closer(near, miss)
+        return near
+
+
+def losses_of(kns: list[Knobs]) -> tuple[int | None, ...]:
+    """The losses its knobs try (`space.loss_chunks`; the plain one first: a cache key)."""
+    return tuple(sorted({kn.loss_chunk_tokens for kn in kns}, key=lambda c: c or 0))
+
+
+def unit_times_of(req: Request, st: Structure, loss: int | None) -> UnitTimes:
+    """`unit_times` of a structure under one loss (`Knobs.loss_chunk_tokens`)."""
+    return unit_times(req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype, loss)
+
+
+def zb_pipelines(kns: list[Knobs]) -> tuple[str, ...]:
+    """The pass orders its knobs try besides 1F1B (sorted: a cache key)."""
+    return tuple(sorted({kn.pipeline for kn in kns} - {"1f1b"}))
+
+
+def memory_pass(
+    req: Request, st: Structure, fam: Family, kns: list[Knobs], state: State
+) -> list[Knobs]:
+    """The knob combinations of a structure that the quick memory bounds do not rule out
+    (no kernel model needed): the model states fit, and every stage fits under some
+    policy. The others are recorded as misses. With a combination that saves no less
+    memory than every other: none if the bounds rule it out, else all of them.
+
+    Each pass order's combinations are bounded apart (a zero-bubble `MemoryBound` counts
+    what each deferred B_W needs, and the gradients only from the first B_W pass, over its
+    own warm-up: a 1F1B lead's bound says nothing of theirs), each group by its own lead.
+    The zero-bubble misses are recorded only where no 1F1B combination is searched (its
+    twins' are)."""
+    limit = usable_bytes(req)
+    losses = losses_of(kns)
+    if len(losses) > 1:  # the losses hold different activations: bounded apart
+        return [
+            kn
+            for loss in losses
+            for kn in memory_pass(
+                req, st, fam, [kn for kn in kns if kn.loss_chunk_tokens == loss], state
+            )
+        ]
+    pipes = sorted({kn.pipeline for kn in kns}, key=PIPELINES.index)  # 1f1b first
+    if len(pipes) > 1:
+        out = []
+        for pipe in pipes:
+            group = [kn for kn in kns if kn.pipeline == pipe]
+            if pipe == "1f1b":
+                out += memory_pass(req, st, fam, group, state)
+                continue
+            scratch = State()  # the zero-bubble misses: not recorded
+            out += memory_pass(req, st, fam, group, scratch if "1f1b" in pipes else state)
+            state.evaluated += scratch.evaluated
+        return out
+    lead = dominant_of(tuple(kns))
+    if lead is not None:
+        state.evaluated += len(kns)
+        if ruled_out(req, st, fam, lead, limit, state):
+            # Every bound below is no smaller for the others: ruled out too (one miss
+            # recorded, the nearest of them).
+            return []
+        # Some combination may fit: the others are tested when the structure is worked on
+        # (`bound_knobs` rules out those no policy fits), not before its kernel times are
+        # known, for a structure that may never be reached.
+        return list(kns)
+    out = []
+    for kn in kns:
+        state.evaluated += 1
+        if states_overflow(req, st, fam, kn, limit, state):
+            # The model states alone overflow a stage. Such a miss is ranked by the fuller
+            # bound, which is no smaller: computed at the end, and only if nothing fits.
+            continue
+        over = first_overflow_bytes(req, st, kn)
+        if over is not None:  # a stage overflows under every policy: ranked at the end
+            state.misses.append(Miss(over, len(state.misses), False, st, kn, fam))
+            continue
+        out.append(kn)  # the full per-stage options are worked out if it gets that far
+    return out
+
+
+def states_overflow(
+    req: Request, st: Structure, fam: Family, kn: Knobs, limit: int, state: State
+) -> bool:
+    """Whether the model states alone overflow a stage under knobs `kn` (a miss is
+    recorded; its plan is built only if the explanation ranks it)."""
+    persistent = max(states_lower_bound_bytes(req, st, kn))
+    if persistent > limit:
+        state.misses.append(Miss(persistent - limit, len(state.misses), True, st, kn, fam))
+        return True
+    return False
+
+
+def states_lower_bound_bytes(req: Request, st: Structure, kn: Knobs) -> tuple[int, ...]:
+    """`persistent_lower_bound_bytes` of the plan `make_plan(req, st, kn, ...)` would
+    build (whatever its recompute), without building it."""
+    n_shards = st.dp if kn.shard_optimizer else 1
+    most = max(view_bytes_per_param(kn), grad_bytes_per_param(kn))
+    return persistent_bound_of(req.spec, st.layer_split, n_shards, most)
+
+
+def ruled_out(
+    req: Request, st: Structure, fam: Family, kn: Knobs, limit: int, state: State
+) -> bool:
+    """`memory_pass`'s test for one knob combination (a miss is recorded)."""
+    if states_overflow(req, st, fam, kn, limit, state):
+        return True
+    over = first_overflow_bytes(req, st, kn)
+    if over is not None:
+        state.misses.append(Miss(over, len(state.misses), False, st, kn, fam))
+        return True
+    return False
+
+
+class Queued(NamedTuple):
+    """A knob combination of a structure the memory bound lets fit, in its queue."""
+
+    lb: float
+    """Its step-time bound: no policy of it is faster."""
+    index: int
+    kn: Knobs
+    opts: Options
+    over: Overheads
+
+
+def bound_knobs(
+    req: Request, st: Structure, fam: Family, kns: list[Knobs], state: State
+) -> list[Queued]:
+    """Each knob combination of a structure that the memory bound lets fit (`memory_pass`
+    kept), with its step-time bound (recomputation the bound forces, and the overheads),
+    fastest first."""
+    m = st.microbatches(req.global_batch)
+    queue: list[Queued] = []
+    limit = usable_bytes(req)
+    for kn in kns:
+        ut = unit_times_of(req, st, kn.loss_chunk_tokens)
+        opts = options(req, st, kn, ut)
+        if not opts.feasible(fam.per_stage_recompute):  # no one policy fits every stage
+            if kn.pipeline != "1f1b" and req.pins.get("pipeline") != kn.pipeline:
+                continue  # its 1F1B twin's miss is recorded (`memory_pass`)
+            plan = make_plan(req, st, kn, opts.most_saving)
+            near = Near(plan, fam.name, opts.bound_bytes, limit, measured=False)
+            state.near = closer(state.near, near)
+            continue
+        over = overheads(req.spec, make_plan(req, st, kn, ("none",) * st.pp), req.platform)
+        lb = time_bound_s(fam, st, m, ut, opts, over, kn.pipeline)
+        queue.append(Queued(lb, len(queue), kn, opts, over))
+    queue.sort(key=lambda q: (q.lb, q.index))
+    return queue
+
+
+def run_queue(
+    ev: Evaluator,
+    req: Request,
+    st: Structure,
+    fam: Family,
+    queue: list[Queued],
+    best: Top,
+    state: State,
+    prune: bool,
+) -> None:
+    """Fit and simulate the knob combinations of one structure that can still place."""
+    m = st.microbatches(req.global_batch)
+    for q in queue:
+        if prune and best.beaten(q.lb):
+            continue
+        if best.cut_by(state.budget):  # the queue is sorted: lb is its smallest bound left
+            state.floor = q.lb
+            return
+        if state.budget.over_hard() and not best.items:
+            state.stopped = True
+            return
+        ut = unit_times_of(req, st, q.kn.loss_chunk_tokens)
+        ctx = _Ctx(ev, req, st, fam, q.kn, ut, q.over, m, best, state, prune, q.lb)
+        if "recompute" in req.pins:
+            ctx.try_policy(_pinned(req.pins["recompute"], st.pp))
+        elif fam.per_stage_recompute:
+            _per_stage(ctx, q.opts)
+        else:
+            _uniform(ctx, q.opts)
+        if state.floor is not None or state.stopped:  # stopped inside: its floor stands
+            return
+
+
+def _pinned(rec, pp: int) -> tuple[str, ...] | None:
+    rec = (rec,) * pp if isinstance(rec, str) else tuple(rec)
+    return rec if len(rec) == pp else None
+
+
+class Tried(enum.Enum):
+    """What trying one recompute policy came to (`Outcome`)."""
+
+    PRUNED = "pruned"
+    """Its bound cannot place (or no policy was given)."""
+    FITS = "fits"
+    """It fits and was ranked."""
+    STOP = "stop"
+    """Out of time: the search stops here."""
+    OVER = "over"
+    """The full replay finds stages over the cap (`Outcome.over`)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: Tried
+    over: tuple[int, ...] = ()
+    """With `Tried.OVER`: the stages over the cap."""
+
+
+PRUNED, FITS, STOP = Outcome(Tried.PRUNED), Outcome(Tried.FITS), Outcome(Tried.STOP)
+
+
+@dataclass
+class _Ctx:
+    """One (structure, knobs) being fitted and simulated."""
+
+    ev: Evaluator
+    req: Request
+    st: Structure
+    fam: Family
+    kn: Knobs
+    ut: UnitTimes
+    over: Overheads
+    m: int
+    best: Top
+    state: State
+    prune: bool
+    lb: float
+    """The knob combination's step-time bound: no policy of it is faster."""
+
+    def try_policy(self, rec: tuple[str, ...] | None) -> Outcome:
+        """Simulate `rec` unless its bound cannot place (`Tried`)."""
+        if rec is None:
+            return PRUNED
+        state, budget = self.state, self.state.budget
+        # With a plan ranked, a simulation is not interrupted: stop before one that would
+        # overrun the budget (expected to cost what the last one did, per microbatch
+        # simulated).
+        plan = make_plan(self.req, self.st, self.kn, rec)
+        if self.best.cut_by(budget, self.ev.expected_simulate_s(plan)):
+            state.cut_at(self.lb)
+            return STOP
+        if budget.over_hard() and not self.best.items:
+            state.stopped = True
+            return STOP
+        lb = step_time_lower_bound_s(
+            self.st.layer_split, self.m, self.ut, rec, self.over, pipeline=self.kn.pipeline
+        )
+        if self.prune and self.best.beaten(lb):
+            return PRUNED
+        rep = self.ev.memory(plan)  # the ledger first: a simulation costs several replays
+        over = [s for s, p in enumerate(rep.peak_bytes) if p > rep.limit_bytes]
+        if not over:
+            # With a plan ranked, a simulation whose later steady-state tries or full
+            # fallback would end past the soft limit is not run: cut there, as above.
+            # Without one, it runs until the hard limit at most (checked between its
+            # phases, `ratrain.deadline`): past it, the plan that fits is reported untimed.
+            ranked = bool(self.best.items)
+            try:
+                with deadline.until(None if ranked else budget):
+                    res = self.ev.simulate(plan, budget if ranked else None)
+            except OutOfTime:
+                state.stopped = True
+                if state.untimed is None:
+                    state.untimed = Untimed(
+                        plan, self.fam.name, lb, tuple(rep.peak_bytes), rep.limit_bytes
+                    )
+                return STOP
+            if res is None:
+                state.cut_at(self.lb)
+                return STOP
+            peaks, parts = tuple(res.peak_memory_bytes), tuple(res.memory_breakdown)
+            over = [s for s, p in enumerate(peaks) if p > rep.limit_bytes]
+        else:
+            peaks, parts = rep.peak_bytes, rep.breakdown
+        if over:
+            near = Near(plan, self.fam.name, peaks, rep.limit_bytes, parts)
+            state.near = closer(state.near, near)
+            return Outcome(Tried.OVER, tuple(over))
+        self.best.add(candidate_of(res, plan, self.fam.name, rep.limit_bytes))
+        return FITS
+
+
+def _per_stage(ctx: _Ctx, opts: Options) -> None:
+    """The cheapest policy per stage that the bound allows; a stage the full replay finds
+    over the cap moves to its next one."""
+    idx = [0] * ctx.st.pp
+    while True:
+        rec = tuple(o[i] for o, i in zip(opts.per_stage, idx, strict=True))
+        got = ctx.try_policy(rec)
+        if got.kind is not Tried.OVER or not per_stage_choices(opts, list(got.over), idx):
+            return
+
+
+def _uniform(ctx: _Ctx, opts: Options) -> None:
+    """Each uniform policy the bound allows, unless one found to fit is no slower anywhere."""
+
+    def times(o: str) -> tuple[float, ...]:
+        return tuple(recompute_time_s(o, n, ctx.ut) for n in ctx.st.layer_split)
+
+    found: list[str] = []
+    for o in opts.uniform:
+        if beaten_by(times, o, found):
+            continue
+        got = ctx.try_policy((o,) * ctx.st.pp)
+        if got.kind is Tried.STOP:
+            return
+        if got.kind is Tried.FITS:
+            found.append(o)

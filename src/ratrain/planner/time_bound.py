@@ -1,0 +1,489 @@
+"""The step-time lower bound: a cheap bound on a candidate's step time, from the same cost
+model the simulator uses (the memory bound is `ratrain.planner.memory_bound`).
+
+The simulator replays one step from a cold start; every compute action (F, B, RECOMPUTE,
+UPDATE) of a stage runs on that stage's one compute resource. A stage's first forward
+needs microbatch 0's forwards on every earlier stage and their sends; the last
+microbatch's backward must then flow back through every earlier stage. With f, b, r the
+forward, backward and recompute seconds of one microbatch on a stage, m microbatches,
+p_f / p_b the boundary sends forward / backward and u the optimizer step, for every s:
+
+    end of stage 0's last B  ≥  Σ_{r<s} (f_r + p_f,r) + m·(f_s + b_s + r_s) + Σ_{r<s} (b_r + p_b,r)
+    step                     ≥  Σ_{r<s} (f_r + p_f,r) + m·(f_s + b_s + r_s) + u_s
+
+and after stage 0's last backward (the embedding's) its gradient sync still runs, then the
+optimizer step that waits for it: with global checks (clipping, fp16 overflow) every
+stage's UPDATE waits for them, so for all of its units. Views, offload, the other
+collectives and any contention only add. `tests/test_planner.py` checks the bound against
+the simulator and that pruning with it never drops the plan exhaustive search picks.
+
+Here: the per-microbatch unit times (`UnitTimes`: `unit_times`, `peak_unit_times`,
+`lowest_unit_times`) and per stage (`stage_times`, `recompute_time_s`), the
+knob-dependent overheads (`Overheads`, `overheads`, `StageLoad`) and the bound itself
+(`step_time_lower_bound_s`). Pure Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ratrain.config import SPLIT_PIPELINES, Plan
+from ratrain.cost.model import CostModel
+from ratrain.models import counts
+from ratrain.models.spec import ModelSpec
+from ratrain.planner.cache import Memo
+from ratrain.platforms import Platform
+from ratrain.schedule.ir import Action, Op, Resource
+from ratrain.schedule.lowering import offloaded_mbs
+from ratrain.schedule.passes import global_checks
+from ratrain.schedule.views import transient_views_of
+from ratrain.schedule.zerobubble import warmup
+from ratrain.sizes.states import view_bytes_per_param
+
+__all__ = [
+    "UnitTimes",
+    "unit_times",
+    "unit_times_known",
+    "lowest_unit_times",
+    "peak_unit_times",
+    "stage_times",
+    "recompute_time_s",
+    "step_time_lower_bound_s",
+    "Overheads",
+    "StageLoad",
+    "overheads",
+]
+
+
+@dataclass(frozen=True)
+class UnitTimes:
+    """Per-microbatch compute times of the three kinds of unit (seconds)."""
+
+    f_emb: float
+    b_emb: float
+    f_block: float
+    b_block: float
+    f_head: float
+    b_head: float
+    rc_full: float
+    """Recomputing one block's forward."""
+    rc_selective: float
+    """Recomputing one block's attention core."""
+    bi_emb: float = 0.0
+    bi_block: float = 0.0
+    bi_head: float = 0.0
+    """The input-gradient halves (B_IN) of a split backward (`pipeline: zb-h1`): what the
+    gradient sent back waits for. 0.0 (no more than the truth) where not computed."""
+    bw_emb: float = 0.0
+    bw_block: float = 0.0
+    bw_head: float = 0.0
+    """Its weight-gradient halves (B_W). B_IN + B_W is not B's time on every platform (a
+    calibrated one times B as measured, the halves from its kernels)."""
+
+
+_UNIT_TIMES: Memo[tuple[Platform, UnitTimes]] = Memo(None)
+"""(platform, times) by model, id(platform) and shape: the platform, kept, tells a reused id."""
+
+
+def unit_times(
+    spec: ModelSpec,
+    platform: Platform,
+    micro_batch: int,
+    seq: int,
+    dtype: str,
+    loss_chunk_tokens: int | None = None,
+) -> UnitTimes:
+    """Compute times per unit kind (cached per model, platform, microbatch shape and loss:
+    the fused chunked loss moves the head's work from B into F, `ratrain.cost.compute`)."""
+    key = (spec, id(platform), micro_batch, seq, dtype, loss_chunk_tokens)
+    hit = _UNIT_TIMES.get(key)
+    if hit is not None and hit[0] is platform:
+        return hit[1]
+    ut = _unit_times(spec, platform, micro_batch, seq, dtype, loss_chunk_tokens)
+    _UNIT_TIMES.put(key, (platform, ut))
+    return ut
+
+
+def unit_times_known(
+    spec: ModelSpec,
+    platform: Platform,
+    micro_batch: int,
+    seq: int,
+    dtype: str,
+    loss_chunk_tokens: int | None = None,
+) -> bool:
+    """Whether `unit_times` has these in its cache (no kernel model to run)."""
+    hit = _UNIT_TIMES.get((spec, id(platform), micro_batch, seq, dtype, loss_chunk_tokens))
+    return hit is not None and hit[0] is platform
+
+
+def lowest_unit_times(times: list[UnitTimes]) -> UnitTimes:
+    """Each field's smallest over `times` (one per loss variant a structure's knobs try): a
+    step-time bound is no larger at any smaller unit time, so this bounds every variant."""
+    if len(times) == 1:
+        return times[0]
+    return UnitTimes(
+        **{f.name: min(getattr(t, f.name) for t in times) for f in dataclasses.fields(UnitTimes)}
+    )
+
+
+def _unit_times(
+    spec: ModelSpec,
+    platform: Platform,
+    micro_batch: int,
+    seq: int,
+    dtype: str,
+    loss_chunk_tokens: int | None = None,
+) -> UnitTimes:
+    plan = Plan(
+        micro_batch=micro_batch,
+        global_batch=micro_batch,
+        seq=seq,
+        compute_dtype=dtype,
+        loss_chunk_tokens=loss_chunk_tokens,
+    )
+    cm = CostModel(spec, plan, platform)
+    emb, head = counts.embedding_unit(spec), counts.head_unit(spec)
+
+    def t(op: Op, unit: int) -> float:
+        return cm.time_s(Action(op, 0, (unit,), 0))
+
+    full = CostModel(spec, plan.replace(recompute="full"), platform)
+    sel = CostModel(spec, plan.replace(recompute="selective"), platform)
+    rc = Action(Op.RECOMPUTE, 0, (1,), 0)
+    return UnitTimes(
+        f_emb=t(Op.F, emb),
+        b_emb=t(Op.B, emb),
+        f_block=t(Op.F, 1),
+        b_block=t(Op.B, 1),
+        f_head=t(Op.F, head),
+        b_head=t(Op.B, head),
+        rc_full=full.time_s(rc),
+        rc_selective=sel.time_s(rc),
+        bi_emb=t(Op.B_IN, emb),
+        bi_block=t(Op.B_IN, 1),
+        bi_head=t(Op.B_IN, head),
+        bw_emb=t(Op.B_W, emb),
+        bw_block=t(Op.B_W, 1),
+        bw_head=t(Op.B_W, head),
+    )
+
+
+def peak_unit_times(
+    spec: ModelSpec,
+    platform: Platform,
+    micro_batch: int,
+    seq: int,
+    dtype: str,
+    loss_chunk_tokens: int | None = None,
+) -> UnitTimes:
+    """Compute times at the dtype's peak FLOP/s: no kernel model is faster (assumed: a
+    kernel never beats its unit's peak), so these bound `unit_times` from below at no
+    kernel-model cost. Memory-bound passes (the embedding) count as free."""
+    from ratrain.cost.compute import unit_kernels
+
+    peak = platform.peak_flops[dtype]
+
+    def t(unit: int, kind: str) -> float:
+        ks = unit_kernels(
+            spec, unit, micro_batch, seq, kind, dtype=dtype, loss_chunk_tokens=loss_chunk_tokens
+        )
+        return sum(k.flops for k in ks) / peak
+
+    head = counts.head_unit(spec)
+    return UnitTimes(
+        f_emb=0.0,
+        b_emb=0.0,
+        f_block=t(1, "F"),
+        b_block=t(1, "B"),
+        f_head=t(head, "F"),
+        b_head=t(head, "B"),
+        rc_full=t(1, "RC:full"),
+        rc_selective=t(1, "RC:selective"),
+        bi_block=t(1, "BI"),
+        bi_head=t(head, "BI"),
+        bw_block=t(1, "BW"),
+        bw_head=t(head, "BW"),
+    )
+
+
+def _per_stage(split: tuple[int, ...], block: float, emb: float, head: float) -> list[float]:
+    """Seconds of one microbatch on each stage: its blocks', plus the embedding's on the
+    first stage and the head's on the last."""
+    last = len(split) - 1
+    return [
+        n * block + (emb if s == 0 else 0.0) + (head if s == last else 0.0)
+        for s, n in enumerate(split)
+    ]
+
+
+def stage_times(split: tuple[int, ...], ut: UnitTimes) -> list[tuple[float, float]]:
+    """(forward, backward) seconds of one microbatch on each stage."""
+    fwd = _per_stage(split, ut.f_block, ut.f_emb, ut.f_head)
+    return list(zip(fwd, _per_stage(split, ut.b_block, ut.b_emb, ut.b_head), strict=True))
+
+
+def recompute_time_s(policy: str, n_blocks: int, ut: UnitTimes) -> float:
+    """Recompute seconds of one microbatch on a stage of `n_blocks` blocks under `policy`."""
+    if policy == "none":
+        return 0.0
+    if policy == "selective":
+        return n_blocks * ut.rc_selective
+    if policy == "full":
+        return n_blocks * ut.rc_full
+    k = int(policy.split(":", 1)[1])  # first:K
+    return min(k, n_blocks) * ut.rc_full
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """The knob-dependent terms of the step-time bound (seconds)."""
+
+    update_s: tuple[float, ...]
+    """Per stage: its optimizer step as one stage-wide UPDATE (no more than per unit)."""
+    send_f_s: tuple[float, ...]
+    """Per boundary s -> s+1: one microbatch's activation."""
+    send_b_s: tuple[float, ...]
+    """Per boundary s+1 -> s: one microbatch's gradient."""
+    tail_s: float
+    """After stage 0's last backward: its last gradient sync and the update that waits."""
+    start_s: float = 0.0
+    """Before stage 0's first forward: fetching the embedding's transient view."""
+    forward_pass_s: tuple[float, ...] = ()
+    """Per stage (or empty): fetch time that one microbatch's forward pass waits for before
+    its last-fetched block's F, when every use fetches its view (`_fetched_forward_s`)."""
+    loads: tuple[StageLoad, ...] = ()
+    """Per stage (or empty): work the step surely puts on its non-compute resources
+    (`StageLoad`). A resource runs its actions one at a time, so the step lasts at least
+    as long as its busiest one is busy."""
+
+    @staticmethod
+    def none(pp: int) -> Overheads:
+        return Overheads((0.0,) * pp, (0.0,) * (pp - 1), (0.0,) * (pp - 1), 0.0)
+
+
+def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
+    """The bound's overheads for `plan` (its recompute field is not read)."""
+    # At the fastest any rank computes (alone on its node under processor sharing), so
+    # that the UPDATE times stay bounds where the simulator shares cores.
+    cm = CostModel(spec, plan, platform, speed="peak")
+    units = [tuple(plan.stage_units(spec, s)) for s in range(plan.pp)]
+    upd = tuple(cm.time_s(Action(Op.UPDATE, s, units[s])) for s in range(plan.pp))
+    send_f = tuple(cm.time_s(Action(Op.SEND_F, s, (units[s][-1],), 0)) for s in range(plan.pp - 1))
+    send_b = tuple(
+        cm.time_s(Action(Op.SEND_B, s + 1, (units[s + 1][0],), 0)) for s in range(plan.pp - 1)
+    )
+    # Stage 0's last sync covers the embedding: alone (ratrain), in the last bucket
+    # (gpu-style: no less than alone), or with the whole stage (baseline).
+    last_sync = units[0] if plan.schedule == "baseline" else (0,)
+    sync = cm.time_s(Action(Op.GRAD_SYNC, 0, last_sync))
+    if global_checks(plan):
+        after = max(upd)
+    elif plan.schedule == "ratrain":
+        after = cm.time_s(Action(Op.UPDATE, 0, (0,)))
+    else:
+        after = upd[0]
+    # Transient views are not held between steps: the first forward waits for its fetch.
+    transient = transient_views_of(plan.schedule, plan.view_policy)
+    start = (
+        cm.time_s(Action(Op.VIEW_FETCH, 0, (0,)))
+        if transient and view_bytes_per_param(plan)
+        else 0.0
+    )
+    # Views fetched per use: ratrain's transient views, fsdp-pp resharding after each use
+    # (without resharding, fsdp-pp gathers a view once per step).
+    per_use = plan.view_policy == "transient" and plan.schedule in ("ratrain", "fsdp-pp")
+    fwd = (
+        _fetched_forward_s(spec, plan, cm, units) if per_use and view_bytes_per_param(plan) else ()
+    )
+    load = _stage_loads(spec, plan, platform, cm, units, fwd)
+    return Overheads(upd, send_f, send_b, sync + after, start, fwd, load)
+
+
+@lru_cache(maxsize=4096)
+def _offloaded_count(pp: int, m: int, s: int, pipeline: str) -> int:
+    """Microbatches stage `s` offloads: the lowering's own choice."""
+    return len(offloaded_mbs(pp, m, s, pipeline))
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """One stage's non-compute work that its recompute policy leaves (seconds): with
+    offload, each offloaded microbatch's OFFLOAD and RELOAD of every unit (`_add_offload`);
+    with views fetched per use, the forward passes' fetches `_fetched_forward_s` counts, on
+    the copy engine (a cast) or the DP network (an all-gather)."""
+
+    offloaded_mbs: int
+    other_units_s: float
+    """One microbatch's offload round trip of the stage's non-block units (never recomputed)."""
+    block_s: tuple[tuple[str, float], ...]
+    """One block's round trip per policy (none, selective, full)."""
+    n_blocks: int
+    fetch_copy_s: float
+    fetch_other_s: float
+
+    def blocks_s(self, policy: str) -> float:
+        t = dict(self.block_s)
+        if policy.startswith("first:"):
+            k = min(int(policy.split(":", 1)[1]), self.n_blocks)
+            return k * t["full"] + (self.n_blocks - k) * t["none"]
+        return self.n_blocks * t[policy]
+
+    def busiest_s(self, policies) -> float:
+        """The busiest resource's work, at least, under any of `policies`."""
+        off = 0.0
+        if self.offloaded_mbs:
+            least = min(self.blocks_s(p) for p in policies)
+            off = self.offloaded_mbs * (self.other_units_s + least)
+        return max(off + self.fetch_copy_s, self.fetch_other_s)
+
+
+def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> tuple:
+    if not plan.offload_activations and not fetched:
+        return ()
+    m = plan.microbatches
+    models = {
+        pol: CostModel(spec, plan.replace(recompute=(pol,) * plan.pp), platform)
+        for pol in (("none", "selective", "full") if plan.offload_activations else ())
+    }
+    out = []
+    for s in range(plan.pp):
+        copy_s = other_s = 0.0
+        if fetched and fetched[s]:
+            vf = Action(Op.VIEW_FETCH, s, (units[s][-1],))
+            if cm.resource(vf) is Resource.COPY:  # where OFFLOAD and RELOAD run too
+                copy_s = m * fetched[s]
+            else:
+                other_s = m * fetched[s]
+        blocks = [u for u in units[s] if counts.is_block(spec, u)]
+        others = [u for u in units[s] if not counts.is_block(spec, u)]
+        if models:
+            n_off = _offloaded_count(plan.pp, m, s, plan.pipeline)
+            other_units = sum(_round_trip_s(models["none"], s, u) for u in others)
+            alike = {counts.unit_params(spec, u): u for u in blocks}
+            block = tuple(
+                (pol, min((_round_trip_s(c, s, u) for u in alike.values()), default=0.0))
+                for pol, c in models.items()
+            )
+        else:
+            n_off, other_units, block = 0, 0.0, ()
+        out.append(StageLoad(n_off, other_units, block, len(blocks), copy_s, other_s))
+    return tuple(out)
+
+
+def _round_trip_s(cm: CostModel, s: int, u: int) -> float:
+    return cm.time_s(Action(Op.OFFLOAD, s, (u,), 0)) + cm.time_s(Action(Op.RELOAD, s, (u,), 0))
+
+
+def _fetched_forward_s(spec: ModelSpec, plan: Plan, cm: CostModel, units) -> tuple[float, ...]:
+    """Per stage, fetch seconds within one forward pass: the pass's span (from its first
+    F's start to its last F's end) is at least these plus one block's F, when views are
+    fetched per use, `view_lookahead` (L) uses ahead
+    (`add_transient_views`: ratrain's transient views, fsdp-pp resharding after use).
+
+    The fetch for the pass's use k is placed before use k - L, and the stage's walk issues
+    it only after every compute action before that point has ended: for k >= L + 1, after
+    the pass's first F has started. Each such use is a block's F whose view was dropped
+    after its previous use (in the previous forward pass, at least n >= L + 2 uses back, or
+    in a backward pass, at least k + 1 >= L + 2 back): its fetch is really issued. Those
+    n - L - 1 fetches of the pass's n blocks run one at a time on the stage's fetch
+    resource (DP network or copy engine), so the last of them ends no earlier than the
+    first F's start plus their total time, and the block that waits for it still runs its
+    F after that."""
+    l_ahead = plan.view_lookahead
+    out = []
+    for s in range(plan.pp):
+        blocks = [u for u in units[s] if counts.is_block(spec, u)]
+        c = len(blocks) - l_ahead - 1
+        if c <= 0:
+            out.append(0.0)
+            continue
+        # A fetch's time depends on the unit through its parameter count only.
+        alike = {counts.unit_params(spec, u): u for u in blocks}
+        fetch = min(cm.time_s(Action(Op.VIEW_FETCH, s, (u,))) for u in alike.values())
+        out.append(c * fetch)
+    return tuple(out)
+
+
+def step_time_lower_bound_s(
+    split: tuple[int, ...],
+    microbatches: int,
+    ut: UnitTimes,
+    recompute: tuple[str, ...] | None = None,
+    over: Overheads | None = None,
+    load_policies: tuple | None = None,
+    pipeline: str = "1f1b",
+) -> float:
+    """The bound above; no recompute and no overheads when not given. `load_policies`
+    (per stage, the recompute policies left) bounds the resource loads below all of them;
+    by default they are `recompute`'s.
+
+    With `pipeline` zb-h1 or zb-h2 (`ratrain.schedule.zerobubble`), a bound of the split
+    backward's step (a search bounding several pipelines takes the smallest): its own
+    warm-up (zb-h2's is longer: the first backward waits for more forwards); the gradient a
+    stage sends back waits for the input-gradient passes (B_IN) alone, the weight passes (B_W) may follow the last of them, so
+    the paths back (microbatch 0's round trip, the last microbatch's drain to stage 0)
+    count B_IN's seconds, and a stage s > 0 is only known to have run its forwards and
+    input-gradient passes when the last gradient leaves it. Every stage still runs all its
+    compute (its backward as B_IN's and B_W's seconds), and stage 0's last action is
+    B_W(embedding, m - 1), which its last sync and update wait for. RECOMPUTE(u, mb) runs
+    just before B_IN(u, mb), so its seconds are on those paths as they are on B's under
+    1F1B (less the first of a pass, which may run while the stage waits for the gradient)."""
+    m, pp = microbatches, len(split)
+    zb = pipeline in SPLIT_PIPELINES
+    over = over or Overheads.none(pp)
+    fb = stage_times(split, ut)
+    if zb:
+        ins, ws = _split_times(split, ut)
+        fb = [(f, bi + bw) for (f, _), bi, bw in zip(fb, ins, ws, strict=True)]
+    if over.forward_pass_s:  # a pass that waits for its fetches lasts longer than its F's
+        fb = [
+            (max(f, x + ut.f_block) if x else f, b)
+            for (f, b), x in zip(fb, over.forward_pass_s, strict=True)
+        ]
+    rc = [recompute_time_s(recompute[s], split[s], ut) if recompute else 0.0 for s in range(pp)]
+    # The first RECOMPUTE of a backward pass needs only its forward, so it may run while
+    # the stage waits for the gradient: count one block's recomputation less on the paths.
+    rcp = [max(0.0, r - (ut.rc_full if r else 0.0)) for r in rc]
+    sf = (*over.send_f_s, 0.0)  # sf[s]: s -> s+1
+    sb = (0.0, *over.send_b_s)  # sb[s]: s -> s-1
+    # What a gradient sent back waits for on each stage: B, or B_IN under zb-h1.
+    back = ins if zb else [b for _, b in fb]
+    # Microbatch 0's round trip from stage s: forward to the last stage and back to s + 1.
+    trip = [0.0] * pp
+    for s in range(pp - 2, -1, -1):
+        f1 = fb[s + 1][0]
+        trip[s] = trip[s + 1] + sf[s] + f1 + back[s + 1] + rcp[s + 1] + sb[s + 1]
+    best = last_b0 = drain = 0.0
+    fill = over.start_s
+    for s, (f, b) in enumerate(fb):
+        r = rc[s]
+        w = warmup(pp, m, s, pipeline)
+        # Its first backward needs w + 1 forwards of its own and microbatch 0's round trip.
+        first_b = fill + max((w + 1) * f, f + trip[s])
+        end_b = max(fill + m * (f + b + r), first_b + (m - w - 1) * f + m * (b + r) - (r - rcp[s]))
+        if zb and s > 0:  # its last gradient sent back: after its forwards and B_IN's only
+            bi = back[s]
+            last_in = max(
+                fill + m * (f + bi + r), first_b + (m - w - 1) * f + m * (bi + r) - (r - rcp[s])
+            )
+            last_b0 = max(last_b0, last_in + drain)
+        else:
+            last_b0 = max(last_b0, end_b + drain)
+        best = max(best, end_b + over.update_s[s])
+        if over.loads:
+            pols = load_policies[s] if load_policies else (recompute[s] if recompute else "full",)
+            best = max(best, over.loads[s].busiest_s(pols))
+        fill += f + sf[s]
+        drain += back[s] + rcp[s] + (sb[s + 1] if s + 1 < pp else 0.0)
+    return max(best, last_b0 + over.tail_s)
+
+
+def _split_times(split: tuple[int, ...], ut: UnitTimes) -> tuple[list[float], list[float]]:
+    """(B_IN, B_W) seconds of one microbatch on each stage (`stage_times`' backward, split)."""
+    return (
+        _per_stage(split, ut.bi_block, ut.bi_emb, ut.bi_head),
+        _per_stage(split, ut.bw_block, ut.bw_emb, ut.bw_head),
+    )
