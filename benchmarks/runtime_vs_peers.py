@@ -116,7 +116,7 @@ from ratrain.models.presets import get_preset
 from ratrain.models.spec import ModelSpec
 from ratrain.observe.profile import BUCKETS
 from ratrain.planner.report import describe
-from ratrain.planner.space import v_splits
+from ratrain.planner.splits import v_splits
 from ratrain.train.job import Job, Launch, Outputs, run_job
 
 BENCH_SPEC = ModelSpec("bench-512", 8, 512, 8, 8, 1376, 8192, max_seq=256)

@@ -5,7 +5,7 @@ step's end (cpu-local), where `Evaluator.memory` does not shorten it."""
 from ratrain.config import Plan
 from ratrain.models.presets import get_preset
 from ratrain.planner.evaluate import Evaluator
-from ratrain.planner.explain import _ReplayClock
+from ratrain.planner.feasible import _ReplayClock
 from ratrain.planner.space import Request
 from ratrain.platforms.load import load
 from ratrain.sim.simulate import memory_microbatches

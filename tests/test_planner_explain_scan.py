@@ -15,7 +15,7 @@ from ratrain.planner.space import Knobs, Request
 from ratrain.platforms.load import load
 
 TINY = get_preset("tiny")
-explain_mod = importlib.import_module("ratrain.planner.explain")  # the package exports the function
+explain_mod = importlib.import_module("ratrain.planner.feasible")  # the scan's own module
 
 
 def _kn(schedule, view="persistent", shard=True, grad="fp16", off=False):

@@ -149,3 +149,16 @@ def test_memory_bound_key_reads_the_fields_the_schema_marks():
     assert MemoryBound.key(plan.replace(rank_layout="dp-inner", clip_grad=None)) == key
     assert MemoryBound.key(plan.replace(grad_dtype="bf16")) != key
     assert MemoryBound.key(plan.replace(view_policy="transient")) != key
+
+
+def test_a_field_s_file_name_is_the_schema_s(tmp_path, monkeypatch):
+    """A field whose `Knob.yaml` names it otherwise is written and read under that name."""
+    import ratrain.config as config
+
+    monkeypatch.setattr(config, "_FILE_NAMES", {"view_lookahead": "prefetch_depth"})
+    monkeypatch.setattr(config, "_FIELD_NAMES", {"prefetch_depth": "view_lookahead"})
+    plan = Plan(view_policy="transient", view_lookahead=3)
+    save_plan(plan, tmp_path / "p.yaml")
+    text = (tmp_path / "p.yaml").read_text()
+    assert "prefetch_depth: 3" in text and "view_lookahead" not in text
+    assert load_plan(tmp_path / "p.yaml")[0] == plan

@@ -320,7 +320,8 @@ def test_the_planner_tries_zb_v_on_its_best_structures():
     `simulate` times it; unpinned, the same V plans are ranked with the rest (the best of
     either is the best)."""
     from ratrain.planner import search
-    from ratrain.planner.space import Request, v_splits
+    from ratrain.planner.space import Request
+    from ratrain.planner.splits import v_splits
     from ratrain.platforms import load
     from ratrain.sim import simulate
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
 from ratrain.ranks import RANK_LAYOUTS
-from ratrain.schema import Knob, knob
+from ratrain.schema import Knob, knob, knob_fields, knob_of
 
 __all__ = [
     "SCHEDULES",
@@ -572,13 +572,18 @@ class TrainConfig:
             raise RatrainError("train: warmup_steps must be >= 0")
 
 
+_FILE_NAMES = {f.name: knob_of(f).yaml for f in knob_fields(Plan) if knob_of(f).yaml}
+"""Fields whose name in a plan file is not their own (`ratrain.schema.Knob.yaml`)."""
+_FIELD_NAMES = {v: k for k, v in _FILE_NAMES.items()}
+
+
 def save_plan(plan: Plan, path: str | Path, **extra) -> None:
     """Write a plan as YAML (or JSON by suffix). `extra` keys are stored beside it."""
     import json
 
     import yaml
 
-    data = {"plan": plan.to_dict(), **extra}
+    data = {"plan": {_FILE_NAMES.get(k, k): v for k, v in plan.to_dict().items()}, **extra}
     p = Path(path)
     text = (
         json.dumps(data, indent=2) if p.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
@@ -618,4 +623,4 @@ def load_plan(path: str | Path) -> tuple[Plan, dict]:
     if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
         raise RatrainError(f"{p}: expected a mapping with a 'plan' key")
     extras = {k: v for k, v in data.items() if k != "plan"}
-    return Plan.from_dict(data["plan"]), extras
+    return Plan.from_dict({_FIELD_NAMES.get(k, k): v for k, v in data["plan"].items()}), extras

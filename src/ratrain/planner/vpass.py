@@ -10,7 +10,8 @@ import itertools
 from ratrain.config import V_PIPELINES, Plan
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.result import Top, candidate_of
-from ratrain.planner.space import Request, family_of, v_splits
+from ratrain.planner.space import Request, family_of
+from ratrain.planner.splits import v_splits
 from ratrain.planner.structure import State
 
 __all__ = ["V_TRIES", "v_pass"]
@@ -18,14 +19,14 @@ __all__ = ["V_TRIES", "v_pass"]
 
 V_TRIES = 3
 """assumed: the ranked plans whose structures and knobs the V-shaped pass orders are tried
-on (`v_pass`), each with `space.v_splits`' three nearest-balanced chunk splits: eighteen
+on (`v_pass`), each with `splits.v_splits`' three nearest-balanced chunk splits: eighteen
 simulations at most (zb-v and 1f1b-v)."""
 
 
 def v_pass(req: Request, ev: Evaluator, best: Top, state: State) -> Top:
     """zb-v and 1f1b-v (`ratrain.schedule.vshape`) on the structures and knobs of the
     `V_TRIES` best plans whose family tries them (pp > 1, not fsdp-pp; without offload,
-    which a V does not support), each with the chunk splits of `space.v_splits`: the V's
+    which a V does not support), each with the chunk splits of `splits.v_splits`: the V's
     plans that fit are ranked with the rest. (Not branch and bound: no bound of a V's step
     or memory is derived, so the search's gap, where it stops early, is over the plans
     with one chunk per stage.) A pinned V keeps only its plans, another pinned pipeline

@@ -1,0 +1,166 @@
+"""A plan that fits, found fast: per structure, the family's most memory-saving knobs
+(`ratrain.planner.saving`) with the cheapest recompute the memory bound allows, confirmed
+by the ledger (`find_feasible`). The explanation of an infeasible request
+(`ratrain.planner.explain`) scans sizes with it. Pure Python.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ratrain.config import Plan
+from ratrain.deadline import Budget, Rate
+from ratrain.planner.evaluate import Evaluator, MemoryReport, usable_bytes
+from ratrain.planner.fit import first_overflow_bytes, options
+from ratrain.planner.saving import saves, saving_order
+from ratrain.planner.space import (
+    Knobs,
+    Request,
+    Structure,
+    family_of,
+    knob_combos,
+    knobs_key,
+    make_plan,
+    structures,
+)
+from ratrain.planner.structure import states_lower_bound_bytes
+from ratrain.sim.simulate import memory_microbatches
+
+__all__ = ["find_feasible"]
+
+
+def find_feasible(
+    req: Request,
+    ev: Evaluator | None = None,
+    *,
+    confirm: bool = True,
+    max_replays: int | None = None,
+    budget: Budget | None = None,
+) -> tuple[Plan, MemoryReport | None] | None:
+    """Some plan that fits, if any: per structure, the most memory-saving knobs and per
+    stage the cheapest recompute the bound allows, confirmed (and raised) by the ledger.
+    `confirm=False`: the first candidate the memory bound does not rule out (no ledger;
+    its report is None), a cheap necessary condition for `find_feasible` to find one.
+    `max_replays`: give up (None) after that many structures the bound allows but the
+    ledger rejects (a scan of many sizes stays quick; what it returns still fits).
+    `budget`: raises `OutOfTime` past its soft limit (what was confirmed so far is the
+    caller's to report)."""
+    budget = budget or Budget()
+    ev = ev or Evaluator(req)
+    rejected = 0
+    limit = usable_bytes(req)
+    if "micro_batch" not in req.pins:  # only the smallest is tried (below): skip the others
+        req = req.with_(pins={**req.pins, "micro_batch": 1})
+    allowed = []  # (largest stage bound, order, structure, knobs, options, family)
+    ruled: dict[Structure, list[Knobs]] = {}  # knobs the bounds ruled out, per structure
+    for name in req.families:
+        fam = family_of(name)
+        if req.pins.get("schedule", fam.schedule) != fam.schedule:
+            continue
+        combos: dict[tuple, list[Knobs]] = {}  # by knobs_key: the same combinations
+        for st in structures(req, fam):
+            # The smallest micro-batch holds the fewest activations and, with the largest
+            # dp, the smallest optimizer shards: the others cannot fit where it does not.
+            if st.micro_batch != req.pins["micro_batch"]:
+                continue
+            budget.check()
+            ck = knobs_key(req, st)
+            kns = combos.get(ck)
+            if kns is None:
+                kns = combos[ck] = sorted(knob_combos(req, fam, st), key=saving_order)
+            if not kns:
+                continue
+            kn = kns[0]
+            # Families share structures: one whose knobs save no less was ruled out here.
+            if any(saves(o, kn) for o in ruled.get(st, ())):
+                continue
+            if max(states_lower_bound_bytes(req, st, kn)) > limit:
+                ruled.setdefault(st, []).append(kn)
+                continue
+            if first_overflow_bytes(req, st, kn) is not None:
+                ruled.setdefault(st, []).append(kn)
+                continue
+            opts = options(req, st, kn, None)
+            if not opts.feasible(True):
+                ruled.setdefault(st, []).append(kn)
+                continue
+            if not confirm:
+                return make_plan(req, st, kn, ("full",) * st.pp), None
+            allowed.append((max(opts.bound_bytes), len(allowed), st, kns[0], opts, fam))
+    # The most room under the cap by the bound first: the likeliest to fit by the ledger,
+    # so a scan of sizes rarely pays for a rejected replay.
+    for _, _, st, kn, opts, fam in sorted(allowed, key=lambda a: a[:2]):
+        budget.check()
+        found = _confirm(ev, req, st, kn, opts, fam.per_stage_recompute, budget)
+        if found is not None:
+            return found
+        rejected += 1
+        if max_replays is not None and rejected >= max_replays:
+            return None
+    return None
+
+
+class _ReplayClock:
+    """What a ledger confirmation is expected to take: its work (microbatches replayed,
+    those of the shortened step where `Evaluator.memory` shortens it, x the model's units)
+    at the slowest rate seen so far in this process (a `Rate`), or a default before the
+    first one."""
+
+    DEFAULT_S_PER_WORK = 120e-6
+    """measured: 70-115 us per unit-microbatch (lowering and ledger replay, CPU time) over
+    seven 7B-70B plans on mt3000, a100-80g and cpu-local on the shared 2-core machine."""
+
+    def __init__(self) -> None:
+        self.rate = Rate(self.DEFAULT_S_PER_WORK, slowest=True)
+
+    @staticmethod
+    def work(req: Request, plan: Plan) -> int:
+        # Where sends are held to the step's end (cpu-local) the ledger replays the whole
+        # step, not the shortened one (`Evaluator.memory`).
+        full = req.platform.sends_held_until_waited
+        microbatches = plan.microbatches if full else memory_microbatches(plan)
+        return microbatches * (req.spec.n_layers + 2)
+
+    def expected_s(self, req: Request, plan: Plan) -> float:
+        return self.rate.expected_s(self.work(req, plan))
+
+    def record(self, req: Request, plan: Plan, seconds: float) -> None:
+        self.rate.record(self.work(req, plan), seconds)
+
+
+_CLOCK = _ReplayClock()
+
+
+def _confirm(ev, req, st, kn, opts, per_stage: bool, budget: Budget):
+    if "recompute" in req.pins:
+        rec = req.pins["recompute"]
+        rec = (rec,) * st.pp if isinstance(rec, str) else tuple(rec)
+        if len(rec) != st.pp:
+            return None
+        plan = make_plan(req, st, kn, rec)
+        rep = _replay(ev, req, plan, budget)
+        return (plan, rep) if rep.fits else None
+    if not per_stage:
+        for o in opts.uniform[::-1][:1] + opts.uniform[:1]:
+            plan = make_plan(req, st, kn, (o,) * st.pp)
+            rep = _replay(ev, req, plan, budget)
+            if rep.fits:
+                return plan, rep
+        return None
+    # The most-saving policy each stage allows: if that does not fit, nothing does here.
+    rec = tuple(o[-1] for o in opts.per_stage)
+    plan = make_plan(req, st, kn, rec)
+    rep = _replay(ev, req, plan, budget)
+    return (plan, rep) if rep.fits else None
+
+
+def _replay(ev: Evaluator, req: Request, plan: Plan, budget: Budget) -> MemoryReport:
+    """The ledger's report of `plan`; not started when it is expected to end past the
+    budget (a replay is not interrupted)."""
+    if budget.limited:
+        budget.check(_CLOCK.expected_s(req, plan))
+    t0, n = time.perf_counter(), ev.n_memory
+    rep = ev.memory(plan)
+    if ev.n_memory > n:  # not a cached report
+        _CLOCK.record(req, plan, time.perf_counter() - t0)
+    return rep
