@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from ratrain.planner.paper import PAPER_MODELS, compare_models
-from ratrain.platforms.load import _DIR, _parse
+from ratrain.platforms.load import PRESETS_DIR, parse_platform
 
 # What would measure each constant on the real machine (`ratrain calibrate` on an MT-3000
 # node, given a torch backend there), or why calibration cannot.
@@ -89,7 +89,7 @@ def _set(data: dict, key: str, factor: float) -> dict:
 
 
 def speedups(data: dict, models) -> dict[str, float | None]:
-    platform = _parse(data, "mt3000-sweep")
+    platform = parse_platform(data, "mt3000-sweep")
     return {r.model: r.speedup() for r in compare_models(platform, models=models)}
 
 
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
         if args.models
         else (("llama2-7b",) if args.quick else PAPER_MODELS)
     )
-    data = yaml.safe_load((_DIR / "mt3000.yaml").read_text())
+    data = yaml.safe_load((PRESETS_DIR / "mt3000.yaml").read_text())
     base = speedups(data, models)
     rows = []
     keys = swept_constants(data)

@@ -6,7 +6,7 @@
 The set: every kernel of a block and of the LM head (forward and backward) of llama2-7b,
 llama2-70b, qwen2.5-32b and baichuan2-13b at micro-batch 1, 2 and 4, seq 4096, bf16 on
 mt3000 (what `ratrain simulate` plans), the same GEMMs of llama2-7b in fp16 and with a fixed
-staging tier, and every plan that tests/test_tiling.py and tests/test_tiled.py ask for
+staging tier, and every plan that tests/cost/test_tiling.py and tests/nn/test_tiled.py ask for
 (recorded by running them with the planner's entry points wrapped). `--record` writes the
 cases and their plans; `--check` plans the cases again from cold caches and compares every
 field of every plan (tiles, grid, staged step, buffers, bytes, moves, FLOPs, times, bound).
@@ -81,7 +81,7 @@ def _kernel_case(k, dtype, platform, stage):
 
 
 def test_cases() -> list[dict]:
-    """The planner calls of tests/test_tiling.py and tests/test_tiled.py."""
+    """The planner calls of tests/cost/test_tiling.py and tests/nn/test_tiled.py."""
     import pytest
 
     seen = []

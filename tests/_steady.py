@@ -3,6 +3,8 @@ shared by the two-run and one-run paths' tests."""
 
 import pytest
 
+from ratrain.config import Plan
+
 
 def assert_same_result(got, full):
     """`got` (extrapolated) equals `full` (simulated in full) up to float rounding."""
@@ -14,3 +16,20 @@ def assert_same_result(got, full):
     assert got.peak_memory_bytes == full.peak_memory_bytes
     for e, f in zip(got.exposed, full.exposed, strict=True):
         assert e == pytest.approx(f, rel=1e-9, abs=1e-9 * full.step_time_s)
+
+
+def offload_plan(pp: int, m: int, view: str = "persistent") -> Plan:
+    """A sharded, offloading ratrain plan of `pp` stages, dp=2 and `m` microbatches."""
+    return Plan(
+        pp=pp,
+        dp=2,
+        global_batch=2 * m,
+        seq=128,
+        schedule="ratrain",
+        recompute="none",
+        shard_optimizer=True,
+        view_policy=view,
+        compute_dtype="fp16",
+        grad_dtype="fp16",
+        offload_activations=True,
+    )

@@ -35,7 +35,7 @@ from ratrain.planner.space import (
 from ratrain.platforms.load import load
 from ratrain.schema import GROUPS, knob_fields, knob_of, pinnable, search_fields
 
-PLANS = Path(__file__).parent / "data" / "plans"
+PLANS = Path(__file__).parent / "fixtures" / "plans"
 
 
 @pytest.mark.parametrize("path", sorted(PLANS.iterdir()), ids=lambda p: p.name)

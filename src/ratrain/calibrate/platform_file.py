@@ -15,7 +15,7 @@ from ratrain.config import DEFAULT_LOSS_CHUNK_TOKENS, DTYPE_BYTES
 from ratrain.cost.compute import kernels_time_s, unit_kernels
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms.host import host_fingerprint
-from ratrain.platforms.load import _parse
+from ratrain.platforms.load import parse_platform
 
 __all__ = ["build_platform"]
 
@@ -442,7 +442,7 @@ def _unit_factors(data: dict, units: dict, timer: str, on: str, ctx: dict) -> di
     measurements do not) and the runtime split the unit (where it did not, B_IN ran the
     whole backward and B_W nothing: no factor, and the cost model charges both halves the
     "bwd" factor, `ratrain.cost.measured.unit_factor`)."""
-    plat = _parse(data, "calibration")
+    plat = parse_platform(data, "calibration")
     tiny_spec, tiny_mb, tiny_seq = TINY_SHAPE
 
     def kernel_s(spec, kind, direction, mb, seq, dt):

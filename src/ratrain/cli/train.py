@@ -40,6 +40,7 @@ __all__ = [
     "data_source",
     "eval_data_source",
     "cpu_threads",
+    "omp_threads",
 ]
 
 
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         from ratrain.train.command import run_distributed
 
         request = train_request_from_args(args, eval_data_source(args, spec, plan))
-        with _omp_threads(args.threads):  # each rank's threads (the launcher reads it)
+        with omp_threads(args.threads):  # each rank's threads (the launcher reads it)
             return run_distributed(request, spec, plan, cfg, source)
     _note_ignored_flags(args, plan)
     from ratrain.train.reference_run import run_reference
@@ -295,7 +296,7 @@ def _note_ignored_flags(args: argparse.Namespace, plan: Plan) -> None:
 
 
 @contextlib.contextmanager
-def _omp_threads(threads: int | None):
+def omp_threads(threads: int | None):
     """OMP_NUM_THREADS = threads for the ranks this process launches, restored after."""
     if threads is None:
         yield

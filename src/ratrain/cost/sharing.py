@@ -20,7 +20,7 @@ w ranks busy, each running the launcher's t = cores // w threads:
 
 Checked against the table's own rows on the reference 2-core machine (`cpu-local`): w = 4
 ranks of one thread, b = 2 busy gives 4 x 0.455 / 2 = 0.91, against the measured k = 2 row
-0.92 (tests/test_sim_sharing.py). Nothing here is fitted to a validation grid.
+0.92 (tests/sim/test_sim_sharing.py). Nothing here is fitted to a validation grid.
 
 Only platforms whose ranks share a node's cores (`cores_per_node` or `rank_speed` set) and
 that say their waiting ranks lend their cores (`runtime.waiting_ranks_lend_cores`, see

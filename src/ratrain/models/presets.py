@@ -1,7 +1,7 @@
 """Built-in model presets.
 
 The large presets copy the published Hugging Face `config.json` of each model (the
-fields ratrain reads); `tests/test_spec.py` checks their parameter counts against
+fields ratrain reads); `tests/models/test_spec.py` checks their parameter counts against
 transformers built on the meta device. The tiny presets are for tests and demos.
 """
 

@@ -8,9 +8,9 @@ build_schedule`), the same one `ratrain simulate --plan` reports.
 During the search, memory is replayed on a shortened step: a 1F1B stage's memory repeats
 from one steady-state pair to the next, so a step of a few more microbatches than stages
 reaches the same per-stage peak as a longer one (`memory_microbatches`, with the simulator;
-`tests/test_planner.py` checks the equality over schedules, policies and lookaheads).
+`tests/planner/test_search.py` checks the equality over schedules, policies and lookaheads).
 A simulation is not replayed by the ledger again: its peaks are the shortened replay's (as
-`ratrain simulate --plan` reports them; `tests/test_planner.py` compares ranked plans with
+`ratrain simulate --plan` reports them; `tests/planner/test_search.py` compares ranked plans with
 it). Pure Python.
 """
 

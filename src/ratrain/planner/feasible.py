@@ -26,7 +26,7 @@ from ratrain.planner.space import (
 from ratrain.planner.structure import states_lower_bound_bytes
 from ratrain.sim.simulate import memory_microbatches
 
-__all__ = ["find_feasible"]
+__all__ = ["ReplayClock", "find_feasible"]
 
 
 def find_feasible(
@@ -100,7 +100,7 @@ def find_feasible(
     return None
 
 
-class _ReplayClock:
+class ReplayClock:
     """What a ledger confirmation is expected to take: its work (microbatches replayed,
     those of the shortened step where `Evaluator.memory` shortens it, x the model's units)
     at the slowest rate seen so far in this process (a `Rate`), or a default before the
@@ -128,7 +128,7 @@ class _ReplayClock:
         self.rate.record(self.work(req, plan), seconds)
 
 
-_CLOCK = _ReplayClock()
+_CLOCK = ReplayClock()
 
 
 def _confirm(ev, req, st, kn, opts, per_stage: bool, budget: Budget):

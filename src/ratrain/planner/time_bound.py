@@ -14,7 +14,7 @@ p_f / p_b the boundary sends forward / backward and u the optimizer step, for ev
 and after stage 0's last backward (the embedding's) its gradient sync still runs, then the
 optimizer step that waits for it: with global checks (clipping, fp16 overflow) every
 stage's UPDATE waits for them, so for all of its units. Views, offload, the other
-collectives and any contention only add. `tests/test_planner.py` checks the bound against
+collectives and any contention only add. `tests/planner/test_search.py` checks the bound against
 the simulator and that pruning with it never drops the plan exhaustive search picks.
 
 Here: the per-microbatch unit times (`UnitTimes`: `unit_times`, `peak_unit_times`,

@@ -24,9 +24,17 @@ from ratrain.platforms import Link, Platform, Tier
 from ratrain.platforms.host import check_host
 from ratrain.yaml_io import load_yaml
 
-__all__ = ["PLATFORM_PRESETS", "COLLECTIVE_ALGORITHMS", "from_dict", "load"]
+__all__ = [
+    "PLATFORM_PRESETS",
+    "PRESETS_DIR",
+    "COLLECTIVE_ALGORITHMS",
+    "from_dict",
+    "load",
+    "parse_platform",
+]
 
-_DIR = Path(__file__).parent
+PRESETS_DIR = Path(__file__).parent
+"""Where the preset platform files are."""
 PLATFORM_PRESETS = ("mt3000", "a100-80g", "h100-80g", "cpu-local")
 COLLECTIVE_ALGORITHMS = ("ring", "tree", "hierarchical")
 _NOTE_PREFIXES = ("sourced", "derived", "assumed", "measured")
@@ -276,7 +284,7 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
     return out
 
 
-def _parse(data, source: str) -> Platform:
+def parse_platform(data, source: str) -> Platform:
     r = _Reader(source)
     if not isinstance(data, dict):
         raise r.fail("expected a mapping at the top level")
@@ -341,18 +349,18 @@ def _read(path: Path) -> Platform:
         raise RatrainError(f"platform {path}: not valid YAML ({str(e).splitlines()[0]})") from None
     except OSError as e:
         raise RatrainError(f"platform {path}: cannot read it ({e.strerror})") from None
-    return _parse(data, str(path))
+    return parse_platform(data, str(path))
 
 
 def from_dict(data: dict, source: str = "a platform mapping") -> Platform:
     """A platform from its YAML mapping (as a platform file holds it), checked as a file's;
     `source` names it in errors."""
-    return _parse(data, source)
+    return parse_platform(data, source)
 
 
 @functools.cache
 def _preset(name: str) -> Platform:
-    return _read(_DIR / f"{name}.yaml")
+    return _read(PRESETS_DIR / f"{name}.yaml")
 
 
 def _checked(p: Platform) -> Platform:

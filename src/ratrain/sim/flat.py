@@ -6,7 +6,7 @@ Actions are numbered by their position in the stages' lists laid one after anoth
 engine's global ids). `graph` turns a schedule's dependencies into integer lists once;
 `run_plain` replays them with every per-action fact (stage, compute or not, resource queue,
 duration, pending deps) in flat lists and every resource queue addressed by an integer, so
-the hot loop hashes no `Action`, no enum member and no tuple key. `tests/test_sim_flat.py`
+the hot loop hashes no `Action`, no enum member and no tuple key. `tests/sim/test_sim_flat.py`
 checks it against `_Engine` on random schedules. Pure Python.
 """
 

@@ -19,7 +19,7 @@ engine is deterministic and an action's dependencies reach back less than two pe
 the state of the step repeats, shifted: k more periods add k increments to the step time
 and to each resource's busy time. A step found not to repeat yet is tried again with twice
 the warm-up (while the short steps stay shorter than the step), and then simulated in
-full. `tests/test_sim_steady.py` compares the result against full simulations over
+full. `tests/sim/test_sim_steady.py` compares the result against full simulations over
 schedules, recompute, views and offload.
 
 Memory needs no extrapolation: every point has at least `memory_microbatches(plan)`

@@ -21,7 +21,7 @@ is the same step with k more periods, its cool-down and tail shifted by k P. So
 T(m) = T(m2) + k P, each resource's busy time grows by its busy time in one period (the
 length of the union of its actions within a period's window), and the tail after the
 last backward (`exposed`) is the same. The two-run path stays as the check
-(`tests/test_sim_steady_one.py` compares both against full simulations). It costs m2
+(`tests/sim/test_sim_steady_one.py` compares both against full simulations). It costs m2
 microbatches instead of 2 m1 + d. Pure Python.
 """
 
