@@ -133,6 +133,10 @@ def _check_args(
         raise RatrainError("--device cuda: no CUDA device is available on this machine")
     if nproc < 1:
         raise RatrainError(f"--nproc must be >= 1, got {nproc}")
+    if device == "cuda":  # NCCL, and a device per communication rank (--nproc)
+        from ratrain.launch.grid import check_cuda
+
+        check_cuda(nproc, nproc)
     unknown = [d for d in dtypes if d not in DTYPES]
     if unknown or "fp32" not in dtypes:
         raise RatrainError(f"--dtypes must include fp32 and be among {', '.join(DTYPES)}")

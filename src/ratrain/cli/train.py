@@ -121,6 +121,7 @@ def train_request_from_args(
 
 def _launch_of(args: argparse.Namespace) -> Launch:
     return Launch(
+        device=getattr(args, "device", None),
         backend=args.backend,
         compile_units=bool(args.compile),
         timeout_s=args.timeout,
@@ -170,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     refuse_unsupported(plan)  # before any rank starts (building the schedule refuses it too)
     _check_processes(args, plan)
     distributed = plan.pp * plan.dp > 1 or args.nproc is not None
+    distributed = distributed or getattr(args, "device", None) == "cuda"  # reference: CPU only
     source = data_source(args, spec, plan)
     if distributed or args.save or args.resume or args.init_from or args.eval_every:
         # Checkpoints, HF weights and evaluation live in the distributed runtime (also on

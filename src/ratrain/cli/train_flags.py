@@ -124,6 +124,13 @@ def _add_runtime_args(g) -> None:
     )
     g.add_argument("--nproc", type=positive_int, help="processes to launch; must equal pp x dp")
     g.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="where the distributed runtime's ranks run, one CUDA device per local rank "
+        "(default: cuda when available); --device cuda runs even one rank on the distributed "
+        "runtime (the single-process reference trainer is CPU only)",
+    )
+    g.add_argument(
         "--timeout",
         type=timeout_s,
         help="rendezvous/collective timeout in s: a stuck or lost rank fails the job after it "

@@ -39,6 +39,9 @@ __all__ = [
     "rank_layout",
     "rendezvous_from_env",
     "DEFAULT_TIMEOUT_S",
+    "SHARE_DEVICE_ENV",
+    "check_cuda",
+    "device_kind",
 ]
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -105,13 +108,41 @@ def device_kind(device: str | None) -> str:
     return device
 
 
-def _pick_device(local_rank: int, device: str | None) -> torch.device:
+SHARE_DEVICE_ENV = "RATRAIN_SHARE_DEVICE"
+"""Set to 1, local ranks beyond the visible CUDA devices share them (local rank i on device
+i mod n) instead of being refused: for `benchmarks/gpu_check.py`'s probe of two ranks on
+one GPU. NCCL usually refuses it ("Duplicate GPU detected")."""
+
+
+def check_cuda(local_ranks: int = 1, world_size: int = 1) -> None:
+    """RatrainError (one line) unless `local_ranks` ranks of a `world_size` job can run on
+    CUDA here: a device visible, NCCL built into torch (the backend on CUDA), and one device
+    per local rank (NCCL runs one rank per device). Asks the driver (cuInit); the ranks of a
+    local launch come from a fork server started by exec, which that does not poison."""
+    if not torch.cuda.is_available():
+        raise RatrainError("device cuda requested but no CUDA device is visible; use --device cpu")
+    if not dist.is_nccl_available():
+        raise RatrainError(
+            f"device cuda needs NCCL for its {world_size} rank(s), and this torch build has none "
+            "(torch.distributed.is_nccl_available() is False); install a CUDA build of torch "
+            "or use --device cpu"
+        )
+    n = torch.cuda.device_count()
+    if local_ranks > n and os.environ.get(SHARE_DEVICE_ENV) != "1":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        shown = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+        raise RatrainError(
+            f"{local_ranks} ranks on this node need {local_ranks} CUDA devices (NCCL runs one "
+            f"rank per device), and {n} {'is' if n == 1 else 'are'} visible{shown}; launch at "
+            f"most {n} ranks per node (pp x dp, or torchrun --nproc-per-node) or use --device cpu"
+        )
+
+
+def _pick_device(local_rank: int, device: str | None, world_size: int = 1) -> torch.device:
+    """This rank's device: cuda:<local rank> on CUDA (after `check_cuda`), else `device`."""
     device = device_kind(device)
     if device == "cuda":
-        if not torch.cuda.is_available():
-            raise RatrainError(
-                "device cuda requested but no CUDA device is visible; use --device cpu"
-            )
+        check_cuda(local_rank + 1, world_size)
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device(device)
 
@@ -147,6 +178,9 @@ class ParallelGrid:
         self.pp_group: dist.ProcessGroup | None = None
         """This replica's pipeline (its stages' ranks); the executor's p2p needs no group,
         torch.distributed.pipelining does."""
+        self.p2p_groups: dict[tuple[int, int], dist.ProcessGroup] = {}
+        """NCCL only: (sender, receiver) -> a two-rank group that carries that direction's
+        stage-to-stage messages alone (`_build_groups`); empty on gloo."""
         self._owns_default_group = False
 
     # -- coordinates ----------------------------------------------------------------------
@@ -197,12 +231,12 @@ class ParallelGrid:
     ) -> ParallelGrid:
         """Join the job's default group (rendezvous) and build the DP and pipeline groups,
         ranks placed by `layout` (a plan's `rank_layout`)."""
-        dev = _pick_device(rdzv.local_rank, device)
+        dev = _pick_device(rdzv.local_rank, device, rdzv.world_size)
         grid = cls(pp, dp, rdzv.rank, rdzv.world_size, dev, layout)  # validates first
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         if not dist.is_initialized():
-            _init_default_group(grid.backend, rdzv, timeout_s)
+            _init_default_group(grid.backend, rdzv, timeout_s, dev)
             grid._owns_default_group = True
         grid._build_groups(timeout_s)
         return grid
@@ -220,6 +254,31 @@ class ParallelGrid:
             group = dist.new_group(self.mesh[r], timeout=timeout) if self.pp > 1 else None
             if r == self.replica:
                 self.pp_group = group
+        if self.backend == "nccl":
+            self._build_p2p_groups(timeout)
+
+    def _build_p2p_groups(self, timeout: datetime.timedelta) -> None:
+        """One group per direction between neighbouring stages, on NCCL. NCCL ignores tags:
+        it matches a pair's sends and receives in issue order, and torch runs all of a
+        pair's point-to-point operations on one communicator and one CUDA stream, in issue
+        order. 1F1B's walk issues, on stage 0, SEND_F(1) before RECV_B(0) while stage 1
+        issues SEND_B(0) before RECV_F(1): on one stream each send waits for a receive queued
+        behind the other rank's send (a hang once a message outgrows NCCL's buffers). With a
+        communicator per direction, each carries one rank's sends and the other's receives,
+        both in the schedule's order, and the two directions never wait for each other.
+        (gloo matches by tag and never blocks the issuing thread, so it keeps the default
+        group.)"""
+        for r in range(self.dp):
+            for s in range(self.pp - 1):
+                a, b = self.mesh[r][s], self.mesh[r][s + 1]
+                for pair in ((a, b), (b, a)):
+                    group = dist.new_group([a, b], timeout=timeout)  # every rank, same order
+                    if self.rank in pair:
+                        self.p2p_groups[pair] = group
+
+    def p2p_group(self, src: int, dst: int) -> dist.ProcessGroup | None:
+        """The group of messages from rank `src` to rank `dst` (None: the default group)."""
+        return self.p2p_groups.get((src, dst))
 
     def destroy(self) -> None:
         if self._owns_default_group and dist.is_initialized():
@@ -243,7 +302,13 @@ def _cpp_logs_silenced():
         os.close(devnull)
 
 
-def _init_default_group(backend: str, rdzv: Rendezvous, timeout_s: float) -> None:
+def _init_default_group(
+    backend: str, rdzv: Rendezvous, timeout_s: float, device: torch.device | None = None
+) -> None:
+    # On CUDA the group is bound to this rank's device (`device_id`, torch's documented way):
+    # NCCL's communicator forms here, so its errors come now and in one line, sub-groups are
+    # split from it, and a barrier knows its device. gloo (CPU) is left as it always was.
+    bound = {"device_id": device} if device is not None and device.type == "cuda" else {}
     try:
         with _cpp_logs_silenced():
             timeout = datetime.timedelta(seconds=timeout_s)
@@ -255,6 +320,7 @@ def _init_default_group(backend: str, rdzv: Rendezvous, timeout_s: float) -> Non
                     rank=rdzv.rank,
                     world_size=rdzv.world_size,
                     timeout=timeout,
+                    **bound,
                 )
             else:
                 # torchrun keeps one store across restarts: without a per-attempt prefix a
@@ -267,9 +333,15 @@ def _init_default_group(backend: str, rdzv: Rendezvous, timeout_s: float) -> Non
                     rank=rdzv.rank,
                     world_size=rdzv.world_size,
                     timeout=timeout,
+                    **bound,
                 )
     except (dist.DistError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
+        if backend == "nccl" and "nccl" in str(e).lower():
+            raise RatrainError(
+                f"NCCL could not start rank {rdzv.rank} of {rdzv.world_size} on {device} "
+                f"({first}); NCCL needs one CUDA device per rank (NCCL_DEBUG=INFO says more)"
+            ) from None
         raise RatrainError(
             f"rendezvous at {rdzv.master_addr}:{rdzv.master_port} failed for rank {rdzv.rank} of "
             f"{rdzv.world_size} within {timeout_s:g} s ({first}); check MASTER_ADDR/MASTER_PORT and "

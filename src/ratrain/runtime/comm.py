@@ -69,11 +69,16 @@ class Comm:
 
     # -- stage to stage -------------------------------------------------------------------
     def send_to(self, t: torch.Tensor, stage: int, tag: int) -> Handle:
-        """To the rank of `stage` in this replica (the executor's transfers: `p2p_tag`)."""
-        return Handle(dist.isend(t.contiguous(), self.grid.rank_of(stage), tag=tag))
+        """To the rank of `stage` in this replica (the executor's transfers: `p2p_tag`). On
+        NCCL through the group of that direction alone (`ParallelGrid.p2p_group`)."""
+        dst = self.grid.rank_of(stage)
+        group = self.grid.p2p_group(self.grid.rank, dst)
+        return Handle(dist.isend(t.contiguous(), dst, group=group, tag=tag))
 
     def recv_from(self, buf: torch.Tensor, stage: int, tag: int) -> Handle:
-        return Handle(dist.irecv(buf, self.grid.rank_of(stage), tag=tag))
+        src = self.grid.rank_of(stage)
+        group = self.grid.p2p_group(src, self.grid.rank)
+        return Handle(dist.irecv(buf, src, group=group, tag=tag))
 
     # The neighbours' messages by microbatch alone (`ratrain.calibrate.comm`'s ping-pong).
     def send_activation(self, t: torch.Tensor, mb: int) -> Handle:

@@ -55,23 +55,32 @@ def move_tensors(
 ) -> tuple[list[torch.Tensor], torch.cuda.Event] | None:
     """Copies of `tensors` on `device`, made on the copy `stream` (pinned on the host), and
     the event a reader waits on; None where there is no copy stream (a CPU device: the
-    host tier is the device memory, nothing moves)."""
+    host tier is the device memory, nothing moves).
+
+    Streams and the caching allocator (torch's `Tensor.record_stream` docs): the allocator
+    knows only the stream a block was allocated on. A device copy is therefore allocated
+    on the compute stream, which reads it (after waiting on the event), and marked as used
+    by the copy stream, which writes it; a device source is marked the same way, so neither
+    block is reused while the copy may still run. (Allocated on the copy stream, a reloaded
+    block freed after the backward read it could go to the next reload while that backward
+    still ran.) Pinned host blocks are held by the host allocator until the copies that
+    use them are done."""
     if stream is None:
         return None
     stream.wait_stream(torch.cuda.current_stream())
+    to_host = device.type == "cpu"
+    dsts = [
+        torch.empty(t.shape, dtype=t.dtype, device=device, pin_memory=to_host) for t in tensors
+    ]  # on the current stream: where a device copy is consumed
     with torch.cuda.stream(stream):
-        moved = []
-        for t in tensors:
-            dst = torch.empty(
-                t.shape, dtype=t.dtype, device=device, pin_memory=device.type == "cpu"
-            )
+        for t, dst in zip(tensors, dsts, strict=True):
             dst.copy_(t, non_blocking=True)
-            if t.is_cuda:  # keep the device block from reuse until the copy is done
-                t.record_stream(stream)
-            moved.append(dst)
+            for used in (t, dst):
+                if used.is_cuda:  # keep the device block from reuse until the copy is done
+                    used.record_stream(stream)
         ready = torch.cuda.Event()
         ready.record(stream)
-    return moved, ready
+    return dsts, ready
 
 
 class CheckpointedAttention:

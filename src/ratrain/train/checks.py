@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ratrain.config import Plan
 from ratrain.errors import RatrainError
-from ratrain.launch.grid import Rendezvous, device_kind, rendezvous_from_env
+from ratrain.launch.grid import Rendezvous, check_cuda, device_kind, rendezvous_from_env
 from ratrain.launch.host_memory import HostAllocator, check_mmap_threshold, resolve_host_allocator
 from ratrain.launch.spawn import check_local_launch
 from ratrain.memory import replay
@@ -81,15 +81,22 @@ def _ledgers(spec: ModelSpec, device: str | None) -> Callable[[Plan], object]:
 def check_local(job: Job, ledger: Callable[[Plan], object] | None = None) -> None:
     """RatrainError unless this machine can run the job's pp x dp ranks locally
     (`ratrain.launch.spawn.check_local_launch`): not too many for its CPUs, and the memory
-    ledger's peaks summed over the ranks within its available memory. `ledger`: the
+    ledger's peaks summed over the ranks within its available memory; on CUDA instead a
+    device per rank and NCCL (`ratrain.launch.grid.check_cuda`). `ledger`: the
     ledger of a plan (default: `runtime_ledger` on the job's device)."""
     plan = job.plan
     ledger = ledger or _ledgers(job.spec, job.launch.device)
+    ranks, what = plan.pp * plan.dp, f"the plan (pp {plan.pp} x dp {plan.dp})"
+    if device_kind(job.launch.device) == "cuda":
+        # The tensors live on the devices, one per rank: not in this machine's memory.
+        check_local_launch(ranks, None, what)
+        check_cuda(ranks, ranks)
+        return
 
     def tensor_bytes() -> int:
         return plan.dp * sum(m.peak_bytes for m in ledger(plan).stages)
 
-    check_local_launch(plan.pp * plan.dp, tensor_bytes, f"the plan (pp {plan.pp} x dp {plan.dp})")
+    check_local_launch(ranks, tensor_bytes, what)
 
 
 def runtime_ledger(spec: ModelSpec, plan: Plan, device: str | None = "cpu"):
