@@ -7,6 +7,7 @@ by the ledger (`find_feasible`). The explanation of an infeasible request
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from ratrain.config import Plan
 from ratrain.deadline import Budget, Rate
@@ -26,7 +27,16 @@ from ratrain.planner.space import (
 from ratrain.planner.structure import states_lower_bound_bytes
 from ratrain.sim.simulate import memory_microbatches
 
-__all__ = ["ReplayClock", "find_feasible"]
+__all__ = ["Fit", "ReplayClock", "find_feasible"]
+
+
+class Fit(NamedTuple):
+    """A plan found to fit: its ledger report (None where `find_feasible` was asked not to
+    confirm it) and the family whose knobs it has."""
+
+    plan: Plan
+    report: MemoryReport | None
+    family: str
 
 
 def find_feasible(
@@ -36,7 +46,7 @@ def find_feasible(
     confirm: bool = True,
     max_replays: int | None = None,
     budget: Budget | None = None,
-) -> tuple[Plan, MemoryReport | None] | None:
+) -> Fit | None:
     """Some plan that fits, if any: per structure, the most memory-saving knobs and per
     stage the cheapest recompute the bound allows, confirmed (and raised) by the ledger.
     `confirm=False`: the first candidate the memory bound does not rule out (no ledger;
@@ -85,7 +95,7 @@ def find_feasible(
                 ruled.setdefault(st, []).append(kn)
                 continue
             if not confirm:
-                return make_plan(req, st, kn, ("full",) * st.pp), None
+                return Fit(make_plan(req, st, kn, ("full",) * st.pp), None, fam.name)
             allowed.append((max(opts.bound_bytes), len(allowed), st, kns[0], opts, fam))
     # The most room under the cap by the bound first: the likeliest to fit by the ledger,
     # so a scan of sizes rarely pays for a rejected replay.
@@ -93,7 +103,7 @@ def find_feasible(
         budget.check()
         found = _confirm(ev, req, st, kn, opts, fam.per_stage_recompute, budget)
         if found is not None:
-            return found
+            return Fit(*found, fam.name)
         rejected += 1
         if max_replays is not None and rejected >= max_replays:
             return None
