@@ -423,7 +423,15 @@ def _print(res, baselines, args) -> None:
     note = _batch_note(args, req)
     if note:
         print(note)
-    if res.cut:
+    if res.found_apart:
+        print(
+            f"no plan ranked by the bound-ordered search within {res.search_time_s:.1f} s (the "
+            f"time budget {args.time_budget:g} s x {NO_FIT_BUDGET_FACTOR:g} with none fitting); "
+            f"the plan below was found apart, by the memory bound and the ledger: no plan of the "
+            f"space is faster than {res.floor_step_s:.3f} s/step (the smallest bound left), so it "
+            f"is within {res.gap:.1%} of the optimum; --time-budget 0 searches to the end"
+        )
+    elif res.cut:
         print(
             f"search cut at its time budget ({args.time_budget:g} s): no plan of the space is "
             f"faster than {res.floor_step_s:.3f} s/step (the smallest bound left), so the best "

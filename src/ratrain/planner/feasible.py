@@ -25,6 +25,7 @@ from ratrain.planner.space import (
     structures,
 )
 from ratrain.planner.structure import states_lower_bound_bytes
+from ratrain.planner.time_bound import peak_unit_times, step_time_lower_bound_s
 from ratrain.sim.simulate import memory_microbatches
 
 __all__ = ["Fit", "ReplayClock", "find_feasible"]
@@ -46,6 +47,7 @@ def find_feasible(
     confirm: bool = True,
     max_replays: int | None = None,
     budget: Budget | None = None,
+    fastest_first: bool = False,
 ) -> Fit | None:
     """Some plan that fits, if any: per structure, the most memory-saving knobs and per
     stage the cheapest recompute the bound allows, confirmed (and raised) by the ledger.
@@ -54,7 +56,9 @@ def find_feasible(
     `max_replays`: give up (None) after that many structures the bound allows but the
     ledger rejects (a scan of many sizes stays quick; what it returns still fits).
     `budget`: raises `OutOfTime` past its soft limit (what was confirmed so far is the
-    caller's to report)."""
+    caller's to report). `fastest_first`: the ledger confirms the candidates by their
+    step-time bound (`_bound_s`), not by the room they leave under the cap: the first that
+    fits is then a fast one, not only a likely one."""
     budget = budget or Budget()
     ev = ev or Evaluator(req)
     rejected = 0
@@ -96,7 +100,8 @@ def find_feasible(
                 continue
             if not confirm:
                 return Fit(make_plan(req, st, kn, ("full",) * st.pp), None, fam.name)
-            allowed.append((max(opts.bound_bytes), len(allowed), st, kns[0], opts, fam))
+            key = _bound_s(req, st, kn, opts, fam) if fastest_first else max(opts.bound_bytes)
+            allowed.append((key, len(allowed), st, kn, opts, fam))
     # The most room under the cap by the bound first: the likeliest to fit by the ledger,
     # so a scan of sizes rarely pays for a rejected replay.
     for _, _, st, kn, opts, fam in sorted(allowed, key=lambda a: a[:2]):
@@ -108,6 +113,23 @@ def find_feasible(
         if max_replays is not None and rejected >= max_replays:
             return None
     return None
+
+
+def _bound_s(req: Request, st: Structure, kn: Knobs, opts, fam) -> float:
+    """The step-time bound, at the dtype's peak, of the plan `_confirm` replays first for
+    these knobs: the most memory-saving recompute the memory bound allows."""
+    ut = peak_unit_times(
+        req.spec, req.platform, st.micro_batch, req.seq, req.compute_dtype, kn.loss_chunk_tokens
+    )
+    if "recompute" in req.pins:
+        rec = req.pins["recompute"]
+        rec = (rec,) * st.pp if isinstance(rec, str) else tuple(rec)
+    elif fam.per_stage_recompute:
+        rec = tuple(o[-1] for o in opts.per_stage)
+    else:
+        rec = (opts.uniform[-1],) * st.pp
+    m = st.microbatches(req.global_batch)
+    return step_time_lower_bound_s(st.layer_split, m, ut, rec, pipeline=kn.pipeline)
 
 
 class ReplayClock:

@@ -144,6 +144,8 @@ def result_json(res: SearchResult, explanation=None, baselines: dict | None = No
     }
     if res.cut and not res.unfinished:
         d.update(floor_step_s=res.floor_step_s, gap=res.gap)
+    if res.found_apart:  # the plan looked for apart, at the hard limit
+        d["found_apart"] = True
     if res.v_untried:  # V-shaped plans not tried within the time budget
         d["v_untried"] = res.v_untried
     if res.untimed is not None:  # fits by the ledger; its step was not simulated in time

@@ -124,6 +124,9 @@ class SearchResult:
     v_untried: int = 0
     """V-shaped plans (`ratrain.planner.vpass`) not tried for the time budget: outside the gap, which
     is over the plans with one chunk per stage."""
+    found_apart: bool = False
+    """The bound-ordered search ranked no plan by its hard limit, and the answer is the
+    plan looked for apart (`ratrain.planner.search._dive`), cut, with its gap."""
 
     @property
     def unfinished(self) -> bool:

@@ -32,10 +32,13 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ratrain.deadline import Budget
+from ratrain import deadline
+from ratrain.config import V_PIPELINES
+from ratrain.deadline import Budget, OutOfTime
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.families import Family
-from ratrain.planner.result import Candidate, Near, SearchResult, Top, Untimed
+from ratrain.planner.feasible import find_feasible
+from ratrain.planner.result import Candidate, Near, SearchResult, Top, Untimed, candidate_of
 from ratrain.planner.saving import dominant
 from ratrain.planner.space import (
     Knobs,
@@ -258,7 +261,41 @@ def search(
             floors = [f for f in (left, queue_floor) if f is not None]
             # Nothing left that may fit: the ranking is the search's to the end.
             state.floor = max(state.floor, min(floors)) if floors else best.items[0].step_time_s
+    if not best.items and state.fallback is not None:
+        _fall_back(tasks, best, state)
     return _result(req, ev, best, state, total, t0)
+
+
+def _dive(req: Request, ev: Evaluator, state: State) -> Candidate | None:
+    """A first plan that fits, looked for apart from the bound-ordered search once its soft
+    limit has passed with none ranked (`Budget.look_apart_due`) (`ratrain.planner.feasible.find_feasible`: per
+    structure, the most memory-saving knobs and the cheapest recompute the memory bound
+    allows, confirmed by the ledger), and simulated, all before the hard limit; None where
+    none is found by then. Where memory is tight, the structures with the smallest
+    step-time bounds are those that do not fit: the search spends its time proving it and
+    may never reach one that does. Not under a pinned V pipeline (the look tries one chunk
+    per stage)."""
+    if req.pins.get("pipeline") in V_PIPELINES:
+        return None
+    budget = state.budget
+    window = Budget(budget.hard_s, start=budget.start)  # the look ends at the hard limit
+    try:
+        fit = find_feasible(req, ev, budget=window, fastest_first=True)
+        if fit is None:
+            return None
+        with deadline.until(budget):
+            res = ev.simulate(fit.plan)
+    except OutOfTime:
+        return None
+    return candidate_of(res, fit.plan, fit.family, usable_bytes(req))
+
+
+def _fall_back(tasks: list[_Entry], best: Top, state: State) -> None:
+    """At the hard limit with no plan ranked: the look's plan is the answer, cut, with the
+    smallest step-time bound left as its floor (its gap to the optimum certified)."""
+    fallback = state.fallback
+    best.add(fallback)
+    state.floor = min(tasks[0].lb, fallback.step_time_s) if tasks else fallback.step_time_s
 
 
 def _work(
@@ -274,6 +311,9 @@ def _work(
     time, or past the hard limit); the bound of a knob queue cut midway (None if none
     was)."""
     while tasks:
+        if not best.items and not state.dived and state.budget.look_apart_due():
+            state.dived = True
+            state.fallback = _dive(req, ev, state)
         entry = heapq.heappop(tasks)
         if _stops_at(tasks, entry, best, state, prune):
             return None
@@ -283,6 +323,7 @@ def _work(
         run_queue(ev, req, entry.st, entry.fam, entry.queue or [], best, state, prune)
         if state.stopped:
             state.pruned = len(tasks) + 1
+            heapq.heappush(tasks, entry)  # its bound stays below its queue's bounds left
             return None
         if state.floor is not None:  # cut inside the queue: the structures left bound too
             queue_floor = state.floor  # the rest of this structure's queue: no smaller
@@ -309,6 +350,7 @@ def _stops_at(tasks: list[_Entry], entry: _Entry, best: Top, state: State, prune
         return True
     if state.budget.over_hard():  # nothing fits yet: stop without a floor
         state.stopped, state.pruned = True, len(tasks) + 1
+        heapq.heappush(tasks, entry)  # the smallest bound left (`_fall_back`)
         return True
     return False
 
@@ -373,6 +415,7 @@ def _result(
         structures_left=state.pruned if stopped else 0,
         untimed=None if best.items else state.untimed,
         v_untried=state.v_untried,
+        found_apart=state.fallback is not None and best.items == [state.fallback],
     )
 
 

@@ -27,7 +27,15 @@ from ratrain.planner.fit import (
     time_bound_s,
 )
 from ratrain.planner.memory_bound import persistent_bound_of
-from ratrain.planner.result import Near, Top, Untimed, candidate_of, closer, may_be_closer
+from ratrain.planner.result import (
+    Candidate,
+    Near,
+    Top,
+    Untimed,
+    candidate_of,
+    closer,
+    may_be_closer,
+)
 from ratrain.planner.saving import dominant_of
 from ratrain.planner.space import Knobs, Request, Structure, make_plan
 from ratrain.planner.time_bound import (
@@ -94,6 +102,10 @@ class State:
     """A plan the ledger found to fit whose simulation the hard limit interrupted."""
     v_untried: int = 0
     """V-shaped plans the V pass left untried at the time budget (`ratrain.planner.vpass`)."""
+    dived: bool = False
+    """Whether the search has looked for a first fitting plan apart (`search._dive`)."""
+    fallback: Candidate | None = None
+    """The plan that look found: the answer if the search ranks none by its hard limit."""
 
     def cut_at(self, lb: float) -> None:
         """Cut at a step-time bound `lb`: the floor is the smallest such."""

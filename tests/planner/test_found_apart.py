@@ -1,0 +1,98 @@
+"""A first fitting plan looked for apart (`search._dive`): where the bound-ordered search
+ranks nothing by its hard limit (memory-tight jobs: the structures with the smallest
+step-time bounds are the ones that do not fit), the answer is the plan found by the memory
+bound and the ledger, with a certified gap, instead of "no plan found"."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+
+import pytest
+
+from _planner import TINY, small_cap
+from ratrain import deadline
+from ratrain.cli import main
+from ratrain.deadline import Budget
+from ratrain.planner import Request, search
+from ratrain.planner.evaluate import Evaluator
+from ratrain.platforms.load import PRESETS_DIR
+
+search_mod = importlib.import_module("ratrain.planner.search")
+real_run_queue = search_mod.run_queue
+
+
+def _never_ranks(ev, req, st, fam, queue, best, state, prune):
+    """The bound-ordered search's first structure takes it past its hard limit with nothing
+    ranked (as on the 70B jobs whose fastest structures do not fit): it stops there, as
+    `run_queue` does."""
+    state.stopped = True
+
+
+@pytest.fixture(autouse=True)
+def _look_at_once(monkeypatch):
+    """The look apart as soon as the soft limit has passed (`deadline.LOOK_APART_AT`)."""
+    monkeypatch.setattr(deadline, "LOOK_APART_AT", 0.0)
+
+
+@pytest.fixture
+def tight():
+    return Request(TINY, small_cap(), 4, 8, 128)
+
+
+def test_without_the_look_apart_the_search_answers_no_plan(tight, monkeypatch):
+    monkeypatch.setattr(search_mod, "run_queue", _never_ranks)
+    monkeypatch.setattr(search_mod, "_dive", lambda *a: None)
+    res = search(tight, budget=Budget(0.0, 30.0))
+    assert not res.ranked and res.unfinished
+
+
+def test_the_plan_found_apart_is_the_answer_with_an_honest_gap(tight, monkeypatch):
+    monkeypatch.setattr(search_mod, "run_queue", _never_ranks)
+    res = search(tight, budget=Budget(0.0, 30.0))  # the look starts at once
+    assert res.found_apart and len(res.ranked) == 1 and not res.unfinished
+    best = res.ranked[0]
+    ev = Evaluator(tight)
+    assert ev.memory(best.plan).fits
+    assert best.step_time_s == pytest.approx(ev.simulate(best.plan).step_time_s)
+    # The floor bounds every plan of the space: the optimum included (the exact search's,
+    # which tests/planner/test_search.py holds to the exhaustive one).
+    monkeypatch.setattr(search_mod, "run_queue", real_run_queue)
+    optimum_step_s = search(tight).ranked[0].step_time_s
+    assert res.floor_step_s <= optimum_step_s * (1 + 1e-9)
+    assert res.gap == pytest.approx(best.step_time_s / res.floor_step_s - 1)
+
+
+def test_a_search_that_ranks_in_time_does_not_look_apart(tight, monkeypatch):
+    calls = []
+    monkeypatch.setattr(search_mod, "_dive", lambda *a: calls.append(a))
+    res = search(tight, budget=Budget(60.0, 300.0))
+    assert res.ranked and not res.found_apart and calls == []
+    unlimited = search(tight)
+    assert [c.plan for c in unlimited.ranked] == [c.plan for c in res.ranked]
+    assert calls == []
+
+
+def _slowly_never_ranks(ev, req, st, fam, queue, best, state, prune):
+    """Each structure takes a while and ranks nothing; past the hard limit the search stops
+    (the look apart starts once the soft limit has passed, between two structures)."""
+    time.sleep(0.2)
+    if state.budget.over_hard():
+        state.stopped = True
+
+
+@pytest.mark.timeout(120)
+def test_plan_says_the_plan_was_found_apart(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(search_mod, "run_queue", _slowly_never_ranks)
+    text = (PRESETS_DIR / "mt3000.yaml").read_text()  # as small_cap(): 3 MB, 0.5 MB reserved
+    text = text.replace("value: 20.0e+9", "value: 3.0e+6").replace("value: 0.5e+9", "value: 5.0e+5")
+    (tmp_path / "tight.yaml").write_text(text)
+    args = ["plan", "--model", "tiny", "--platform", str(tmp_path / "tight.yaml")]
+    args += ["--clusters", "4", "--global-batch", "8", "--seq", "128"]
+    assert main([*args, "--time-budget", "1", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "found apart, by the memory bound and the ledger" in out
+    assert main([*args, "--time-budget", "1", "--quiet", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["feasible"] and doc["found_apart"] and doc["cut"] and doc["gap"] >= 0
