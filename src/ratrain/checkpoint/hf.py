@@ -26,6 +26,7 @@ from ratrain.models.spec import ModelSpec
 from ratrain.nn.hf_weights import ratrain_to_hf_state_dict
 
 __all__ = [
+    "hf_model_dir",
     "load_stage_from_hf",
     "hf_tensor_files",
     "write_hf",
@@ -38,6 +39,33 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 GENERATION_CONFIG = "generation_config.json"
 _UNIT = re.compile(r"^units\.(\d+)\.(.+)$")
+
+
+_HF_DIR_ADVICE = (
+    "pass a Hugging Face model directory (config.json and model.safetensors, or shards with "
+    f"{INDEX}, as save_pretrained writes it) or the path to its config.json"
+)
+
+
+def hf_model_dir(path: str | Path, flag: str = "--init-from") -> Path:
+    """The Hugging Face model directory `path` names: the directory itself, or the one that
+    holds it where it is a config.json. RatrainError (one line, the right advice) unless
+    that directory has a config.json and the safetensors: checked before any rank starts."""
+    p = Path(path)
+    if p.is_file() and p.name == "config.json":
+        p = p.parent
+    elif p.exists() and not p.is_dir():
+        raise RatrainError(f"{flag} {path}: a file, not a model directory; {_HF_DIR_ADVICE}")
+    if not p.is_dir():
+        raise RatrainError(f"{flag} {path}: directory not found; {_HF_DIR_ADVICE}")
+    if not (p / "config.json").is_file():
+        raise RatrainError(f"{flag} {path}: config.json not found in it; {_HF_DIR_ADVICE}")
+    if not (p / SINGLE).is_file() and not (p / INDEX).is_file():
+        raise RatrainError(
+            f"{flag} {path}: no {SINGLE} or {INDEX} in {p} (config.json alone gives the model, "
+            f"not its weights); {_HF_DIR_ADVICE}"
+        )
+    return p
 
 
 def hf_tensor_files(d: str | Path) -> dict[str, Path]:
@@ -110,9 +138,11 @@ def read_hf_tensors(d: str | Path, spec: ModelSpec, names: list[str]) -> dict[st
 
 
 def load_stage_from_hf(model, hf_dir: str | Path) -> None:
-    """Set a `StageModel`'s masters (and views) from HF weights, its own stage's only."""
+    """Set a `StageModel`'s masters (and views) from HF weights, its own stage's only.
+    `hf_dir` is the model directory or its config.json (`hf_model_dir`)."""
     from ratrain.checkpoint.state import StageIO, param_names
 
+    hf_dir = hf_model_dir(hf_dir)
     spec = from_hf_config(hf_dir)
     if spec != model.spec:
         raise RatrainError(f"--init-from {hf_dir}: its config.json is not the model being trained")

@@ -190,13 +190,26 @@ def memory_cap(args: argparse.Namespace) -> tuple[float | None, str]:
 
 def with_memory_cap(platform, args: argparse.Namespace):
     """`platform` with its usable memory replaced by --memory-cap, or by the cap the plan
-    file was planned under (`memory_cap`), when either is given."""
+    file was planned under (`memory_cap`), when either is given. A cap at or below the
+    platform's workspace reservation (kept out of the usable memory) is a RatrainError: it
+    would leave nothing, or less than nothing, for the model."""
     import dataclasses
 
-    cap, _ = memory_cap(args)
+    cap, label = memory_cap(args)
     if cap is None:
         return platform
-    return dataclasses.replace(platform, usable_memory_bytes=int(cap * 2**30))
+    cap_bytes = int(cap * 2**30)
+    if cap_bytes <= platform.workspace_bytes:
+        ws = platform.workspace_bytes / 2**30
+        said = f"--memory-cap {cap:g} GiB" if label == "--memory-cap" else f"{label}: {cap:g} GiB"
+        raise RatrainError(
+            f"{said} is {'below' if cap_bytes < platform.workspace_bytes else 'no more than'} "
+            f"the {ws:.3g} GiB workspace that platform {platform.name} "
+            f"reserves out of each rank's usable memory, which leaves nothing for the model; "
+            f"raise --memory-cap above {ws:.3g} GiB (the platform's own usable memory is "
+            f"{platform.usable_memory_bytes / 2**30:.3g} GiB)"
+        )
+    return dataclasses.replace(platform, usable_memory_bytes=cap_bytes)
 
 
 def _split(text: str) -> tuple[int, ...]:

@@ -24,7 +24,10 @@ traceback tail.
 Stop signals (`spawn(..., stop_signals=True)`): SIGTERM and SIGINT to the launcher while its
 ranks start and run are forwarded to them once; each rank only records them
 (`ratrain.launch.faults.StopRequest`) and the function it runs decides when to stop. A
-second signal SIGKILLs the ranks (`RanksInterrupted`). `check_local_launch` refuses a rank
+second signal SIGKILLs the ranks (`RanksInterrupted`). A signal to the whole process group
+(`timeout`, `kill -- -PGID`) reaches the ranks directly as well, as the same request: the
+fork server ignores SIGTERM and SIGINT, and so do the ranks it forks until they take them
+over. `check_local_launch` refuses a rank
 count (or predicted memory) this machine cannot sensibly run.
 """
 
@@ -52,6 +55,7 @@ import torch.multiprocessing as mp
 
 from ratrain.errors import RatrainError
 from ratrain.launch.faults import StopRequest, watch_stop_signals
+from ratrain.launch.forkserver_signals import FORK_SERVER_MARK
 from ratrain.launch.grid import Rendezvous
 from ratrain.launch.host_memory import preload_value
 
@@ -86,8 +90,10 @@ class RanksInterrupted(RuntimeError):
 
 DEFAULT_DEADLINE_S = 3600.0
 # Imported once by the fork server, not by every rank. symbolic_shapes (and sympy, ~2 s) is
-# what autograd imports lazily at a process's first backward.
+# what autograd imports lazily at a process's first backward. forkserver_signals makes the
+# fork server ignore SIGTERM (a signal to the whole process group must not kill it).
 _PRELOAD = [
+    "ratrain.launch.forkserver_signals",
     "torch",
     "torch.distributed",
     "torch.fx.experimental.symbolic_shapes",
@@ -109,18 +115,21 @@ _FORK_SERVER_STOP_S = 10.0
 def _rank_environment(allocator_library: str | None):
     """LD_PRELOAD as the ranks need it (`allocator_library` first, any other jemalloc or
     tcmalloc out) in this process's environment while they start, and a fork server started
-    with it; this process's own environment is restored after."""
+    with it (and with `FORK_SERVER_MARK`: it ignores SIGTERM); this process's own
+    environment is restored after."""
     saved = os.environ.get("LD_PRELOAD")
     wanted = preload_value(saved, allocator_library)
     if wanted:
         os.environ["LD_PRELOAD"] = wanted
     else:
         os.environ.pop("LD_PRELOAD", None)
+    os.environ[FORK_SERVER_MARK] = "1"
     try:
         if _start_method() == "forkserver":
             _fork_server_with(wanted)
         yield
     finally:
+        os.environ.pop(FORK_SERVER_MARK, None)
         if saved is None:
             os.environ.pop("LD_PRELOAD", None)
         else:
@@ -128,11 +137,12 @@ def _rank_environment(allocator_library: str | None):
 
 
 def _fork_server_with(ld_preload: str) -> None:
-    """Make the running fork server (if any) one started with `ld_preload`: another one is
-    stopped (the next fork starts a fresh one from this process's environment)."""
+    """Make the running fork server (if any) one started with `ld_preload` and by this
+    launcher (`FORK_SERVER_MARK`: it ignores SIGTERM): another one is stopped (the next fork
+    starts a fresh one from this process's environment)."""
     server = multiprocessing.forkserver._forkserver
     pid = getattr(server, "_forkserver_pid", None)
-    if pid is None or _initial_preload(pid) == ld_preload:
+    if pid is None or _initial_preload(pid, FORK_SERVER_MARK) == (ld_preload, "1"):
         return
     # `_stop` closes the server's "alive" pipe and waits for it to exit, which it does once
     # every process holding the pipe has (ranks of an earlier job); bounded here, then killed.
@@ -151,18 +161,20 @@ def _fork_server_with(ld_preload: str) -> None:
         stopper.join(_FORK_SERVER_STOP_S)
 
 
-def _initial_preload(pid: int) -> str | None:
-    """The LD_PRELOAD process `pid` was started with ("" for none), None where it cannot be
-    read (then it is restarted: no setting is kept unverified)."""
+def _initial_preload(pid: int, mark: str) -> tuple[str, str] | None:
+    """The LD_PRELOAD and the `mark` variable process `pid` was started with ("" for none),
+    None where they cannot be read (then it is restarted: no setting is kept unverified)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read().split(b"\0")
     except OSError:
         return None
+    found = {}
     for entry in env:
-        if entry.startswith(b"LD_PRELOAD="):
-            return entry[len(b"LD_PRELOAD=") :].decode(errors="replace")
-    return ""
+        name, eq, value = entry.partition(b"=")
+        if eq and name in (b"LD_PRELOAD", mark.encode()):
+            found[name.decode()] = value.decode(errors="replace")
+    return found.get("LD_PRELOAD", ""), found.get(mark, "")
 
 
 def free_port() -> int:
@@ -206,7 +218,10 @@ def _child(
     stop_signals: bool = False,
 ) -> None:
     if stop_signals:  # first thing: SIGTERM/SIGINT only ask for a stop from here on
-        watch_stop_signals()
+        watch_stop_signals()  # (till here SIGTERM was ignored, as by the fork server)
+    else:  # the fork server's ignores are not for ranks that the launcher does not stop
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     _exit_with(launcher_pid)
     torch.set_num_threads(threads)
     rdzv = Rendezvous(local_rank, nprocs, local_rank, "127.0.0.1", port)

@@ -1,6 +1,10 @@
 """A PNG of a simulated step: the timeline (a row per stage, coloured by action kind) above
 memory over time per stage, with the platform's cap drawn as a line.
 
+Zero-bubble pipelines' split backward shows as its two passes, B_IN (``BI``) and B_W
+(``BW``), in colours of their own; under a V-shaped pipeline (zb-v, 1f1b-v) the actions of
+each stage's second chunk (chunks pp..2pp-1, the way back up the V) are hatched.
+
 matplotlib is imported when a plot is drawn (Agg backend), never at import time.
 """
 
@@ -8,11 +12,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["plot", "OP_COLOURS"]
+from ratrain.config import V_PIPELINES, even_split
+from ratrain.schedule.ir import Op
 
-OP_COLOURS = {
+__all__ = ["plot", "OP_COLOURS", "second_chunk_units"]
+
+OP_COLOURS = {  # every `Op`'s value (tests/sim/test_sim_plot.py checks), in legend order
     "F": "#4c72b0",
     "B": "#dd8452",
+    "BI": "#e8a33d",
+    "BW": "#ccb974",
     "RC": "#c44e52",
     "UPD": "#55a868",
     "SYNC": "#8172b3",
@@ -27,32 +36,78 @@ OP_COLOURS = {
     "SEND_B": "#8c8c8c",
     "RECV_B": "#8c8c8c",
 }
+_OTHER = "#cccccc"  # an op without a colour (none today)
+_SECOND_CHUNK_HATCH = "////"
 # Within a stage's row: compute in the middle band, the async resources in thin bands below.
 _BAND = {"compute": (0.35, 0.5), "copy": (0.2, 0.12), "dp_net": (0.08, 0.12), "p2p": (0.86, 0.1)}
 _GB = 1e9
 
 
+def second_chunk_units(result) -> set[int]:
+    """Under a V-shaped pipeline, the units of each stage's second chunk: chunks pp..2pp-1
+    of the 2pp (stage s holds chunks s and 2pp-1-s, in model order); empty otherwise. The
+    model's layer count is read off the events (its head, unit L + 1, has a forward)."""
+    plan = getattr(result, "plan", None) or {}  # a measured timeline may name none
+    if plan.get("pipeline") not in V_PIPELINES:
+        return set()
+    units = [u for e in result.events if e.action.op is Op.F for u in e.action.units]
+    if not units:
+        return set()
+    last = max(units)  # the head: n_layers + 1
+    pp = plan["pp"]
+    split = plan.get("layer_split") or even_split(last - 1, 2 * pp)
+    return set(range(1 + sum(split[:pp]), last + 1))
+
+
 def _timeline(ax, result, scale: float) -> None:
-    bars: dict[tuple[int, str, str], list[tuple[float, float]]] = {}
+    second = second_chunk_units(result)
+    bars: dict[tuple[int, str, str, bool], list[tuple[float, float]]] = {}
     for e in result.events:
         if e.resource in _BAND and e.end_s > e.start_s:
-            bars.setdefault((e.stage, e.resource, e.op), []).append(
+            # Layer-level compute of a second chunk (its units all there); not bucketed ones
+            chunk2 = bool(second) and e.resource == "compute" and bool(e.action.units)
+            chunk2 = chunk2 and all(u in second for u in e.action.units)
+            chunk2 = chunk2 and e.action.mb is not None
+            bars.setdefault((e.stage, e.resource, e.op, chunk2), []).append(
                 (e.start_s * scale, (e.end_s - e.start_s) * scale)
             )
-    for (s, res, op), spans in sorted(bars.items()):
+    for (s, res, op, chunk2), spans in sorted(bars.items()):
         y0, h = _BAND[res]
-        ax.broken_barh(spans, (s + y0, h), facecolors=OP_COLOURS.get(op, "#cccccc"), linewidth=0)
+        ax.broken_barh(
+            spans,
+            (s + y0, h),
+            facecolors=OP_COLOURS.get(op, _OTHER),
+            edgecolors="white",
+            hatch=_SECOND_CHUNK_HATCH if chunk2 else None,
+            linewidth=0,
+        )
     ax.set_ylim(result.pp, 0)
     ax.set_yticks([s + 0.5 for s in range(result.pp)], [f"stage {s}" for s in range(result.pp)])
+    pipeline = result.plan.get("pipeline", "1f1b")
     ax.set_title(
-        f"{result.model} on {result.platform}, {result.schedule}: step {result.step_time_s:.3g} s, "
-        f"bubble {result.bubble_fraction:.1%}"
+        f"{result.model} on {result.platform}, {result.schedule}"
+        f"{f' ({pipeline} pipeline)' if pipeline != '1f1b' else ''}: "
+        f"step {result.step_time_s:.3g} s, bubble {result.bubble_fraction:.1%}"
     )
     from matplotlib.patches import Patch
 
-    kinds = sorted({op for _, _, op in bars}, key=list(OP_COLOURS).index)
+    order = list(OP_COLOURS)
+    kinds = sorted(
+        {op for _, _, op, _ in bars},
+        key=lambda k: (order.index(k) if k in order else len(order), k),
+    )
+    handles = [Patch(color=OP_COLOURS.get(k, _OTHER), label=k) for k in kinds]
+    if any(chunk2 for *_, chunk2 in bars):
+        handles.append(
+            Patch(
+                facecolor="#999999",
+                edgecolor="white",
+                hatch=_SECOND_CHUNK_HATCH,
+                label="2nd chunk (V)",
+            )
+        )
     ax.legend(
-        handles=[Patch(color=OP_COLOURS[k], label=k) for k in kinds],
+        handles=handles,
         loc="upper left",
         bbox_to_anchor=(1.0, 1.0),
         fontsize="small",

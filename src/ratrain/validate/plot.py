@@ -73,6 +73,7 @@ def traces_side_by_side(sim_result, records: list[dict], title: str, path: str |
         model=sim_result.model,
         platform="this machine",
         schedule=sim_result.schedule,
+        plan=sim_result.plan,
         step_time_s=step_s,
         bubble_fraction=1 - busy / (pp * step_s) if step_s else 0.0,
     )
