@@ -125,7 +125,8 @@ def resume_dir(
     if ckpt is not None:
         meta = read_meta(ckpt)
         check_compatible(meta, ckpt, spec, plan)  # before any rank starts
-        if cfg is not None and is_rank0():
+        # A checkpoint with its job: `ratrain train` said what changed, in one line
+        if cfg is not None and is_rank0() and "job" not in meta:
             _note_schedule_change(meta, cfg)
     return ckpt
 

@@ -3,7 +3,7 @@
 Every rank writes its own stage's tensors (keyed by global parameter names, see
 `ratrain.checkpoint.state`) into a temporary directory; after a barrier the coordinator
 (rank 0) writes `ratrain.json` (step, optimizer step count, loss scaler, LR schedule, data
-position, plan, model spec), renames the directory to `step-NNNNNNNN` and then replaces
+position, plan, model spec, and the job `ratrain train` ran), renames the directory to `step-NNNNNNNN` and then replaces
 `latest`. A rank killed at any point before the rename leaves only a `.tmp-*` directory,
 which is never loaded and is removed by the next save. A save that fails (a full disk, an
 I/O error) fails on every rank at once, removes its `.tmp-*` directory and names the
@@ -211,6 +211,8 @@ def save_checkpoint(
             "saved_at_unix_s": time.time(),
             "save_time_s": time.perf_counter() - t0,
         }
+        if cfg.extra.get("job") is not None:  # the job that `ratrain train --resume` restores
+            meta["job"] = cfg.extra["job"]
         tok = getattr(getattr(executor, "batches", None), "source", None)
         tok = getattr(tok, "tokenizer_path", None)
         if tok is not None and Path(tok).is_file():  # the tokenizer travels with the model

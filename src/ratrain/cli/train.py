@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ratrain.cli.common import plan_from_args
+from ratrain.cli.jobfile import (
+    absolute_paths,
+    apply_job,
+    dump_job,
+    explicit_dests,
+    job_of_args,
+    job_sections,
+    read_job_file,
+)
 from ratrain.cli.train_flags import DEFAULT_LR, DEFAULT_STEPS, PLAN_DEFAULTS, add_arguments
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
@@ -92,6 +103,9 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise RatrainError(
             f"--min-lr {min_lr:g} must be between 0 and --lr {args.lr:g} (the cosine decays to it)"
         )
+    # A resume keeps the saved options no flag sets (betas, eps, loss scaling)
+    saved = getattr(args, "_saved_train_config", None) or {}
+    names = {f.name for f in dataclasses.fields(TrainConfig)} - set(_TRAIN_FLAG_FIELDS)
     return TrainConfig(
         steps=max(args.steps, 1),  # --steps 0: the schedule of a 1-step run, never stepped
         lr=args.lr,
@@ -99,6 +113,7 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
         warmup_steps=warmup,
         weight_decay=args.weight_decay,
         seed=args.seed,
+        **{k: v for k, v in saved.items() if k in names},
     )
 
 
@@ -136,6 +151,7 @@ def _outputs_of(args: argparse.Namespace) -> Outputs:
     return Outputs(
         metrics_path=args.metrics,
         tensorboard_dir=args.tensorboard,
+        wandb_project=args.wandb,
         progress=not args.quiet,
         trace_path=getattr(args, "trace", None),
         measure_memory=bool(getattr(args, "measure_memory", False)),
@@ -166,10 +182,24 @@ def data_source(args: argparse.Namespace, spec: ModelSpec, plan: Plan):
 
 
 def run(args: argparse.Namespace) -> int:
+    parser = job_parser()
+    given = _apply_config(parser, args)
+    saved = _restore_job(parser, args, given)
+    given_model = args.model
+    if args.print_config is not None:
+        return _print_config(parser, args)
     cfg = _check_flags(args)
     spec, plan = plan_from_args(args, default_model=_default_model(args))
     refuse_unsupported(plan)  # before any rank starts (building the schedule refuses it too)
     _check_processes(args, plan)
+    job = _effective_job(parser, args, given_model, plan, cfg)
+    if saved is not None:
+        from ratrain.checkpoint import read_meta
+        from ratrain.checkpoint.io import check_compatible
+
+        ckpt, saved_job = saved
+        check_compatible(read_meta(ckpt), ckpt, spec, plan)  # another model: that line only
+        _say_changes(saved_job, job)
     distributed = plan.pp * plan.dp > 1 or args.nproc is not None
     distributed = distributed or getattr(args, "device", None) == "cuda"  # reference: CPU only
     source = data_source(args, spec, plan)
@@ -179,6 +209,9 @@ def run(args: argparse.Namespace) -> int:
         from ratrain.train.command import run_distributed
 
         request = train_request_from_args(args, eval_data_source(args, spec, plan))
+        if args.steps > 0:  # a conversion (--steps 0) keeps no job: it trained none
+            stored = absolute_paths(job, parser, RESTORED_SECTIONS)
+            request = dataclasses.replace(request, job=stored)
         with omp_threads(args.threads):  # each rank's threads (the launcher reads it)
             return run_distributed(request, spec, plan, cfg, source)
     _note_ignored_flags(args, plan)
@@ -188,15 +221,205 @@ def run(args: argparse.Namespace) -> int:
     return run_reference(spec, plan, cfg, source, launch, outputs, _threads(args))
 
 
+# --- the job: a job file (--config, --print-config), and what a resume keeps ----------
+
+RESTORED_SECTIONS = ("plan", "training", "data", "evaluation")
+"""The sections of the job a resume restores from its checkpoint, but for the options
+given explicitly (on the command line or in --config): what is trained and on what. The
+runtime, the outputs and the checkpoint options are this run's own."""
+NOT_RESTORED = ("model", "plan")
+"""The model is the checkpoint's (its spec; another one is refused by `check_compatible`);
+the plan file is stood for by the effective values of the plan's options."""
+FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "data_dtype", "global_batch", "seq")
+"""Options a resume refuses to change: they would break the order of the data (which
+sequences come next), so the run would no longer continue the saved one."""
+_TRAIN_FLAG_FIELDS = ("steps", "lr", "min_lr", "warmup_steps", "weight_decay", "seed", "extra")
+
+
+@functools.cache
+def job_parser() -> argparse.ArgumentParser:
+    """A parser of `ratrain train`'s options: the job file's sections and keys
+    (`ratrain.cli.jobfile.job_sections`) and the values' checks."""
+    p = argparse.ArgumentParser(prog="ratrain train", add_help=False)
+    add_arguments(p)
+    return p
+
+
+def _flags(parser: argparse.ArgumentParser) -> dict[str, str]:
+    return {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+
+
+def _apply_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> set[str]:
+    """Set the options --config gives (flags given on the command line win); the options
+    given explicitly, on the command line or in the file."""
+    given = explicit_dests(args)
+    if args.config:
+        data = read_job_file(args.config)
+        given |= set(apply_job(parser, args, data, f"--config {args.config}", keep=given))
+    args._explicit_dests = given
+    return given
+
+
+def _restore_job(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str]
+) -> tuple[Path, dict] | None:
+    """On a resume from a checkpoint that stored its job: restore the options of its
+    `RESTORED_SECTIONS` not given explicitly, refuse (one line) an explicit change of one of
+    `FROZEN_ON_RESUME`; the checkpoint and its saved job (None: a fresh start, or an older checkpoint without
+    one, which resumes with the flags as they are)."""
+    from ratrain.checkpoint import read_meta, resolve_resume
+    from ratrain.checkpoint.hooks import resume_arg
+
+    resume = resume_arg(args.resume, args.save)
+    ckpt = resolve_resume(resume, args.save) if resume is not None else None
+    if ckpt is None:
+        return None
+    meta = read_meta(ckpt)
+    job = meta.get("job")
+    if not isinstance(job, dict):
+        return None
+    job = {s: job[s] for s in RESTORED_SECTIONS if isinstance(job.get(s), dict)}
+    saved = apply_job(parser, argparse.Namespace(), job, f"checkpoint {ckpt}", strict=False)
+    present = {str(k).replace("-", "_") for keys in job.values() for k in keys}
+    plan_dests = {a.dest for a in job_sections(parser)["plan"]}
+    plan_file = "plan" in given  # a plan file given now: its values, not the saved ones
+    for dest in present - set(NOT_RESTORED) - given:
+        if plan_file and dest in plan_dests:
+            continue
+        setattr(args, dest, saved.get(dest))
+    flags = _flags(parser)
+    refused = [
+        f"{flags[d]} {getattr(args, d)} (saved {saved.get(d)})"
+        for d in FROZEN_ON_RESUME
+        if d in given and d in present and not _same(getattr(args, d), saved.get(d))
+    ]
+    if refused:
+        raise RatrainError(
+            f"checkpoint {ckpt} cannot continue with another {', '.join(refused)}: a resume "
+            "keeps the data order; drop those flags, or start afresh (no --resume, another "
+            "--save)"
+        )
+    args._saved_train_config = meta.get("lr_schedule")
+    args._saved_model = job.get("plan", {}).get("model")
+    return ckpt, job
+
+
+def _same(a, b) -> bool:
+    """Equal values, or the same file or folder named two ways."""
+    if isinstance(a, tuple):
+        a = list(a)
+    if isinstance(b, tuple):
+        b = list(b)
+    if a == b:
+        return True
+    if isinstance(a, str) and isinstance(b, str) and os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return False
+
+
+def _effective_job(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    given_model: str | None,
+    plan: Plan,
+    cfg: TrainConfig,
+) -> dict:
+    """The job these options run, as a job file holds it: the plan's options as the plan
+    says them (a plan file's and the defaults' merged, the file itself no longer needed),
+    the learning rate's derived defaults (min_lr, warmup) as the numbers they are."""
+    from ratrain.cli.common import memory_cap, plan_file
+    from ratrain.schema import cli_fields, knob_of
+
+    job = job_of_args(parser, args)
+    if args.init_from:
+        model = None  # the model is HF_DIR's (--init-from refuses --model)
+    elif given_model or not args.plan:
+        dm = _default_model(args) if not given_model else given_model
+        # the resumed checkpoint's: as its job names it
+        model = dm if isinstance(dm, str) else getattr(args, "_saved_model", None)
+    else:
+        file_plan, extras = plan_file(args)
+        model = extras.get("model_path") or file_plan.model
+    job["plan"]["model"] = model
+    job["plan"]["plan"] = None
+    for f in cli_fields(Plan):
+        v, pin = getattr(plan, f.name), knob_of(f).pin
+        if pin == "optional_float":
+            v = 0.0 if v is None else v  # --clip-grad 0: none
+        elif pin == "policy_list" and not isinstance(v, str):
+            v = ",".join(v)
+        job["plan"][f.name] = list(v) if isinstance(v, tuple) else v
+    job["training"].update(min_lr=cfg.min_lr, warmup=cfg.warmup_steps)
+    if args.plan and args.memory_cap is None:
+        job["output"]["memory_cap"] = memory_cap(args)[0]  # the plan file's cap
+    return job
+
+
+def _say_changes(saved: dict, job: dict) -> None:
+    """One line on stderr (rank 0) listing each option of the saved job this run changes."""
+    from ratrain.checkpoint.hooks import is_rank0
+
+    changes = []
+    for sec, keys in saved.items():
+        for k, old in keys.items():
+            k = str(k).replace("-", "_")
+            if k in NOT_RESTORED or k not in job.get(sec, {}):
+                continue
+            new = job[sec][k]
+            if not _same(old, new):
+                changes.append(f"{k} {_show(old)} -> {_show(new)}")
+    if changes and is_rank0():
+        print(f"ratrain: changed on resume: {', '.join(changes)}", file=sys.stderr, flush=True)
+
+
+def _show(v) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, list):
+        return ",".join(map(str, v))
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _print_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """--print-config: the effective job as a job file, on stdout or in PATH."""
+    cfg = train_config_from_args(args)
+    default = _config_path(args.init_from) if args.init_from else _default_model(args)
+    model = None if args.init_from else args.model
+    _, plan = plan_from_args(args, default_model=default)
+    job = _effective_job(parser, args, model, plan, cfg)
+    text = dump_job(
+        job,
+        "ratrain train job: `ratrain train --config FILE` runs it (flags override it);\n"
+        "null: not given (the option's default)",
+    )
+    if args.print_config == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return 0
+    from ratrain.cli.outputs import prepare_output_file
+
+    prepare_output_file(args.print_config, "--print-config")
+    try:
+        with open(args.print_config, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise RatrainError(f"--print-config {args.print_config}: cannot write it ({e})") from None
+    return 0
+
+
 def _check_flags(args: argparse.Namespace) -> TrainConfig:
     """The flags' errors (one line each) before anything is built; the training config.
     With --init-from, --model becomes its config.json."""
     from ratrain.cli.outputs import check_output_dir, prepare_output_dir, prepare_output_file
-    from ratrain.observe.metrics import require_tensorboard
+    from ratrain.observe.metrics import require_tensorboard, require_wandb
 
     if args.tensorboard is not None:  # a bad folder says so; then a missing package does
         check_output_dir(args.tensorboard, "--tensorboard")
         require_tensorboard()
+    if args.wandb is not None:  # a missing package says so before any work
+        require_wandb()
     prepare_output_file(args.metrics, "--metrics")
     prepare_output_file(getattr(args, "trace", None), "--trace")
     prepare_output_dir(args.tensorboard, "--tensorboard")
@@ -218,6 +441,9 @@ def _check_flags(args: argparse.Namespace) -> TrainConfig:
                 f"checkpoint, else start from HF_DIR); --resume {args.resume} already holds "
                 "the weights: drop --init-from"
             )
+        from ratrain.checkpoint.hf import hf_model_dir
+
+        args.init_from = str(hf_model_dir(args.init_from))  # its config.json -> the directory
         from_hf_config(args.init_from)  # a config error is reported as such, first
         args.model = _config_path(args.init_from)
     return cfg

@@ -14,6 +14,7 @@ from ratrain.cli.common import (
     positive_int,
     timeout_s,
 )
+from ratrain.cli.jobfile import track_explicit
 from ratrain.launch.host_memory import HOST_ALLOCATORS
 
 __all__ = ["add_arguments", "PLAN_DEFAULTS", "DEFAULT_STEPS", "DEFAULT_LR"]
@@ -33,16 +34,38 @@ DEFAULT_LR = 1e-2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """All of `ratrain train`'s flags, in their groups."""
-    add_model_arg(p)  # default: the plan file's, else the resumed checkpoint's, else tiny
-    add_plan_args(p, defaults=PLAN_DEFAULTS)
-    g = p.add_argument_group("training")
-    _add_optimizer_args(g)
-    _add_runtime_args(g)
+    """All of `ratrain train`'s flags, in their groups. Each group is a section of a job
+    file (`ratrain.cli.jobfile`: its keys are the dests of the group's actions); the
+    "options" group holds what is not part of a job (--config, --print-config)."""
+    _add_job_file_args(p)
+    plan = p.add_argument_group("plan")
+    add_model_arg(plan)  # default: the plan file's, else the resumed checkpoint's, else tiny
+    add_plan_args(plan, defaults=PLAN_DEFAULTS)
+    _add_optimizer_args(p.add_argument_group("training"))
+    _add_runtime_args(p.add_argument_group("runtime"))
     _add_data_args(p.add_argument_group("data"))
     _add_eval_args(p.add_argument_group("evaluation (see docs/runtime.md)"))
     _add_output_args(p.add_argument_group("output"))
     _add_checkpoint_args(p.add_argument_group("checkpoints (see docs/checkpoints.md)"))
+    track_explicit(p)  # which options were given (a resume keeps the others' saved values)
+
+
+def _add_job_file_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        type=nonempty,
+        metavar="JOB.yaml",
+        help="a job file (YAML, or TOML by its suffix): any option below, under its group's "
+        "name (plan:, training:, ...; see --print-config); flags override it",
+    )
+    p.add_argument(
+        "--print-config",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="write the effective job (defaults, --config, the resumed checkpoint's job and "
+        "the flags merged) as a job file to stdout (or PATH) and exit; --config reads it back",
+    )
 
 
 def _add_optimizer_args(g) -> None:
@@ -99,7 +122,7 @@ def _add_runtime_args(g) -> None:
         help="distributed runtime: the malloc preloaded into the locally spawned ranks "
         "(LD_PRELOAD): tcmalloc (Debian package libtcmalloc-minimal4) or jemalloc "
         "(libjemalloc2) fragment less than glibc's malloc and leave less freed memory "
-        "resident (rank 0's peak RSS 11-13%% lower on the issue-12 job); default auto: "
+        "resident (rank 0's peak RSS 11-13%% lower on the rss_breakdown job); default auto: "
         "tcmalloc if installed, else jemalloc, else malloc (glibc's). torchrun/Slurm ranks "
         "keep the LD_PRELOAD they were launched with; see docs/runtime.md",
     )
@@ -112,7 +135,7 @@ def _add_runtime_args(g) -> None:
         "freed tensors of at least this size go back to the OS and resident memory follows "
         "live tensors, at the price of a page fault per fresh allocation; glibc's malloc only "
         "(--host-allocator auto then means malloc; 131072 cut rank 0's peak RSS by 15%% and "
-        "cost tokens/s on the issue-12 job; default 0: glibc's own dynamic threshold; see "
+        "cost tokens/s on the rss_breakdown job; default 0: glibc's own dynamic threshold; see "
         "docs/runtime.md)",
     )
     g.add_argument(
@@ -190,6 +213,13 @@ def _add_output_args(o) -> None:
         metavar="DIR",
         help="also log to TensorBoard (needs the tensorboard package: "
         "pip install 'ratrain[tensorboard]')",
+    )
+    o.add_argument(
+        "--wandb",
+        type=nonempty,
+        metavar="PROJECT",
+        help="also log to Weights & Biases as PROJECT, offline (files in wandb/ beside "
+        "--metrics; wandb sync uploads them); needs the wandb package: pip install wandb",
     )
     o.add_argument("--quiet", action="store_true", help="no progress bar")
     o.add_argument(

@@ -99,6 +99,8 @@ def _job(
     checkpoints = dataclasses.replace(
         request.checkpoints, resume_from=str(resume_from) if resume_from else None
     )
+    if request.job is not None:  # the ranks' checkpoints store it (`save_checkpoint`)
+        cfg = dataclasses.replace(cfg, extra={**cfg.extra, "job": request.job})
     return Job(
         spec,
         plan,

@@ -30,3 +30,7 @@ class TrainRequest:
     resume: str | None = None
     """A step-* checkpoint, a `--save` directory, or "auto" (`--resume`); None: a fresh
     start, unless torchrun restarted the job (`ratrain.checkpoint.hooks.resume_dir`)."""
+    job: dict | None = None
+    """The effective job as a job file holds it (`ratrain train --print-config`): sections
+    of {option: value}. Its checkpoints store it (`ratrain.json`'s "job"), and a resume
+    restores it; None: no job is stored."""
