@@ -29,6 +29,7 @@ COMMANDS = {
     "prepare": "tokenize text (.jsonl, .txt, .parquet) into token files for train --data",
     "generate": "continue a prompt with a checkpoint or a Hugging Face model (KV cache, CPU)",
     "eval": "the held-out loss of a checkpoint, through the pipeline (as train --eval-every)",
+    "plot": "draw training curves (loss, tokens/s, peak memory) from train --metrics files",
     "calibrate": "measure this machine (kernels, communication, runtime costs): a platform file",
     "validate": "run a grid of plans for real and set each beside its prediction",
     "emulate": "run a ratrain command across an emulated network (namespaces, shaped links)",

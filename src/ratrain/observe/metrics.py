@@ -1,10 +1,13 @@
-"""Training metrics: a JSONL file, a stderr progress bar, and TensorBoard when available.
+"""Training metrics: a JSONL file, a stderr progress bar, and TensorBoard or Weights &
+Biases (offline) when available.
 
 No third-party dependency: the progress bar redraws one line on a terminal and prints a
 plain line every `every_s` seconds otherwise (logs, CI). TensorBoard needs the
 `tensorboard` package (`pip install 'ratrain[tensorboard]'`): asking for it without the
 package is one line (`require_tensorboard`, which `ratrain train --tensorboard` calls before
-any work), never a run that silently logs nothing.
+any work), never a run that silently logs nothing. Weights & Biases (`--wandb PROJECT`)
+is the same: the `wandb` package (`pip install wandb`), checked by `require_wandb`; its run
+is offline (no network), its files in a `wandb/` folder beside the metrics file.
 """
 
 from __future__ import annotations
@@ -26,10 +29,16 @@ __all__ = [
     "format_duration",
     "require_tensorboard",
     "TENSORBOARD_EXTRA",
+    "WandbWriter",
+    "require_wandb",
+    "wandb_dir",
+    "WANDB_EXTRA",
 ]
 
 TENSORBOARD_EXTRA = "pip install 'ratrain[tensorboard]'"
 """How to install what `--tensorboard` needs (the `tensorboard` extra of pyproject.toml)."""
+WANDB_EXTRA = "pip install wandb"
+"""How to install what `--wandb` needs (also `pip install 'ratrain[wandb]'`)."""
 
 
 def _finite(value):
@@ -190,3 +199,61 @@ class TensorBoardWriter:
     def close(self) -> None:
         if self._w is not None:
             self._w.close()
+
+
+def require_wandb(flag: str = "--wandb") -> None:
+    """One line (RatrainError) unless the `wandb` package is installed: checked without
+    importing it (or torch), so a command can refuse before any work."""
+    if importlib.util.find_spec("wandb") is None:
+        raise RatrainError(f"{flag} needs the wandb package, which is not installed: {WANDB_EXTRA}")
+
+
+def wandb_dir(metrics_path: str | Path | None) -> Path:
+    """Where an offline Weights & Biases run keeps its files: `wandb/` in the metrics
+    file's folder (the current one without a metrics file)."""
+    return Path(metrics_path).parent if metrics_path else Path(".")
+
+
+class WandbWriter:
+    """The metrics records to an offline Weights & Biases run of `project` (None: a writer
+    that does nothing), its files under `dir`/wandb (`wandb sync` uploads them later). A
+    `project` without the `wandb` package installed is one line (RatrainError)."""
+
+    def __init__(self, project: str | None, dir: str | Path = ".", config: dict | None = None):
+        self._run = None
+        if project is None:
+            return
+        require_wandb()
+        try:
+            import wandb
+        except ImportError as e:  # installed, yet not importable (a broken install)
+            raise RatrainError(f"--wandb: cannot import wandb ({e}); {WANDB_EXTRA}") from None
+        Path(dir).mkdir(parents=True, exist_ok=True)
+        self._run = wandb.init(project=project, dir=str(dir), mode="offline", config=config)
+
+    @property
+    def active(self) -> bool:
+        return self._run is not None
+
+    def write(self, step: int, record: dict) -> None:
+        """A record's numbers as scalars (`train/<key>`), and the highest rank's value of
+        each per-rank list (`train/<key>_max`)."""
+        if self._run is None:
+            return
+        scalars = {}
+        for k, v in record.items():
+            if isinstance(v, (list, tuple)):
+                v = max((x for x in v if _is_number(x)), default=None)
+                k = f"{k}_max"
+            if _is_number(v) and k != "step":
+                scalars[f"train/{k}"] = v
+        self._run.log(scalars, step=step)
+
+    def close(self) -> None:
+        if self._run is not None:
+            self._run.finish()
+            self._run = None
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

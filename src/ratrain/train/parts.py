@@ -82,6 +82,8 @@ class Outputs:
     """Write per-step metrics as JSON lines here."""
     tensorboard_dir: str | None = None
     """Also log to TensorBoard here."""
+    wandb_project: str | None = None
+    """Also log to Weights & Biases, offline, as this project (files beside the metrics)."""
     progress: bool = True
     """Show the progress bar."""
     trace_path: str | None = None

@@ -16,7 +16,13 @@ from ratrain.data.base import TokenSource
 from ratrain.launch.faults import Interrupted, signal_name, signals_interrupt
 from ratrain.models.counts import total_params
 from ratrain.models.spec import ModelSpec
-from ratrain.observe.metrics import JsonlWriter, Progress, TensorBoardWriter
+from ratrain.observe.metrics import (
+    JsonlWriter,
+    Progress,
+    TensorBoardWriter,
+    WandbWriter,
+    wandb_dir,
+)
 from ratrain.train.failures import NO_CHECKPOINTS
 from ratrain.train.parts import Launch, Outputs
 from ratrain.train.reference import ReferenceTrainer
@@ -59,6 +65,7 @@ def run_reference(
     src = source()
     metrics = JsonlWriter(outputs.metrics_path) if outputs.metrics_path else None
     tb = TensorBoardWriter(outputs.tensorboard_dir)
+    wb = WandbWriter(outputs.wandb_project, wandb_dir(outputs.metrics_path))
     trainer = ReferenceTrainer(spec, plan, cfg, src, backend=launch.backend, metrics=metrics)
     _print_header(spec, plan, cfg, src, n_threads)
     bar = Progress(cfg.steps, "train", quiet=not outputs.progress)
@@ -66,6 +73,7 @@ def run_reference(
 
     def on_step(s) -> None:
         tb.write(s.step, s.record())
+        wb.write(s.step, s.record())
         bar.update(**{"loss": s.loss, "lr": s.lr, "tok/s": f"{s.tokens_per_s:,.0f}"})
         done[0] += 1
 
@@ -82,6 +90,7 @@ def run_reference(
         torch.set_num_threads(saved_threads)
         bar.close()
         tb.close()
+        wb.close()
         if metrics is not None:
             metrics.close()
     elapsed_s = time.perf_counter() - t0

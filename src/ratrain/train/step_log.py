@@ -19,7 +19,7 @@ from ratrain.checkpoint.hooks import keep_records_before
 from ratrain.config import Plan
 from ratrain.models.spec import ModelSpec
 from ratrain.observe.memory import peaks_per_rank
-from ratrain.observe.metrics import JsonlWriter, Progress, TensorBoardWriter
+from ratrain.observe.metrics import JsonlWriter, Progress, TensorBoardWriter, WandbWriter, wandb_dir
 from ratrain.runtime.comm import Handle
 from ratrain.runtime.executor import StepResult
 
@@ -57,7 +57,8 @@ class StepLog:
         self.stop_signum = 0
         self.records: list[dict] = []
         self.eval_loss: float | None = None  # the latest held-out loss, kept on the bar
-        self.jsonl = self.tb = self.bar = None
+        self.jsonl = self.tb = self.wandb = self.bar = None
+        self.cap_bytes = job.memory_cap.cap_bytes if job and job.memory_cap else None
         if job is not None:
             out = job.outputs
             if out.metrics_path and start:
@@ -66,6 +67,8 @@ class StepLog:
                 JsonlWriter(out.metrics_path, append=start > 0) if out.metrics_path else None
             )
             self.tb = TensorBoardWriter(out.tensorboard_dir) if out.tensorboard_dir else None
+            if out.wandb_project:  # offline, its files beside the metrics file
+                self.wandb = WandbWriter(out.wandb_project, wandb_dir(out.metrics_path))
             quiet = not out.progress or job.launch.run_steps == 0  # --steps 0 only converts
             self.bar = Progress(job.cfg.steps, kind, quiet=quiet, start=start)
 
@@ -112,6 +115,8 @@ class StepLog:
             "peak_bytes_source": source,  # "tensors" (tensor bytes) or "rss" (peak RSS)
             "max_rss_bytes_per_rank": rss,
         }
+        if self.cap_bytes is not None:  # the declared cap the peaks are held to (`ratrain plot`)
+            rec["memory_cap_bytes"] = self.cap_bytes
         if self.plan.compute_dtype == "fp16":
             rec.update(loss_scale=res.loss_scale, skipped=res.skipped)
         if res.eval_loss is not None:  # evaluated after this step (`EvalOpts.every`)
@@ -122,10 +127,12 @@ class StepLog:
             self.jsonl.write(rec)
         if self.tb is not None:
             self.tb.write(res.step, {k: v for k, v in rec.items() if not k.endswith("_per_rank")})
+        if self.wandb is not None:
+            self.wandb.write(res.step, rec)
         held_out = {} if self.eval_loss is None else {"eval_loss": self.eval_loss}
         self.bar.update(1, loss=loss, **held_out, **{"tok/s": f"{rec['tokens_per_s']:,.0f}"})
 
     def close(self) -> None:
-        for w in (self.jsonl, self.tb, self.bar):
+        for w in (self.jsonl, self.tb, self.wandb, self.bar):
             if w is not None:
                 w.close()
