@@ -1,5 +1,5 @@
 """Small text corpora and tokenizers made in-process, for the tests of `prepare`, eval,
-generation and the README's own-text walk-through (no download)."""
+generation and the fine-tuning guide's own-text walk-through (no download)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The README's "Train on your own text" section, run command by command on a tiny corpus and
-tokenizer made here (fewer steps and smaller batches than the README, nothing else changed):
+"""The guide's "Train on your own text" section (docs/guide/finetune.md; it was the README's),
+run command by command on a tiny corpus and tokenizer made here (fewer steps and smaller
+batches than the guide, nothing else changed):
 prepare -> train on the prepared directory -> generate -> export, and the export loads in
 transformers with its tokenizer, continuing a prompt as `ratrain generate` does."""
 
@@ -18,15 +19,15 @@ from ratrain.cli import main
 
 transformers = pytest.importorskip("transformers")
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "finetune.md"
 SMALL = ["--seq", "16", "--micro-batch", "1", "--global-batch", "2", "--quiet", "--threads", "1"]
 
 
 def section_commands() -> list[list[str]]:
     """The `ratrain ...` lines of the section's bash block, as argv lists."""
-    text = README.read_text()
-    m = re.search(r"### Train on your own text\n(.*?)\n```bash\n(.*?)```", text, re.S)
-    assert m, "README lost its 'Train on your own text' section"
+    text = GUIDE.read_text()
+    m = re.search(r"## Train on your own text\n(.*?)\n```bash\n(.*?)```", text, re.S)
+    assert m, "docs/guide/finetune.md lost its 'Train on your own text' section"
     lines = [x.strip() for x in m.group(2).splitlines()]
     return [shlex.split(x)[1:] for x in lines if x.startswith("ratrain ")]
 

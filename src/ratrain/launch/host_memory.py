@@ -2,7 +2,7 @@
 
 On a CPU device every tensor is a malloc allocation (torch's CPU allocator calls
 `posix_memalign`, 64-byte aligned whatever serves it). glibc's malloc serves a training
-step's activations from its heap, which fragments: on the issue-12 job
+step's activations from its heap, which fragments: on the rss_breakdown job
 (`benchmarks/rss_breakdown.py`, pp=2, split 5,3) rank 0's heap grew to ~730 MiB for a peak
 of 529 MiB of live tensors, and freed heap memory stays resident.
 
@@ -66,7 +66,7 @@ HOST_ALLOCATORS = ("auto", "tcmalloc", "jemalloc", "malloc")
 (glibc's, torch's default)."""
 
 AUTO_ORDER = ("tcmalloc", "jemalloc")
-"""measured (docs/runtime.md, "Host memory"; the issue-12 job, pp=2): both keep rank 0's
+"""measured (docs/runtime.md, "Host memory"; benchmarks/rss_breakdown.py, pp=2): both keep rank 0's
 peak RSS ~100 MiB under glibc's (793 and 777 MiB against 890); jemalloc purges freed
 pages and faults them back in, ~190,000 minor faults per step against tcmalloc's ~1,600,
 and ran 0.95x glibc's tokens/s in every interleaved pair on the idle machine, where

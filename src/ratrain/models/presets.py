@@ -33,9 +33,21 @@ PRESETS: dict[str, ModelSpec] = {
         ModelSpec("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, norm_eps=1e-5, **_QWEN25),
         # meta-llama/Llama-3.1-405B config.json: GQA, RoPE 5e5 with Llama 3.1's scaling
         ModelSpec(
-            "llama3-405b", 126, 16384, 128, 8, 53248, 128256, max_seq=131072, norm_eps=1e-5,
-            rope_theta=500_000.0, rope_type="llama3", rope_factor=8.0, rope_low_freq_factor=1.0,
-            rope_high_freq_factor=4.0, rope_original_max_seq=8192,
+            "llama3-405b",
+            126,
+            16384,
+            128,
+            8,
+            53248,
+            128256,
+            max_seq=131072,
+            norm_eps=1e-5,
+            rope_theta=500_000.0,
+            rope_type="llama3",
+            rope_factor=8.0,
+            rope_low_freq_factor=1.0,
+            rope_high_freq_factor=4.0,
+            rope_original_max_seq=8192,
         ),  # fmt: skip
         # tiny models for tests and demos (CPU, seconds)
         ModelSpec("tiny", 4, 64, 4, 2, 176, 256, max_seq=128),
