@@ -460,7 +460,7 @@ def _print(res, baselines, args) -> None:
             )
     if left:
         print(f"{left} of {req.clusters} clusters left over (pp x dp = {best.clusters_used})")
-    print(f"\nbest plan, per stage (cap less workspace {best.limit_bytes / 1e9:.2f} GB):")
+    print(f"\nbest plan, per stage (usable {best.limit_bytes / 1e9:.2f} GB: the cap - workspace):")
     print(stage_table(best))
     for path, what in ((args.output, "plan"), (args.plot, "memory plot")):
         if path:

@@ -90,7 +90,7 @@ def _table(r, platform: Platform) -> str:
         f"tokens/s    {r.tokens_per_s:,.1f} ({r.tokens_per_s / (p['pp'] * p['dp']):,.1f} per unit)",
         f"bubble      {r.bubble_fraction:.1%}",
         "",
-        "stage  peak memory  cap (usable - workspace)  compute  "
+        "stage  peak memory  usable (cap - workspace)  compute  "
         "tail after last B: update / sync / global checks / other",
     ]
     cap = r.memory_cap_bytes - r.workspace_bytes

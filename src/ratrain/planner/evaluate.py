@@ -37,7 +37,8 @@ __all__ = [
 
 
 def usable_bytes(req: Request) -> int:
-    """What a stage's ledger peak may reach: the usable memory less the reserved workspace."""
+    """What a stage's ledger peak may reach: the usable memory, the cap less the workspace
+    reserved from it."""
     return req.platform.usable_memory_bytes - req.platform.workspace_bytes
 
 

@@ -109,8 +109,8 @@ class Explanation:
             return [f"no candidate plan exists for this request: {self.note}"]
         else:
             head = (
-                f"no plan fits {self.limit_bytes / gb:.2f} GB per stage (usable memory less the "
-                "workspace)."
+                f"no plan fits {self.limit_bytes / gb:.2f} GB per stage (usable: the cap less the "
+                "workspace reserved from it)."
             )
         p = self.closest
         out = [

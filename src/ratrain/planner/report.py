@@ -192,9 +192,10 @@ def plot_memory(c: Candidate, path: str, title: str = "") -> None:
     for cls in STATE_CLASSES:
         vals = [c.memory_breakdown[s].get(cls, 0) / _GB for s in range(pp)]
         if any(vals):
-            ax.bar(range(pp), vals, bottom=bottom, label=cls)
+            label = "kernel buffers" if cls == "workspace" else cls  # not the cap's workspace
+            ax.bar(range(pp), vals, bottom=bottom, label=label)
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    ax.axhline(c.limit_bytes / _GB, color="red", linestyle="--", label="usable less workspace")
+    ax.axhline(c.limit_bytes / _GB, color="red", linestyle="--", label="usable (cap - workspace)")
     ax.set_xticks(range(0, pp, max(1, pp // 16)))
     ax.set_xlim(-0.6, pp - 0.4)
     ax.set_xlabel("pipeline stage")

@@ -123,14 +123,14 @@ def _memory(ax, result, scale: float) -> None:
         ax.step(ts, gb + gb[-1:], where="post", label=f"stage {s}", linewidth=1)
     if result.memory_cap_bytes:
         cap = result.memory_cap_bytes / _GB
-        ax.axhline(cap, color="red", linestyle="-", linewidth=1, label="usable memory")
+        ax.axhline(cap, color="red", linestyle="-", linewidth=1, label="cap")
         if result.workspace_bytes:
             ax.axhline(
                 cap - result.workspace_bytes / _GB,
                 color="red",
                 linestyle=":",
                 linewidth=1,
-                label="usable - workspace",
+                label="usable (cap - workspace)",
             )
     ax.set_ylabel("GB")
     ax.set_ylim(bottom=0)

@@ -26,14 +26,18 @@ def summary_line(
 
 
 def memory_note(record: dict) -> str:
-    """ "; peak ... per rank ... MiB" from a step record: tensor peaks where every rank
-    measured them, else peak RSS; "" when the record has neither."""
+    """ "; measured peak ... per rank ... MiB" from a step record, in the ledger's terms:
+    tensor bytes where every rank measured them, else peak RSS (said to be more than the
+    ledger counts); "" when the record has neither."""
     peaks = record.get("peak_bytes_per_rank")
     if peaks and None not in peaks:
         mib = ", ".join(f"{p / 2**20:.1f}" for p in peaks)
-        return f"; peak tensor memory per rank {mib} MiB"
+        return f"; measured peak tensor bytes per rank {mib} MiB"
     rss = record.get("max_rss_bytes_per_rank")
     if rss:
         mib = ", ".join(f"{p / 2**20:.0f}" for p in rss)
-        return f"; peak RSS per rank {mib} MiB"
+        return (
+            f"; measured peak RSS per rank {mib} MiB (tensors, the runtime and its libraries; "
+            f"the ledger and --memory-cap count tensor bytes: --measure-memory measures them)"
+        )
     return ""
