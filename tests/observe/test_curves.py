@@ -148,3 +148,9 @@ def test_plot_imports_no_torch():
     code = "import sys; from ratrain.cli import plot; import ratrain.observe.curves; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_runs_with_the_same_file_name_are_told_apart_by_their_folder():
+    from ratrain.cli.plot import _default_labels
+
+    assert _default_labels(["a/m.jsonl", "b/m.jsonl", "c.jsonl"]) == ["a/m", "b/m", "c"]

@@ -5,6 +5,7 @@ Never imports torch."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ratrain.cli.outputs import PLOT_SUFFIXES, prepare_output_file
 from ratrain.errors import RatrainError
@@ -50,11 +51,22 @@ def run(args: argparse.Namespace) -> int:
     if args.dpi <= 0:
         raise RatrainError(f"--dpi must be a positive integer, got {args.dpi}")
     prepare_output_file(args.output, "-o", PLOT_SUFFIXES)
+    names = _default_labels(args.metrics)
     runs = [
-        read_run(path, labels[i] if i < len(labels) else None)
+        read_run(path, labels[i] if i < len(labels) else names[i])
         for i, path in enumerate(args.metrics)
     ]
     cap = args.cap * 2**30 if args.cap is not None else None
     plot_curves(runs, args.output, cap_bytes=cap, dpi=args.dpi)
     print(f"wrote {args.output} ({len(runs)} run{'s' if len(runs) > 1 else ''})")
     return 0
+
+
+def _default_labels(paths: list[str]) -> list[str]:
+    """Each file's name without its suffix; with its folder where two names are the same
+    (two runs' m.jsonl)."""
+    stems = [Path(p).stem for p in paths]
+    return [
+        str(Path(Path(p).resolve().parent.name) / s) if stems.count(s) > 1 else s
+        for p, s in zip(paths, stems, strict=True)
+    ]

@@ -224,7 +224,7 @@ def plot_curves(runs: list[Run], path: str | Path, *, cap_bytes: float | None = 
 
 def _memory_title(caps: list, sources: set[str]) -> str:
     if not caps:
-        return "peak memory (no cap recorded: ratrain plot --cap GIB draws one)"
+        return "peak memory (no cap recorded; --cap GIB draws one)"
     if "rss" in sources:  # the cap bounds the ledger's tensor bytes; RSS holds more
         return "peak memory against the cap (dotted; it bounds tensor bytes)"
     return "peak memory against the cap (dotted)"
