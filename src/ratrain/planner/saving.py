@@ -19,21 +19,18 @@ from functools import lru_cache
 
 from ratrain.config import Plan
 from ratrain.schedule.views import view_rank
-from ratrain.schema import bound_fields, knob_of, saving_fields
+from ratrain.schema import knob_fields, knob_of, saving_fields
 
 __all__ = ["dominant", "n_saving", "saves", "saving_order"]
 
 _RANKS = tuple((f.name, knob_of(f).saves) for f in saving_fields(Plan))
 """(field, memory rank) of every ranked field, in the plan's field order."""
-_EACH = tuple(
-    (name, rank) for name, rank in _RANKS if not knob_of(Plan.__dataclass_fields__[name]).views
-)
+_EACH = tuple((f.name, knob_of(f).saves) for f in saving_fields(Plan) if not knob_of(f).views)
 """The ranked fields compared one by one (the view fields are compared together)."""
 _EQUAL = tuple(
-    name
-    for name in bound_fields(Plan)
-    if knob_of(Plan.__dataclass_fields__[name]).saves is None
-    and knob_of(Plan.__dataclass_fields__[name]).search == "knob"
+    f.name
+    for f in knob_fields(Plan)
+    if knob_of(f).bound and knob_of(f).saves is None and knob_of(f).search == "knob"
 )
 """The knob fields the bound reads that have no memory order: equal, or not comparable."""
 

@@ -261,9 +261,10 @@ def search(
             floors = [f for f in (left, queue_floor) if f is not None]
             # Nothing left that may fit: the ranking is the search's to the end.
             state.floor = max(state.floor, min(floors)) if floors else best.items[0].step_time_s
-    if not best.items and state.fallback is not None:
+    found_apart = not best.items and state.fallback is not None
+    if found_apart:
         _fall_back(tasks, best, state)
-    return _result(req, ev, best, state, total, t0)
+    return _result(req, ev, best, state, total, t0, found_apart)
 
 
 def _dive(req: Request, ev: Evaluator, state: State) -> Candidate | None:
@@ -397,7 +398,13 @@ def _reporter(
 
 
 def _result(
-    req: Request, ev: Evaluator, best: Top, state: State, total: int, t0: float
+    req: Request,
+    ev: Evaluator,
+    best: Top,
+    state: State,
+    total: int,
+    t0: float,
+    found_apart: bool,
 ) -> SearchResult:
     stopped = state.floor is not None or state.stopped
     return SearchResult(
@@ -415,7 +422,7 @@ def _result(
         structures_left=state.pruned if stopped else 0,
         untimed=None if best.items else state.untimed,
         v_untried=state.v_untried,
-        found_apart=state.fallback is not None and best.items == [state.fallback],
+        found_apart=found_apart,
     )
 
 
