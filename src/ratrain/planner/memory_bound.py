@@ -19,7 +19,7 @@ from ratrain.config import Plan
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
 from ratrain.planner.cache import Memo
-from ratrain.planner.memory_tables import Layout, Run, unit_tables, zb_profile
+from ratrain.planner.memory_tables import Layout, Run, unit_tables, zb_profile_of
 from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
 from ratrain.schedule.views import prefetched_views_of, transient_views_of
 from ratrain.schedule.zerobubble import warmup
@@ -138,7 +138,7 @@ class MemoryBound:
     B_W each (u, mb) keeps what the weight pass needs (`weight_grad_bytes`, whatever the
     policy: recompute rebuilt it before B_IN). So at B_IN(u, mb) the units above u keep
     that for mb, and so does every unit for each microbatch whose B_IN pass has run and
-    whose B_W pass has not (`zb_profile`: up to s of them on stage s). Gradients exist
+    whose B_W pass has not (`zb_profile`, `ZbProfile`: up to s of them on stage s). Gradients exist
     from the stage's first B_W pass, all of them at once (a pass covers every unit), and
     none before it. The pass order reads pp, so the moments taken are those where these
     counts change, besides 1F1B's.
@@ -357,23 +357,22 @@ class MemoryBound:
         moments = {0, min(1, m - 1), max(0, m - 1 - w)}
         if self.held_send_bytes:
             moments.add(m - 1)
-        profile = zb_profile(plan.pp, m, w, plan.pipeline) if self.zb else ()
-        if profile:
+        profile = zb_profile_of(plan.pp, m, w, plan.pipeline) if self.zb else None
+        if profile is not None:
             # Under zb-h1 the microbatches past their B_IN and before their B_W, and
             # whether a B_W has run, change too: what is held is linear in mb between
             # the changes, so the largest is at one end of a stretch without one.
-            for i in range(1, m):
-                if profile[i] != profile[i - 1]:
-                    moments |= {i - 1, i}
+            moments |= profile.moments()
         for mb in sorted(moments) if terms else ():
             others, grads_all = min(w, m - 1 - mb), mb >= 1
             off, others_b = self._offload(mb, others, m, w, total_keep)
             sent = (0 if head else min(mb + w, m - 1) + 1) + (0 if emb else mb)
             held = sent * self.held_send_bytes
-            moved = bool(profile) and plan.offload_activations and profile[mb][2]
+            at = profile.at(mb) if profile is not None else None
+            moved = at is not None and plan.offload_activations and at[2]
             v, (grads, mine, running, k, ahead_view) = largest_unit(grads_all, off, not moved)
-            if profile:
-                waiting, w_started, _ = profile[mb]
+            if at is not None:
+                waiting, w_started, _ = at
                 if not plan.offload_activations:  # else offloaded until its B_W nears
                     others_b += waiting * lay.total_w  # each keeps what its B_W pass needs
                 grads += lay.zb_grads if w_started else 0

@@ -21,7 +21,7 @@ from ratrain.sizes.activations import (
     weight_grad_bytes,
 )
 
-__all__ = ["Layout", "Run", "unit_tables", "zb_profile"]
+__all__ = ["Layout", "Run", "ZbProfile", "unit_tables", "zb_profile", "zb_profile_of"]
 
 
 @lru_cache(maxsize=4096)
@@ -41,6 +41,77 @@ def zb_profile(pp: int, m: int, w: int, pipeline: str) -> tuple[tuple[int, bool,
         elif op is Op.B_W:
             done_w += 1
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class ZbProfile:
+    """`zb_profile` in closed form, for a stage with warm-up `w` and in-flight limit `limit`
+    (`ratrain.schedule.zerobubble.order_of`; limit >= w + 1 under zb-h1 and zb-h2). Its
+    steady state pairs F(f) with B_IN(f - w) and, from f = limit - 1 on, with B_W(f -
+    limit + 1); each cool-down B_IN is followed by a B_W. So at B_IN(mb) the weight passes
+    done are max(0, mb + w - limit + 1, mb + w - m): none before `first_w`, then one more
+    per microbatch. Reading `order_of`'s pass order, O(m), for every stage's bound was most
+    of the search's time on deep pipelines; this is O(1) per microbatch."""
+
+    m: int
+    w: int
+    limit: int
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.w <= self.m and self.limit >= self.w + 1, (self.m, self.w, self.limit)
+
+    def done_w(self, mb: int) -> int:
+        """Weight passes run before B_IN(mb)."""
+        return max(0, mb + self.w - self.limit + 1, mb + self.w - self.m)
+
+    @property
+    def first_w(self) -> int:
+        """The first microbatch whose B_IN follows a B_W pass (m where none does)."""
+        return min(self.limit - self.w, self.m - self.w + 1, self.m)
+
+    def deferred(self, mb: int) -> bool:
+        """Whether mb's B_W waits behind another pass than a B_W (`deferred_weight_mbs`):
+        the steady state's weight passes run limit - 1 - w input-gradient passes late, the
+        cool-down's m - w - steady ones, and the last ones after every B_IN."""
+        m, w, limit = self.m, self.w, self.limit
+        steady = max(0, m - limit + 1)  # weight passes in the steady state
+        if mb < steady:
+            return limit > w + 1
+        if mb < steady + w:
+            return steady < m - w
+        return mb < m - 1
+
+    def at(self, mb: int) -> tuple[int, bool, bool]:
+        """`zb_profile(...)[mb]`."""
+        done = self.done_w(mb)
+        return mb - done, done > 0, self.deferred(mb)
+
+    def moments(self) -> set[int]:
+        """The microbatches `MemoryBound` looks at besides 1F1B's moments. The scan over
+        `zb_profile` takes every one whose profile differs from the one before, and that
+        one; what the bound adds up is linear in mb between the points where one of its
+        terms changes slope or steps (`kinks`), so the ends of each run of such moments
+        and the kinks inside it, with their neighbours, give the same largest value. Up
+        to `first_w` every microbatch is such a moment (one more B_IN waits for its B_W);
+        past it, only where `deferred` changes."""
+        m, w = self.m, self.w
+        if m < 2:
+            return set()
+        last = min(self.first_w, m - 1)  # 0..last: one run of moments
+        steady = max(0, m - self.limit + 1)
+        flips = {i for i in (steady, steady + w, m - 1) if 0 < i < m}
+        flips = {i for i in flips if self.deferred(i) != self.deferred(i - 1)}
+        kinks = {1, m - 1 - w, m - w, m - 2, m - 1, last, *flips}
+        out = {0, last}
+        out |= {k + d for k in kinks for d in (-1, 0, 1) if 0 <= k + d <= last}
+        out |= {j for i in flips if i > last for j in (i - 1, i)}
+        return out
+
+
+@lru_cache(maxsize=4096)
+def zb_profile_of(pp: int, m: int, w: int, pipeline: str) -> ZbProfile:
+    """The `ZbProfile` of a zero-bubble stage with warm-up w."""
+    return ZbProfile(m, w, inflight_limit(pp, w, pipeline))
 
 
 def unit_tables(spec: ModelSpec, plan: Plan, kinds: dict[str, int], eager: bool) -> tuple:

@@ -221,9 +221,10 @@ def deferred_weight_mbs(order: list[tuple[Op, int]]) -> set[int]:
     """`weight_offloaded_mbs` of a zero-bubble pass order."""
     bi_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.B_IN}
     bw_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.B_W}
-    return {
-        mb for mb in bi_at if any(op is not Op.B_W for op, _ in order[bi_at[mb] + 1 : bw_at[mb]])
-    }
+    others = [0]  # passes other than B_W before each position: one scan, not one per mb
+    for op, _ in order:
+        others.append(others[-1] + (op is not Op.B_W))
+    return {mb for mb, i in bi_at.items() if others[bw_at[mb]] - others[i + 1] > 0}
 
 
 def _add_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
