@@ -7,7 +7,17 @@ models (and llama2-13b) x clusters x global batch, at seq 4096, each case a fres
     PYTHONPATH=src python benchmarks/plan_grid.py --json out.json --jobs 1
     PYTHONPATH=src python benchmarks/plan_grid.py --quick --time-budget 0  # exact searches
     PYTHONPATH=src python benchmarks/plan_grid.py --paper   # the paper's 4 models, 1024 mt3000
-    PYTHONPATH=src python benchmarks/plan_grid.py --case h100-80g:qwen2.5-32b:8:4096
+    PYTHONPATH=src python benchmarks/plan_grid.py --case h100-80g:qwen2.5-32b:8:4096[:SEQ]
+    PYTHONPATH=src python benchmarks/plan_grid.py --wide    # the jobs people ask about today
+    PYTHONPATH=src python benchmarks/plan_grid.py --wide --exact 600  # and each exact answer
+
+`--wide` (288 cases): models from 1B to 405B (llama3.2-1b, llama2-7b, qwen2.5-32b,
+llama2-70b, llama3-405b) x mt3000, a100-80g, h100-80g x 24, 96 and 1000 clusters (not
+powers of two) x sequences of 2k-32k (as far as each model's max_seq goes) x global batches
+of 256k and 16M tokens. Each row gives the time to the first fitting plan (`first_fit_s`)
+and to the answer, and the certified gap. `--exact SECONDS` also runs each case's exact
+search (`--time-budget 0`) for up to that long and reports how far the answer's step is
+from the exact optimum's where that search ended in time.
 
 Prints one row per case (wall seconds, the child's CPU seconds, search seconds, plan or
 infeasible) and the p50, p95 and max of the wall times (and of the CPU times), the slowest
@@ -52,7 +62,27 @@ SEQ = 4096
 TARGETS = {"p95_s": 2.0, "max_s": 5.0, "infeasible_max_s": 1.0, "paper_1024_max_s": 2.0}
 
 
-def grid(quick: bool, paper: bool = False) -> list[tuple[str, str, int, int]]:
+WIDE_MODELS = ("llama3.2-1b", "llama2-7b", "qwen2.5-32b", "llama2-70b", "llama3-405b")
+WIDE_PLATFORMS = ("mt3000", "a100-80g", "h100-80g")
+WIDE_CLUSTERS = (24, 96, 1000)
+WIDE_SEQS = (2048, 4096, 8192, 32768)
+WIDE_TOKENS = (2**18, 2**24)
+"""Global batches in tokens: 256k and 16M."""
+
+
+def wide_grid() -> list[tuple[str, str, int, int, int]]:
+    from ratrain.models.presets import get_preset
+
+    out = []
+    for model, platform, clusters, seq, tokens in itertools.product(
+        WIDE_MODELS, WIDE_PLATFORMS, WIDE_CLUSTERS, WIDE_SEQS, WIDE_TOKENS
+    ):
+        if seq <= get_preset(model).max_seq:
+            out.append((platform, model, clusters, tokens // seq, seq))
+    return out
+
+
+def grid(quick: bool, paper: bool = False) -> list[tuple]:
     if paper:  # the paper's four models at 1024 MT-3000 clusters, LLaMA 2's 4M-token batch
         return [("mt3000", m, 1024, 1024) for m in PAPER_MODELS]
     if quick:
@@ -64,8 +94,9 @@ def grid(quick: bool, paper: bool = False) -> list[tuple[str, str, int, int]]:
     return list(itertools.product(PLATFORMS, MODELS, CLUSTERS, GLOBAL_BATCHES))
 
 
-def run_case(case: tuple[str, str, int, int], timeout_s: float, extra: list[str] = ()) -> dict:
-    platform, model, clusters, gb = case
+def run_case(case: tuple, timeout_s: float, extra: list[str] = ()) -> dict:
+    platform, model, clusters, gb, *rest = case
+    seq = rest[0] if rest else SEQ
     cmd = [
         sys.executable,
         "-m",
@@ -80,12 +111,18 @@ def run_case(case: tuple[str, str, int, int], timeout_s: float, extra: list[str]
         "--global-batch",
         str(gb),
         "--seq",
-        str(SEQ),
+        str(seq),
         "--json",
         "--quiet",
         *extra,
     ]
-    row = {"platform": platform, "model": model, "clusters": clusters, "global_batch": gb}
+    row = {
+        "platform": platform,
+        "model": model,
+        "clusters": clusters,
+        "global_batch": gb,
+        "seq": seq,
+    }
     t0 = time.perf_counter()
     # The child's CPU seconds (user + system): steadier than wall time on a shared machine.
     # Exact with --jobs 1; with more jobs the children's times mix.
@@ -105,6 +142,7 @@ def run_case(case: tuple[str, str, int, int], timeout_s: float, extra: list[str]
         err = (out.stderr.strip().splitlines() or ["no output"])[-1]
         return {**row, "result": "error", "plan": err[:100]}
     row["search_s"] = d.get("search_time_s")
+    row["first_fit_s"] = d.get("first_fit_s")
     # Cut at the time budget: the best is within `gap` of the optimum (by the bound left).
     row["exact"] = not d.get("cut", False)
     row["gap"] = d.get("gap", 0.0)
@@ -113,6 +151,7 @@ def run_case(case: tuple[str, str, int, int], timeout_s: float, extra: list[str]
         row["result"] = "plan"
         row["family"] = d.get("family")
         row["tokens_per_s"] = d["predicted"]["tokens_per_s"]
+        row["step_s"] = d["predicted"]["step_time_s"]
         row["plan"] = (
             f"{d.get('family')} pp={p['pp']} dp={p['dp']} mb={p['micro_batch']} "
             f"rec={_rec(p['recompute'])} views={p['view_policy']}"
@@ -149,6 +188,8 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def summary(rows: list[dict]) -> dict:
+    planned = [r for r in rows if r["result"] == "plan"]
+    off = [r["off_exact"] for r in rows if r.get("off_exact") is not None]
     walls = [r["wall_s"] for r in rows]
     cpus = [r["cpu_s"] for r in rows if r.get("cpu_s") is not None]
     infeasible = [r["wall_s"] for r in rows if r["result"] == "infeasible"]
@@ -173,7 +214,16 @@ def summary(rows: list[dict]) -> dict:
         "untimed_fit": sum(r["result"] == "untimed fit" for r in rows),
         "not_exact": sum(not r.get("exact", True) for r in rows),
         "max_gap": max((r.get("gap") or 0.0 for r in rows), default=0.0),
+        "gap_le_5pct_share": _share([(r.get("gap") or 0.0) <= 0.05 for r in planned]),
+        "first_fit_p95_s": _pct([r["first_fit_s"] for r in planned if r.get("first_fit_s")], 0.95),
+        "exact_done": len(off),
+        "max_off_exact": max(off, default=0.0),
+        "within_5pct_of_exact_share": _share([o <= 0.05 for o in off]),
     }
+
+
+def _share(flags: list[bool]) -> float:
+    return sum(flags) / len(flags) if flags else 1.0
 
 
 def prepare_bytecode(mode: str) -> str:
@@ -192,19 +242,44 @@ def prepare_bytecode(mode: str) -> str:
     return pkg
 
 
-def _parse_case(text: str) -> tuple[str, str, int, int]:
+def _parse_case(text: str) -> tuple:
     try:
-        platform, model, clusters, gb = text.split(":")
-        return platform, model, int(clusters), int(gb)
+        platform, model, clusters, gb, *seq = text.split(":")
+        if len(seq) > 1:
+            raise ValueError
+        return (platform, model, int(clusters), int(gb), *(int(s) for s in seq))
     except ValueError:
         raise SystemExit(
-            f"plan_grid: --case wants PLATFORM:MODEL:CLUSTERS:GB, got {text!r}"
+            f"plan_grid: --case wants PLATFORM:MODEL:CLUSTERS:GB[:SEQ], got {text!r}"
         ) from None
+
+
+def with_exact(row: dict, case: tuple, timeout_s: float) -> dict:
+    """`row` with its case's exact search (`--time-budget 0`, up to `timeout_s`): the
+    exact optimum's step, its search time, and how much longer the answer's step is
+    (`off_exact`); none where it did not end in time."""
+    ex = run_case(case, timeout_s, ["--time-budget", "0"])
+    row["exact_wall_s"] = ex["wall_s"]
+    if ex["result"] == "plan" and row.get("step_s"):
+        row["exact_step_s"] = ex["step_s"]
+        row["off_exact"] = row["step_s"] / ex["step_s"] - 1
+    elif ex["result"] == "timeout":
+        row["exact_wall_s"] = None
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="16 cases instead of 300")
+    ap.add_argument(
+        "--wide", action="store_true", help="the jobs people ask about today (288 cases)"
+    )
+    ap.add_argument(
+        "--exact",
+        type=float,
+        metavar="SECONDS",
+        help="also run each case's exact search for up to SECONDS and compare",
+    )
     ap.add_argument(
         "--paper", action="store_true", help="the paper's four models on 1024 mt3000 clusters"
     )
@@ -233,15 +308,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     pkg = prepare_bytecode(args.bytecode)
-    cases = [_parse_case(c) for c in args.case] or grid(args.quick, args.paper)
+    cases = [_parse_case(c) for c in args.case] or (
+        wide_grid() if args.wide else grid(args.quick, args.paper)
+    )
     env_note = os.environ.get("PYTHONPATH", "")
     print(
-        f"{len(cases)} cases, seq {SEQ}, jobs {args.jobs} (PYTHONPATH={env_note or '-'}; "
+        f"{len(cases)} cases, jobs {args.jobs} (PYTHONPATH={env_note or '-'}; "
         f"bytecode {args.bytecode}: {pkg})"
     )
     hdr = (
-        f"{'platform':10} {'model':14} {'clust':>5} {'gb':>5} {'wall s':>7} {'cpu s':>7} "
-        f"{'search':>7}  result"
+        f"{'platform':10} {'model':14} {'clust':>5} {'gb':>5} {'seq':>5} {'wall s':>7} "
+        f"{'cpu s':>7} {'search':>7} {'1st fit':>7}  result"
     )
     print(hdr)
     rows = []
@@ -249,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = [] if args.time_budget is None else ["--time-budget", str(args.time_budget)]
 
     def one(case):
-        return run_case(case, args.timeout, extra)
+        row = run_case(case, args.timeout, extra)
+        return with_exact(row, case, args.exact) if args.exact else row
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         for r in pool.map(one, cases):
@@ -258,9 +336,16 @@ def main(argv: list[str] | None = None) -> int:
             cpu = "-" if r.get("cpu_s") is None else f"{r['cpu_s']:.2f}"
             cut = "" if r.get("exact", True) else f" [cut, within {r.get('gap') or 0.0:.1%}]"
             cut = "" if r["result"] in ("no fit yet", "untimed fit") else cut
+            first = "-" if r.get("first_fit_s") is None else f"{r['first_fit_s']:.2f}"
+            exact = ""
+            if r.get("off_exact") is not None:
+                exact = f" [exact in {r['exact_wall_s']:.0f} s: {r['off_exact']:+.1%}]"
+            elif args.exact:
+                exact = " [exact: not within --exact]"
             print(
                 f"{r['platform']:10} {r['model']:14} {r['clusters']:>5} {r['global_batch']:>5} "
-                f"{r['wall_s']:>7.2f} {cpu:>7} {search:>7}  {r['result']:10} {r['plan']}{cut}",
+                f"{r['seq']:>5} {r['wall_s']:>7.2f} {cpu:>7} {search:>7} {first:>7}  "
+                f"{r['result']:10} {r['plan']}{cut}{exact}",
                 flush=True,
             )
     s = summary(rows)

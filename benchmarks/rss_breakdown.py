@@ -42,7 +42,7 @@ from ratrain.launch.host_memory import loaded_host_allocator, resolve_host_alloc
 from ratrain.launch.spawn import spawn
 from ratrain.observe import memory as rt_memory
 from ratrain.observe import trace
-from ratrain.train import job as distributed_train
+from ratrain.train import rank as distributed_train
 from ratrain.train.job import Job, Launch, Outputs, rank_main, runtime_ledger
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -75,14 +75,15 @@ FLOOR_BUDGET_FRACTION = 0.2
 simulation), which shrinks the gap reported."""
 
 
-LOOK_APART_AT = 0.5
-"""assumed: with no plan ranked by the soft limit, the search looks for a fitting plan apart
-(`ratrain.planner.search._dive`) once this fraction of the time from the soft to the hard
-limit has passed (3.6 s at the default budget). Searches whose own first plan comes by then
-do not pay for the look: llama2-70b and qwen2.5-32b on 1024 mt3000 clusters and llama2-13b
-on 64 a100-80g clusters ranked theirs at 1.7-2.1 s; the look took 0.6-0.8 s on llama2-70b on
-64 a100-80g, 128 h100-80g and 1024 mt3000 clusters (measured on the 2-core machine), well
-within the 2.4 s it is left."""
+LOOK_APART_AT = 0.25
+"""assumed: with no plan ranked by this fraction of the soft limit (0.3 s at the default
+budget), the search looks for a fitting plan apart (`ratrain.planner.search._dive`), and
+that plan, simulated, becomes the incumbent that the search then improves on until the soft
+limit. Where memory is tight the fastest structures are those that do not fit, and a
+search that only worked through them by their step-time bound answered "no plan found in
+time" to jobs that fit (llama2-70b on 64 a100-80g and 128 h100-80g clusters). The look
+takes 0.2-0.8 s on such jobs on the 2-core machine; a search that ranks a plan of its own
+by then does not pay for it."""
 
 
 def explain_budget_s(budget_s: float, search_s: float) -> float:
@@ -146,12 +147,10 @@ class Budget:
         return soft is not None and time.perf_counter() + ahead_s > soft
 
     def look_apart_due(self) -> bool:
-        """Past `LOOK_APART_AT` of the way from the soft to the hard limit (never without
-        both)."""
+        """Past `LOOK_APART_AT` of the soft limit (never without both limits)."""
         if self.soft_s is None or self.hard_s is None:
             return False
-        at = self.soft_s + LOOK_APART_AT * (self.hard_s - self.soft_s)
-        return time.perf_counter() > self.start + at
+        return time.perf_counter() > self.start + LOOK_APART_AT * self.soft_s
 
     def over_hard(self) -> bool:
         hard = self.hard

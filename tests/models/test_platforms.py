@@ -19,11 +19,11 @@ def test_presets_load_and_every_value_has_provenance(name):
     for key, note in p.notes.items():
         kind = note.split(":")[0].split(" ")[0]
         assert kind in ("sourced", "derived", "assumed", "measured"), key
-    # One note per number: 3 peaks + efficiency + cap + workspace + host (2) + links (2x3)
-    # + units + algorithm + 4 per tier; a calibrated preset has its measured sections too,
-    # and a CPU's host tier is its main memory (host.same_memory).
+    # One note per number: 3 peaks + efficiency + cap + workspace + headroom + host (2)
+    # + links (2x3) + units + algorithm + 4 per tier; a calibrated preset has its measured
+    # sections too, and a CPU's host tier is its main memory (host.same_memory).
     base = [k for k in p.notes if not k.startswith(_MEASURED_SECTIONS)]
-    assert len(base) == 16 + 4 * len(p.tiers) + p.host_is_main_memory
+    assert len(base) == 17 + 4 * len(p.tiers) + p.host_is_main_memory
     assert p.host_is_main_memory == (name == "cpu-local")
 
 

@@ -352,6 +352,7 @@ def run(args: argparse.Namespace) -> int:
             best,
             args.plot,
             title=f"{req.spec.name} on {req.platform.name}, {req.clusters} clusters",
+            headroom_bytes=req.platform.headroom_bytes,
         )
     if args.json:
         print(json.dumps(_with_batch_rule(result_json(res, baselines=baselines), args)))
@@ -410,7 +411,7 @@ def _save(best, req, args) -> None:
 
 
 def _print(res, baselines, args) -> None:
-    from ratrain.planner.report import ranked_table, stage_table, why
+    from ratrain.planner.report import limit_words, ranked_table, stage_table, why
 
     req, best = res.request, res.best
     left = req.clusters - best.clusters_used
@@ -425,11 +426,12 @@ def _print(res, baselines, args) -> None:
         print(note)
     if res.found_apart:
         print(
-            f"no plan ranked by the bound-ordered search within {res.search_time_s:.1f} s (the "
-            f"time budget {args.time_budget:g} s x {NO_FIT_BUDGET_FACTOR:g} with none fitting); "
-            f"the plan below was found apart, by the memory bound and the ledger: no plan of the "
-            f"space is faster than {res.floor_step_s:.3f} s/step (the smallest bound left), so it "
-            f"is within {res.gap:.1%} of the optimum; --time-budget 0 searches to the end"
+            f"memory is tight: the fastest structures by their step-time bound do not fit, and "
+            f"the plan below was found apart (the most memory-saving knobs, confirmed by the "
+            f"ledger); the search did not better it within its time budget "
+            f"({args.time_budget:g} s): no plan of the space is faster than "
+            f"{res.floor_step_s:.3f} s/step (the smallest bound left), so it is within "
+            f"{res.gap:.1%} of the optimum; --time-budget 0 searches to the end"
         )
     elif res.cut:
         print(
@@ -460,7 +462,10 @@ def _print(res, baselines, args) -> None:
             )
     if left:
         print(f"{left} of {req.clusters} clusters left over (pp x dp = {best.clusters_used})")
-    print(f"\nbest plan, per stage (usable {best.limit_bytes / 1e9:.2f} GB: the cap - workspace):")
+    print(
+        f"\nbest plan, per stage (usable {best.limit_bytes / 1e9:.2f} GB: "
+        f"{limit_words(req.platform)}):"
+    )
     print(stage_table(best))
     for path, what in ((args.output, "plan"), (args.plot, "memory plot")):
         if path:

@@ -90,19 +90,24 @@ def _table(r, platform: Platform) -> str:
         f"tokens/s    {r.tokens_per_s:,.1f} ({r.tokens_per_s / (p['pp'] * p['dp']):,.1f} per unit)",
         f"bubble      {r.bubble_fraction:.1%}",
         "",
-        "stage  peak memory  usable (cap - workspace)  compute  "
-        "tail after last B: update / sync / global checks / other",
+        f"stage  peak memory  {_USABLE_LABEL if r.headroom_bytes else _USABLE_LABEL_NO_HEADROOM}"
+        "  compute  tail after last B: update / sync / global checks / other",
     ]
-    cap = r.memory_cap_bytes - r.workspace_bytes
+    cap = r.memory_cap_bytes - r.workspace_bytes - r.headroom_bytes
     for s in range(r.pp):
         e = r.exposed[s]
         over = "  OVER" if s in r.over_cap() else ""
         lines.append(
-            f"{s:>5}  {_gb(r.peak_memory_bytes[s]):>11}  {_gb(cap):>24}  "
+            f"{s:>5}  {_gb(r.peak_memory_bytes[s]):>11}  "
+            f"{_gb(cap):>{len(_USABLE_LABEL if r.headroom_bytes else _USABLE_LABEL_NO_HEADROOM)}}  "
             f"{r.utilization[s]['compute']:>7.1%}  {e['tail_s']:.3g} s: {e['update_s']:.3g} / "
             f"{e['sync_s']:.3g} / {e['global_s']:.3g} / {e['other_s']:.3g} s{over}"
         )
     return "\n".join(lines)
+
+
+_USABLE_LABEL = "usable (cap - workspace - headroom)"
+_USABLE_LABEL_NO_HEADROOM = "usable (cap - workspace)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,8 +133,9 @@ def run(args: argparse.Namespace) -> int:
     for s in r.over_cap():
         print(
             f"warning: stage {s} peaks at {_gb(r.peak_memory_bytes[s])}, over the "
-            f"{_gb(r.memory_cap_bytes - r.workspace_bytes)} {platform.name} leaves after its "
-            "workspace; use more stages, recompute, or --shard-optimizer",
+            f"{_gb(r.memory_cap_bytes - r.workspace_bytes - r.headroom_bytes)} "
+            f"{platform.name} leaves after its workspace and headroom; use more stages, "
+            "recompute, or --shard-optimizer",
             file=sys.stderr,
         )
     return 0

@@ -31,6 +31,26 @@ PRESETS: dict[str, ModelSpec] = {
         # Qwen/Qwen2.5-{7,32}B config.json
         ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, norm_eps=1e-6, **_QWEN25),
         ModelSpec("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, norm_eps=1e-5, **_QWEN25),
+        # meta-llama/Llama-3.2-1B config.json: GQA, tied embeddings, RoPE 5e5 with Llama 3's
+        # scaling (factor 32)
+        ModelSpec(
+            "llama3.2-1b",
+            16,
+            2048,
+            32,
+            8,
+            8192,
+            128256,
+            max_seq=131072,
+            norm_eps=1e-5,
+            tied_embeddings=True,
+            rope_theta=500_000.0,
+            rope_type="llama3",
+            rope_factor=32.0,
+            rope_low_freq_factor=1.0,
+            rope_high_freq_factor=4.0,
+            rope_original_max_seq=8192,
+        ),  # fmt: skip
         # meta-llama/Llama-3.1-405B config.json: GQA, RoPE 5e5 with Llama 3.1's scaling
         ModelSpec(
             "llama3-405b",

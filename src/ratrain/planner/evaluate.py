@@ -37,9 +37,9 @@ __all__ = [
 
 
 def usable_bytes(req: Request) -> int:
-    """What a stage's ledger peak may reach: the usable memory, the cap less the workspace
-    reserved from it."""
-    return req.platform.usable_memory_bytes - req.platform.workspace_bytes
+    """What a stage's ledger peak may reach: the cap less the workspace reserved from it
+    and the headroom kept free (`Platform.plan_limit_bytes`)."""
+    return req.platform.plan_limit_bytes
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,13 @@ class Explanation:
     bound: bool = False
     """`peak_bytes` and `breakdown` are the closest candidate's memory lower bound (its
     ledger peak is no smaller), not its ledger replay."""
+    headroom_bytes: int = 0
+    """Kept free below the cap besides the workspace (`Platform.headroom_bytes`)."""
+
+    def _headroom_words(self) -> str:
+        if not self.headroom_bytes:
+            return ""
+        return f" and the {self.headroom_bytes / 1e9:.2f} GB headroom kept free (--headroom)"
 
     @property
     def over_bytes(self) -> int:
@@ -99,9 +106,10 @@ class Explanation:
         gb = 1e9
         if self.unexamined is not None:
             head = (
-                f"no plan found to fit {self.limit_bytes / gb:.2f} GB per stage within the time "
-                f"budget ({self.unexamined} structures not examined; --time-budget 0 searches "
-                "them all)."
+                f"unknown whether a plan fits {self.limit_bytes / gb:.2f} GB per stage: none was "
+                f"found within the time budget, and {self.unexamined} structures were not "
+                "examined (this is not a proof that none fits); --time-budget 0 searches them "
+                "all and settles it."
             )
             if self.closest is None:
                 return [head]
@@ -110,7 +118,7 @@ class Explanation:
         else:
             head = (
                 f"no plan fits {self.limit_bytes / gb:.2f} GB per stage (usable: the cap less the "
-                "workspace reserved from it)."
+                f"workspace reserved from it{self._headroom_words()})."
             )
         p = self.closest
         out = [
@@ -185,7 +193,17 @@ def explain(
     limit = usable_bytes(req)
     if near is None:
         note = "" if unexamined is not None else _no_candidate_note(req)
-        return Explanation(None, None, None, 0, limit, {}, note=note, unexamined=unexamined)
+        return Explanation(
+            None,
+            None,
+            None,
+            0,
+            limit,
+            {},
+            note=note,
+            unexamined=unexamined,
+            headroom_bytes=req.platform.headroom_bytes,
+        )
     peaks, bounded = near.peak_bytes, not near.measured and budget.limited
     if bounded:
         # Under a time budget the closest miss is described by its memory lower bound: a
@@ -199,7 +217,16 @@ def explain(
             peaks, breakdown = rep.peak_bytes, rep.breakdown
         stage = max(range(len(peaks)), key=lambda s: peaks[s])
         parts = dict(breakdown[stage])
-    ex = Explanation(near.plan, near.family, stage, peaks[stage], limit, parts, bound=bounded)
+    ex = Explanation(
+        near.plan,
+        near.family,
+        stage,
+        peaks[stage],
+        limit,
+        parts,
+        bound=bounded,
+        headroom_bytes=req.platform.headroom_bytes,
+    )
     if unexamined is not None:
         ex.unexamined = unexamined
         return ex

@@ -6,7 +6,15 @@ from __future__ import annotations
 from ratrain.config import Plan
 from ratrain.planner.search import Candidate, SearchResult
 
-__all__ = ["describe", "why", "ranked_table", "stage_table", "result_json", "plot_memory"]
+__all__ = [
+    "describe",
+    "why",
+    "ranked_table",
+    "stage_table",
+    "result_json",
+    "plot_memory",
+    "limit_words",
+]
 
 _GB = 1e9
 _KNOBS = (
@@ -88,7 +96,7 @@ def why(c: Candidate, other: Candidate | None, label: str = "next") -> str:
 def ranked_table(res: SearchResult) -> str:
     """The ranked plans, one per line."""
     req = res.request
-    cap = req.platform.usable_memory_bytes - req.platform.workspace_bytes
+    cap = req.platform.plan_limit_bytes
     lines = [
         f"{'#':>2}  {'family':9}  {'tokens/s':>11}  {'step s':>8}  {'bubble':>6}  "
         f"{'peak GB (max stage)':>19}  plan"
@@ -133,8 +141,11 @@ def result_json(res: SearchResult, explanation=None, baselines: dict | None = No
         "clusters": req.clusters,
         "global_batch": req.global_batch,
         "seq": req.seq,
+        "limit_bytes": req.platform.plan_limit_bytes,
+        "headroom_bytes": req.platform.headroom_bytes,
         "pins": {k: list(v) if isinstance(v, tuple) else v for k, v in req.pins.items()},
         "search_time_s": res.search_time_s,
+        "first_fit_s": res.first_fit_s,
         "candidates_evaluated": res.candidates_evaluated,
         "candidates_simulated": res.candidates_simulated,
         "candidates_total": res.candidates_total,
@@ -144,7 +155,7 @@ def result_json(res: SearchResult, explanation=None, baselines: dict | None = No
     }
     if res.cut and not res.unfinished:
         d.update(floor_step_s=res.floor_step_s, gap=res.gap)
-    if res.found_apart:  # the plan looked for apart, at the hard limit
+    if res.found_apart:  # the plan looked for apart, not bettered by the search
         d["found_apart"] = True
     if res.v_untried:  # V-shaped plans not tried within the time budget
         d["v_untried"] = res.v_untried
@@ -177,8 +188,20 @@ def _speedup(best: Candidate | None, base: Candidate) -> float | None:
     return best.tokens_per_s / base.tokens_per_s if best is not None and base.tokens_per_s else None
 
 
-def plot_memory(c: Candidate, path: str, title: str = "") -> None:
-    """A stacked bar per stage of the state classes at its peak, against the cap."""
+def limit_words(platform) -> str:
+    """What a plan's per-stage limit is, in words: the cap less the workspace, and less the
+    headroom where the platform keeps one (`Platform.plan_limit_bytes`)."""
+    if not platform.headroom_bytes:
+        return "the cap - workspace"
+    return (
+        f"the cap - workspace - {platform.headroom_bytes / _GB:.2f} GB headroom "
+        f"({platform.headroom_fraction:.0%} kept free for fragmentation)"
+    )
+
+
+def plot_memory(c: Candidate, path: str, title: str = "", headroom_bytes: int = 0) -> None:
+    """A stacked bar per stage of the state classes at its peak, against the cap; the
+    headroom above the limit as a band of its own."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -195,7 +218,11 @@ def plot_memory(c: Candidate, path: str, title: str = "") -> None:
             label = "kernel buffers" if cls == "workspace" else cls  # not the cap's workspace
             ax.bar(range(pp), vals, bottom=bottom, label=label)
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    ax.axhline(c.limit_bytes / _GB, color="red", linestyle="--", label="usable (cap - workspace)")
+    limit = c.limit_bytes / _GB
+    ax.axhline(limit, color="red", linestyle="--", label="plan limit" if headroom_bytes else "usable (cap - workspace)")
+    if headroom_bytes:
+        top = limit + headroom_bytes / _GB
+        ax.axhspan(limit, top, color="red", alpha=0.12, label="headroom (kept free)")
     ax.set_xticks(range(0, pp, max(1, pp // 16)))
     ax.set_xlim(-0.6, pp - 0.4)
     ax.set_xlabel("pipeline stage")

@@ -124,9 +124,11 @@ class SearchResult:
     v_untried: int = 0
     """V-shaped plans (`ratrain.planner.vpass`) not tried for the time budget: outside the gap, which
     is over the plans with one chunk per stage."""
+    first_fit_s: float | None = None
+    """Seconds from the search's start to its first ranked plan (None: none)."""
     found_apart: bool = False
-    """The bound-ordered search ranked no plan by its hard limit, and the answer is the
-    plan looked for apart (`ratrain.planner.search._dive`), cut, with its gap."""
+    """The answer is the plan looked for apart (`ratrain.planner.search._dive`), which the
+    bound-ordered search did not better by its soft limit (cut, with its gap)."""
 
     @property
     def unfinished(self) -> bool:

@@ -261,21 +261,25 @@ def search(
             floors = [f for f in (left, queue_floor) if f is not None]
             # Nothing left that may fit: the ranking is the search's to the end.
             state.floor = max(state.floor, min(floors)) if floors else best.items[0].step_time_s
-    found_apart = not best.items and state.fallback is not None
-    if found_apart:
-        _fall_back(tasks, best, state)
+    if state.stopped and best.items and state.floor is None:
+        # Stopped at the hard limit with only the plan found apart ranked: its gap is
+        # certified by the smallest step-time bound left.
+        step_s = best.items[0].step_time_s
+        state.floor = min(tasks[0].lb, step_s) if tasks else step_s
+    found_apart = state.fallback is not None and best.items[0] is state.fallback
     return _result(req, ev, best, state, total, t0, found_apart)
 
 
 def _dive(req: Request, ev: Evaluator, state: State) -> Candidate | None:
-    """A first plan that fits, looked for apart from the bound-ordered search once its soft
-    limit has passed with none ranked (`Budget.look_apart_due`) (`ratrain.planner.feasible.find_feasible`: per
-    structure, the most memory-saving knobs and the cheapest recompute the memory bound
-    allows, confirmed by the ledger), and simulated, all before the hard limit; None where
-    none is found by then. Where memory is tight, the structures with the smallest
-    step-time bounds are those that do not fit: the search spends its time proving it and
-    may never reach one that does. Not under a pinned V pipeline (the look tries one chunk
-    per stage)."""
+    """A first plan that fits, looked for apart from the bound-ordered search when none is
+    ranked by a part of its soft limit (`Budget.look_apart_due`)
+    (`ratrain.planner.feasible.find_feasible`: per structure, the most memory-saving knobs
+    and the cheapest recompute the memory bound allows, confirmed by the ledger), and
+    simulated, all before the hard limit; None where none is found by then. It becomes the
+    incumbent the search improves on. Where memory is tight, the structures with the
+    smallest step-time bounds are those that do not fit: the search spends its time proving
+    it and may not reach one that does within its budget. Not under a pinned V pipeline
+    (the look tries one chunk per stage)."""
     if req.pins.get("pipeline") in V_PIPELINES:
         return None
     budget = state.budget
@@ -289,14 +293,6 @@ def _dive(req: Request, ev: Evaluator, state: State) -> Candidate | None:
     except OutOfTime:
         return None
     return candidate_of(res, fit.plan, fit.family, usable_bytes(req))
-
-
-def _fall_back(tasks: list[_Entry], best: Top, state: State) -> None:
-    """At the hard limit with no plan ranked: the look's plan is the answer, cut, with the
-    smallest step-time bound left as its floor (its gap to the optimum certified)."""
-    fallback = state.fallback
-    best.add(fallback)
-    state.floor = min(tasks[0].lb, fallback.step_time_s) if tasks else fallback.step_time_s
 
 
 def _work(
@@ -315,6 +311,9 @@ def _work(
         if not best.items and not state.dived and state.budget.look_apart_due():
             state.dived = True
             state.fallback = _dive(req, ev, state)
+            if state.fallback is not None:  # the incumbent: cut at the soft limit from now
+                best.add(state.fallback)
+                state.first_fit_s = state.budget.elapsed_s()
         entry = heapq.heappop(tasks)
         if _stops_at(tasks, entry, best, state, prune):
             return None
@@ -322,6 +321,8 @@ def _work(
             _refine(req, tasks, entry, state)
             continue
         run_queue(ev, req, entry.st, entry.fam, entry.queue or [], best, state, prune)
+        if best.items and state.first_fit_s is None:
+            state.first_fit_s = state.budget.elapsed_s()
         if state.stopped:
             state.pruned = len(tasks) + 1
             heapq.heappush(tasks, entry)  # its bound stays below its queue's bounds left
@@ -351,7 +352,7 @@ def _stops_at(tasks: list[_Entry], entry: _Entry, best: Top, state: State, prune
         return True
     if state.budget.over_hard():  # nothing fits yet: stop without a floor
         state.stopped, state.pruned = True, len(tasks) + 1
-        heapq.heappush(tasks, entry)  # the smallest bound left (`_fall_back`)
+        heapq.heappush(tasks, entry)
         return True
     return False
 
@@ -422,6 +423,7 @@ def _result(
         structures_left=state.pruned if stopped else 0,
         untimed=None if best.items else state.untimed,
         v_untried=state.v_untried,
+        first_fit_s=state.first_fit_s,
         found_apart=found_apart,
     )
 

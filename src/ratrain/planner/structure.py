@@ -105,7 +105,10 @@ class State:
     dived: bool = False
     """Whether the search has looked for a first fitting plan apart (`search._dive`)."""
     fallback: Candidate | None = None
-    """The plan that look found: the answer if the search ranks none by its hard limit."""
+    """The plan that look found: the incumbent, and the answer if the search does not
+    better it."""
+    first_fit_s: float | None = None
+    """When the search first ranked a plan (seconds on its budget's clock)."""
 
     def cut_at(self, lb: float) -> None:
         """Cut at a step-time bound `lb`: the floor is the smallest such."""

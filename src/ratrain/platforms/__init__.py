@@ -10,7 +10,9 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
     name: mt3000
     description: ...
     usable_memory_bytes: {value: 20.0e9, note: "sourced: ..."}
-    workspace_bytes:     {value: ..., note: ...}   # reserved for kernels/fragmentation
+    workspace_bytes:     {value: ..., note: ...}   # reserved for kernel workspaces
+    headroom_fraction:   {value: 0.15, note: ...}  # optional (default 0): kept free by the
+                                                   # planner for the allocator's fragmentation
     compute:
       peak_flops: {fp16: {value, note}, bf16: {...}, fp32: {...}}
       efficiency: {value, note}                    # achieved / peak for large GEMMs
@@ -91,7 +93,8 @@ class Platform:
     usable_memory_bytes: int
     """The hard cap: bytes of main memory a training process may use per compute unit."""
     workspace_bytes: int
-    """Reserved out of the cap for kernel workspace and fragmentation."""
+    """Reserved out of the cap for kernel workspace (and, where `headroom_fraction` is 0,
+    the allocator's fragmentation)."""
     peak_flops: dict[str, float]
     """Per dtype (fp16, bf16, fp32): peak FLOP/s of one compute unit."""
     efficiency: float
@@ -130,6 +133,21 @@ class Platform:
 
     thread_efficiency: float = 1.0
     """Speed-up each extra thread brings to one rank's kernels (1.0: linear)."""
+    headroom_fraction: float = 0.0
+    """Of the memory left after the workspace, the part the planner keeps free: a caching
+    allocator fragments, so a plan whose ledger peak sits at the cap fails in practice
+    (`headroom_bytes`; `ratrain plan --headroom` overrides it)."""
+
+    @property
+    def headroom_bytes(self) -> int:
+        """The headroom in bytes: `headroom_fraction` of the cap less the workspace."""
+        return int(self.headroom_fraction * (self.usable_memory_bytes - self.workspace_bytes))
+
+    @property
+    def plan_limit_bytes(self) -> int:
+        """What a stage's ledger peak may reach in a plan: the cap less the workspace and the
+        headroom."""
+        return self.usable_memory_bytes - self.workspace_bytes - self.headroom_bytes
     collective_compute_s_per_byte: float = 0.0
     """Compute time a byte of an overlapping all-reduce takes from the ranks (gloo's threads
     run on the cores they compute on; `ratrain.calibrate.sharing`); the simulator charges it

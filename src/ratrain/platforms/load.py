@@ -43,6 +43,7 @@ _TOP = {
     "description",
     "usable_memory_bytes",
     "workspace_bytes",
+    "headroom_fraction",
     "compute",
     "tiers",
     "host",
@@ -320,10 +321,14 @@ def parse_platform(data, source: str) -> Platform:
     workspace = r.number(data, "workspace_bytes", "", integer=True, zero=True)
     if workspace >= usable:
         raise r.fail(f"workspace_bytes ({workspace}) must be below usable_memory_bytes ({usable})")
+    headroom = 0.0
+    if "headroom_fraction" in data:
+        headroom = r.number(data, "headroom_fraction", "", zero=True, upper=0.9)
     return Platform(
         name=name,
         usable_memory_bytes=usable,
         workspace_bytes=workspace,
+        headroom_fraction=headroom,
         peak_flops=peak_flops,
         efficiency=r.number(compute, "efficiency", "compute.", upper=1.0),
         tiers=tiers,

@@ -105,6 +105,8 @@ class SimResult:
     """Per stage: bytes per class at the stage's peak."""
     memory_cap_bytes: int = 0
     workspace_bytes: int = 0
+    headroom_bytes: int = 0
+    """Kept free by the planner besides the workspace (`Platform.headroom_bytes`)."""
     schedule: str = ""
     platform: str = ""
     model: str = ""
@@ -115,13 +117,14 @@ class SimResult:
         return len(self.stage_bubble)
 
     def over_cap(self) -> list[int]:
-        """Stages whose peak plus the platform's workspace exceeds the usable memory."""
+        """Stages whose peak plus the platform's workspace and headroom exceeds the usable
+        memory."""
         if not self.memory_cap_bytes:
             return []
         return [
             s
             for s, b in enumerate(self.peak_memory_bytes)
-            if b + self.workspace_bytes > self.memory_cap_bytes
+            if b + self.workspace_bytes + self.headroom_bytes > self.memory_cap_bytes
         ]
 
     def to_json(self, *, detail: bool = False) -> dict:
@@ -141,6 +144,7 @@ class SimResult:
             "memory_breakdown": self.memory_breakdown,
             "memory_cap_bytes": self.memory_cap_bytes,
             "workspace_bytes": self.workspace_bytes,
+            "headroom_bytes": self.headroom_bytes,
             "over_cap_stages": self.over_cap(),
         }
         if detail:

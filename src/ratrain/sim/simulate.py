@@ -161,6 +161,7 @@ def simulate_schedule(schedule: Schedule, cost: CostModel, *, ledger=None) -> Si
         events=events,
         memory_cap_bytes=cost.platform.usable_memory_bytes,
         workspace_bytes=cost.platform.workspace_bytes,
+        headroom_bytes=cost.platform.headroom_bytes,
         schedule=schedule.kind or plan.schedule,
         platform=cost.platform.name,
         model=cost.spec.name,

@@ -160,6 +160,7 @@ def extended_result(plan: Plan, short, step_s: float, util: list[dict], memory):
         memory_breakdown=[dict(b) for b in parts],
         memory_cap_bytes=short.memory_cap_bytes,
         workspace_bytes=short.workspace_bytes,
+        headroom_bytes=short.headroom_bytes,
         schedule=short.schedule,
         platform=short.platform,
         model=short.model,
