@@ -12,7 +12,8 @@ Plans (`--quick` keeps the first three and one repeat):
 Phases, each timed on its own (median wall time over the repeats):
 - `build`: `build_schedule`;
 - `cost`: `CostModel` setup and every action's cost and resource;
-- `engine`: the event engine on those durations (`run_flat`, or `run_shared` under sharing);
+- `engine`: the event engine on those durations (`run_flat`, or `run_shared` under sharing),
+  with the links each action holds between nodes (`ratrain.cost.links`);
 - `sim`: `simulate_schedule` without a ledger, as the planner times a candidate
   (costs, engine, events, metrics); `result` is `sim` minus `cost` and `engine`;
 - `ledger`: the memory ledger's replay, with its trace (as `ratrain simulate` does);
@@ -33,8 +34,14 @@ from ratrain.models.presets import get_preset
 from ratrain.platforms import load
 from ratrain.schedule import build_schedule
 from ratrain.sim.engine import run_flat
+from ratrain.sim.flat import graph
 from ratrain.sim.sharing import node_sharing, run_shared
 from ratrain.sim.simulate import _charge_stolen_compute, platform_ledger, simulate_schedule
+
+try:  # the links between nodes (`ratrain.cost.links`); absent from a tree before them
+    from ratrain.sim.simulate import _links
+except ImportError:  # PYTHONPATH=<an older tree>/src, to compare
+    _links = None
 
 PHASES = ("build", "cost", "engine", "result", "sim", "ledger", "planner")
 
@@ -116,10 +123,12 @@ def _phases(spec, plan, platform) -> dict[str, float]:
 
     sharing = node_sharing(cost)
     t0 = time.perf_counter()
+    links = _links(sch, cost, graph(sch)) if _links else None
     if sharing is None:
-        run_flat(sch, durations, resources)
+        run_flat(sch, durations, resources, *([links] if _links else []))
     else:
-        run_shared(sch, durations, resources, [c.fixed_s for c in costs], sharing)
+        fixed = [c.fixed_s for c in costs]
+        run_shared(sch, durations, resources, fixed, sharing, *([links] if _links else []))
     t["engine"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -16,20 +16,41 @@ dp-inner pipeline's stage boundary):
 
 The median of `reps` repeats per size (each the slowest rank's time); rank 0 writes
 `{"p2p": [[bytes, s], ...], "all_reduce": {"2": [[bytes, s], ...], "<world>": [...]},
-"nodes": N, "ranks_per_node": R}`.
+"nodes": N, "ranks_per_node": R, "contention": {...}}`.
 `fit` turns it into α/β (`ratrain.calibrate.fit.fit_alpha_beta`, least squares).
+
+What the simulator's link model (`ratrain.cost.links`) needs: one rank per node (local
+rank 0 of nodes A = 0, B = 1 and, with 3 or more nodes, C = 2) sends `CONTENTION_BYTES`
+while the other ranks wait, each case timed from one barrier to each flow's arrival
+(the receiver waits each receive in a thread of its own), median of `reps`:
+
+- `alone`: A -> B, one direction alone;
+- `both`: A -> B and B -> A at once, over one pair of ranks;
+- `through`: A -> B and B -> C at once (B's ingress and egress at once, as a middle
+  stage receives from one neighbour while it sends to the other: is the link full duplex?);
+- `fan_in`: A -> B and C -> B at once, each flow's arrival (a middle stage's two receives:
+  do they share B's ingress, and fairly or one after the other?);
+- `beside_all_reduce`: C -> B (A -> B with 2 nodes) while A and B all-reduce
+  `CONTENTION_BYTES` (fp32), the flow's and the all-reduce's times, and the all-reduce alone.
+
+`link_fields` turns them into the platform file's `network.links` block.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
+import time
 
 from ratrain.errors import RatrainError
 
-__all__ = ["SIZES", "probe_links", "check_world", "fit"]
+__all__ = ["SIZES", "CONTENTION_BYTES", "probe_links", "check_world", "fit", "link_fields"]
 
 SIZES = (64 * 1024, 512 * 1024, 2 * 2**20, 8 * 2**20)
 """Bytes per message: from latency-bound to bandwidth-bound at 100 Mbit/s - 1 Gbit/s."""
+CONTENTION_BYTES = 4 * 2**20
+"""Bytes per flow of the contention cases: bandwidth-bound (0.34 s at 100 Mbit/s), so a
+flow's latency and the barrier's skew (milliseconds) are a few percent of it at most."""
 
 
 def _probe(ranks_per_node: int, reps: int, sizes: tuple[int, ...]) -> dict:
@@ -66,6 +87,136 @@ def _probe(ranks_per_node: int, reps: int, sizes: tuple[int, ...]) -> dict:
     return out
 
 
+def _flows(flows, nbytes: int, reps: int, beside=None) -> list[float]:
+    """Median over `reps` of each (src, dst) flow's time from a barrier to its arrival
+    (the receiver's clock), and, where `beside` = (group, members) is given, the time of
+    an all-reduce of `nbytes` over that group started at once (last entry). Each arrival
+    is waited by a thread of its own (gloo's works report completion only when waited)."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    rows = []
+    for _ in range(reps):
+        row = torch.zeros(len(flows) + 1, dtype=torch.float64)
+        dist.barrier()
+        t0 = time.perf_counter()
+        sends = [dist.isend(torch.zeros(nbytes // 4), d) for s, d in flows if s == rank]
+        works = {
+            k: dist.irecv(torch.empty(nbytes // 4), s)
+            for k, (s, d) in enumerate(flows)
+            if d == rank
+        }
+        if beside is not None and rank in beside[1]:
+            buf = torch.ones(nbytes // 4)
+            works[len(flows)] = dist.all_reduce(buf, group=beside[0], async_op=True)
+
+        def arrive(k, w, row=row, t0=t0):
+            w.wait()
+            row[k] = time.perf_counter() - t0
+
+        threads = [threading.Thread(target=arrive, args=kw) for kw in works.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for w in sends:
+            w.wait()
+        dist.all_reduce(row, op=dist.ReduceOp.MAX)
+        rows.append(row.tolist())
+    return [statistics.median(r[k] for r in rows) for k in range(len(flows) + 1)]
+
+
+def _contention(ranks_per_node: int, reps: int, nbytes: int) -> dict:
+    """The contention cases of the module's docstring, on local rank 0 of nodes 0..2."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    a, b = 0, ranks_per_node
+    c = 2 * ranks_per_node if world >= 3 * ranks_per_node else None
+    pair = dist.new_group([a, b])  # every rank makes it, in the same order
+    _flows([(a, b)], nbytes, 1)  # warm the connections up
+    out: dict = {"bytes": nbytes, "reps": reps}
+    out["alone"] = _flows([(a, b)], nbytes, reps)[0]
+    out["both"] = _flows([(a, b), (b, a)], nbytes, reps)[:2]
+    if c is not None:
+        out["through"] = _flows([(a, b), (b, c)], nbytes, reps)[:2]
+        _flows([(c, b)], nbytes, 1)
+        out["fan_in"] = _flows([(a, b), (c, b)], nbytes, reps)[:2]
+    src = a if c is None else c
+    out["all_reduce_alone"] = _flows([], nbytes, reps, beside=(pair, (a, b)))[-1]
+    got = _flows([(src, b)], nbytes, reps, beside=(pair, (a, b)))
+    out["beside_all_reduce"] = {"flow": got[0], "all_reduce": got[1], "from": src}
+    return out
+
+
+def link_fields(probe: dict, on: str) -> dict | None:
+    """The platform file's `network.links` block from `probe`'s "contention" (None when
+    the probe has none): each direction's rate alone and what sharing it does, measured,
+    and whether each direction is its own resource, derived (`ratrain.cost.links`). The
+    fan-in and beside-all-reduce ratios say whether one direction is shared fairly (both
+    flows slowed alike, near 2) or one flow after the other (near 1 and 2): the
+    simulator shares fairly (`ratrain.schedule.linkshare`), as measured here."""
+    got = probe.get("contention")
+    if not got:
+        return None
+    nbytes, alone = got["bytes"], got["alone"]
+    how = f"{nbytes} B per flow, median of {got['reps']}, one rank per node, {on}"
+
+    def v(value, note):
+        return {"value": value, "note": note}
+
+    out = {
+        "one_flow_bytes_per_s": v(
+            float(f"{nbytes / alone:.4g}"), f"measured: one flow alone, one direction; {how}"
+        ),
+        "both_directions_ratio": v(
+            round(max(got["both"]) / alone, 3),
+            "measured: the slower of two flows A->B and B->A at once over one alone; " + how,
+        ),
+    }
+    if "through" in got:
+        through = max(got["through"]) / alone
+        out["through_ratio"] = v(
+            round(through, 3),
+            "measured: the slower of two flows A->B and B->C at once over one alone; " + how,
+        )
+        out["full_duplex"] = v(
+            through < 1.5,
+            "derived: through_ratio < 1.5 (a node's ingress and egress are each their own "
+            "resource); the same-pair figure (both_directions_ratio) is the library's, "
+            "which the model leaves out",
+        )
+    else:
+        out["full_duplex"] = v(
+            max(got["both"]) / alone < 1.5,
+            "derived: both_directions_ratio < 1.5 (fewer than 3 nodes probed)",
+        )
+    if "fan_in" in got:
+        first, last = sorted(got["fan_in"])
+        out["fan_in_first_ratio"] = v(
+            round(first / alone, 3),
+            "measured: two flows into one node at once, the first to arrive over one alone; " + how,
+        )
+        out["fan_in_last_ratio"] = v(
+            round(last / alone, 3),
+            "measured: two flows into one node at once, the last to arrive over one alone; " + how,
+        )
+    side = got["beside_all_reduce"]
+    out["beside_all_reduce_ratio"] = v(
+        round(side["flow"] / alone, 3),
+        f"measured: a flow into node B while nodes A and B all-reduce {nbytes} B, over the "
+        "flow alone; " + how,
+    )
+    out["all_reduce_beside_flow_ratio"] = v(
+        round(side["all_reduce"] / got["all_reduce_alone"], 3),
+        "measured: that all-reduce's time over its time alone; " + how,
+    )
+    return out
+
+
 def fit(points: list[list[float]]) -> tuple[float, float]:
     """(α s, β bytes/s) of time = α + bytes / β, least squares over `points`."""
     from ratrain.calibrate.fit import fit_alpha_beta
@@ -97,6 +248,7 @@ def probe_links(out: str, ranks_per_node: int, reps: int = 3) -> None:
     grid = ParallelGrid.init(1, rdzv.world_size, rdzv, device="cpu")
     try:
         res = _probe(ranks_per_node, reps, SIZES)
+        res["contention"] = _contention(ranks_per_node, reps, CONTENTION_BYTES)
         res |= {"nodes": rdzv.world_size // ranks_per_node, "ranks_per_node": ranks_per_node}
         if dist.get_rank() == 0:
             with open(out, "w") as f:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from ratrain.bench.link_probe import fit
+from ratrain.bench.link_probe import fit, link_fields
 from ratrain.yaml_io import read_yaml_file
 
 __all__ = ["emulated_platform", "link_platform", "base_platform_dict"]
@@ -56,6 +56,9 @@ def emulated_platform(
         f"{sizes} sizes, median of repeats, least-squares α + S/β, {on}"
     )
     _with_link(out, nodes, r, beta, max(alpha, 1e-6), note, note + " (floored at 1 us)")
+    links = link_fields(probe, on)  # both ends of a link: `ratrain.cost.links`
+    if links:
+        out["network"]["links"] = links
     return out
 
 

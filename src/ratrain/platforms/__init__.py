@@ -29,6 +29,9 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       algorithm: ring | tree | hierarchical
       collectives:    # optional, measured wall-time fits per collective and group size
         all_reduce: {value: [[n, alpha_s, bytes_per_s], ...], note: "measured: ..."}
+      links:          # optional (ratrain.cost.links; ratrain link-probe writes it)
+        full_duplex: {value: true, note}  # each direction its own resource (default true)
+        one_flow_bytes_per_s: {value, note}   # and the probe's other figures, for the record
     # Optional sections, written by `ratrain calibrate` (absent: not charged):
     compute:
       efficiency_curves:      # achieved / peak_flops[dtype] against a kernel's FLOPs
@@ -192,6 +195,11 @@ class Platform:
     action_overhead_s: dict[str, float] = field(default_factory=dict)
     """Fixed cost of one IR action by op value ("F", "B", "SEND_F", ...; "default")."""
     collectives: dict[str, tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
+    link_full_duplex: bool = True
+    """Each direction of a rank's inter-node link is its own resource (`network.links`,
+    `ratrain.cost.links`); False: both directions share one."""
+    link_measured: dict[str, float] = field(default_factory=dict)
+    """What `ratrain link-probe` measured of the links (`network.links`), for the record."""
     measured_on: dict | None = None
     """{"cpu", "cores"} of the machine a calibrated file measured; loading it elsewhere warns
     (`ratrain.platforms.host`). "speed_probe_s" where calibrate timed its speed probe

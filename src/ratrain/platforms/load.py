@@ -273,6 +273,7 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
         rows = r.table(coll, kind, "network.collectives.", 3, zero_cols=(1,))  # α may be 0
         tables[str(kind)] = tuple((int(n), a, b) for n, a, b in rows)
     out["collectives"] = tables
+    out.update(_links(r, net))
     if "measured_on" in data:
         sec = r.section(data, "measured_on", "")
         cpu = r.raw(sec, "cpu", "measured_on.")
@@ -282,6 +283,24 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
         }
         if "speed_probe_s" in sec:  # the speed probe's time (`ratrain.calibrate.probe`)
             out["measured_on"]["speed_probe_s"] = r.number(sec, "speed_probe_s", "measured_on.")
+    return out
+
+
+def _links(r: _Reader, net: dict) -> dict:
+    """network.links (optional, `ratrain.cost.links`): `full_duplex` (true/false) and what
+    `ratrain link-probe` measured (numbers, kept for the record)."""
+    if "links" not in net:
+        return {}
+    sec = r.section(net, "links", "network.")
+    out: dict = {"link_measured": {}}
+    for key in sec:
+        value = r.raw(sec, key, "network.links.")
+        if key == "full_duplex":
+            if not isinstance(value, bool):
+                raise r.fail(f"network.links.full_duplex must be true or false, got {value!r}")
+            out["link_full_duplex"] = value
+        else:
+            out["link_measured"][str(key)] = r.check_number(value, f"network.links.{key}")
     return out
 
 

@@ -37,6 +37,7 @@ from ratrain.errors import RatrainError
 from ratrain.models.spec import ModelSpec
 from ratrain.schedule.eval import FORWARD_OPS
 from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Resource, Schedule, format_action
+from ratrain.schedule.linkshare import LinkShare
 from ratrain.schedule.passes import global_checks, reads_view
 
 __all__ = ["ScheduleError", "check_schedule", "find_problems", "dry_run"]
@@ -370,11 +371,20 @@ def _gradients(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
     return out
 
 
-def dry_run(sch: Schedule, duration=None) -> int:
+def dry_run(sch: Schedule, duration=None, links=None) -> int:
     """Execute the schedule in the semantics of `ratrain.schedule.ir` with unit durations
     (VIEW_DROP takes 0). Returns the step's length in those units; raises `ScheduleError`
-    naming the stuck actions if it deadlocks."""
+    naming the stuck actions if it deadlocks.
+
+    `links` (action -> the ids of the links between nodes it holds, `ratrain.cost.links`):
+    those actions share their links fairly (`ratrain.schedule.linkshare`, the simulator's
+    rule); the length may then be fractional."""
     dur = duration or (lambda a: 0 if a.resource is Resource.NONE else 1)
+    acts_all = [a for st in sch.stages for a in st]
+    gid = {a: i for i, a in enumerate(acts_all)} if links else {}
+    stage_of = [s for s, st in enumerate(sch.stages) for _ in st]
+    holds = [tuple(links.get(a, ())) for a in acts_all] if links else []
+    count = 1 + max((k for h in holds for k in h), default=-1)
     pp = sch.pp
     remaining: dict[Action, int] = {}
     dependents: dict[Action, list[Action]] = {}
@@ -393,10 +403,26 @@ def dry_run(sch: Schedule, duration=None) -> int:
     t, seq = 0, 0
     completed: set[Action] = set()
 
-    def start(s: int, a: Action) -> None:
+    def push(at, i: int) -> int:
         nonlocal seq
         seq += 1
+        heapq.heappush(events, (at, seq, stage_of[i], acts_all[i]))
+        return seq
+
+    share = LinkShare(holds, count, [dur(a) for a in acts_all] if links else [], push)
+
+    def start(s: int, a: Action) -> None:
+        nonlocal seq
+        i = gid.get(a)
+        if i is not None and holds[i]:
+            share.begin(i, t)  # its end queued by the instant's rebalance
+            return
+        seq += 1
         heapq.heappush(events, (t + dur(a), seq, s, a))
+
+    def stale(entry) -> bool:
+        i = gid.get(entry[3])
+        return i is not None and share.stale(i, entry[1])
 
     while True:
         progressed = True
@@ -434,16 +460,26 @@ def dry_run(sch: Schedule, duration=None) -> int:
                         busy[s][r] = a
                         start(s, a)
                     progressed = True
+        while events and stale(events[0]):
+            heapq.heappop(events)
+        if share.dirty and (not events or events[0][0] > t):
+            share.rebalance(t)  # every event of this instant is in
+            continue
         if not events:
             break
         t = events[0][0]
         while events and events[0][0] == t:
-            _, _, s, a = heapq.heappop(events)
+            entry = heapq.heappop(events)
+            if stale(entry):
+                continue
+            _, _, s, a = entry
             completed.add(a)
             if a.resource is Resource.COMPUTE:
                 running[s] = None
             else:
                 busy[s][a.resource] = None
+                if gid.get(a) is not None and holds[gid[a]]:
+                    share.finish(gid[a])
             for b in dependents.get(a, ()):
                 remaining[b] -= 1
     if len(completed) < len(remaining):

@@ -4,7 +4,9 @@ semantics (the docstring of `ratrain.schedule.ir`):
 - each stage walks its list with one issuing thread; a COMPUTE action blocks the walk, and
   starts once its deps have completed;
 - any other action is issued when the walk reaches it and runs on its (stage, resource) in
-  issue order, starting once the resource is free and its deps have completed;
+  issue order, starting once the resource is free and its deps have completed; where it
+  holds links between nodes (`ratrain.cost.links`) it shares them fairly with the actions
+  running on them (`ratrain.schedule.linkshare`);
 - a global reduction (NORM, OVF) starts on every stage at once, when every stage's instance
   is at the head of its resource with its deps completed.
 
@@ -28,6 +30,7 @@ from typing import NamedTuple
 from ratrain.errors import RatrainError
 from ratrain.gcpause import gc_paused
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
+from ratrain.schedule.linkshare import LinkShare
 from ratrain.sim.flat import graph, run_plain, sends_recvs
 
 __all__ = ["Timing", "replay", "run_flat", "p2p_pairs"]
@@ -56,7 +59,11 @@ def p2p_pairs(schedule: Schedule) -> list[tuple[Action, Action]]:
 
 class _Engine:
     def __init__(
-        self, schedule: Schedule, durations: list[float], resources: list[Resource]
+        self,
+        schedule: Schedule,
+        durations: list[float],
+        resources: list[Resource],
+        links=None,
     ) -> None:
         self.schedule = schedule
         g = graph(schedule)
@@ -84,6 +91,10 @@ class _Engine:
         self.heap: list[tuple[float, int, int]] = []
         self.seq = 0
         self.now = 0.0
+        # links (`ratrain.cost.links`), shared by `ratrain.schedule.linkshare`'s rule
+        self.holds = links.holds if links is not None else [()] * n
+        self.valid = [-1] * n  # sequence number of an action's live heap entry
+        self.links = LinkShare(self.holds, links.count if links else 0, durations, self._push)
 
     def _globals(self) -> None:
         """Instances of one global reduction: same op, units and mb, one per stage."""
@@ -100,15 +111,46 @@ class _Engine:
     def run(self) -> None:
         for s in range(self.schedule.pp):
             self._advance(s)
-        while self.heap:
-            self.now, _, i = heapq.heappop(self.heap)
+        self._share_links()
+        heap = self.heap
+        while heap:
+            t, seq, i = heapq.heappop(heap)
+            if self._stale(seq, i):
+                continue  # superseded by a re-queue at a new rate
+            self.now = t
             self._complete(i)
+            if self._instant_done():
+                self._share_links()
         self._check_done()
+
+    def _stale(self, seq: int, i: int) -> bool:
+        return bool(self.holds[i]) and seq != self.valid[i]
+
+    def _instant_done(self) -> bool:
+        """Every event of this instant is in (stale heap entries dropped from the top)."""
+        heap = self.heap
+        while heap and self._stale(heap[0][1], heap[0][2]):
+            heapq.heappop(heap)
+        return not heap or heap[0][0] > self.now
+
+    def _push(self, t: float, i: int) -> int:
+        seq = self.seq
+        heapq.heappush(self.heap, (t, seq, i))
+        self.valid[i] = seq
+        self.seq += 1
+        return seq
 
     def _start(self, i: int) -> None:
         self.start[i] = self.now
+        if self.holds[i]:
+            self.links.begin(i, self.now)  # its end queued by the instant's `_share_links`
+            return
         heapq.heappush(self.heap, (self.now + self.dur[i], self.seq, i))
         self.seq += 1
+
+    def _share_links(self) -> None:
+        if self.links.dirty:
+            self.links.rebalance(self.now)
 
     def _advance(self, s: int) -> None:
         """Walk stage s's list as far as the semantics allow at the current time."""
@@ -163,6 +205,8 @@ class _Engine:
             self.walk_busy[s] = False
         else:
             self.busy[(s, self.res[i])] = False
+            if self.holds[i]:
+                self.links.finish(i)
             self._try_queue((s, self.res[i]))
         for j in self.rdeps[i]:
             self.pending[j] -= 1
@@ -206,14 +250,15 @@ class _Engine:
 
 @gc_paused()
 def run_flat(
-    schedule: Schedule, durations: list[float], resources: list[Resource]
+    schedule: Schedule, durations: list[float], resources: list[Resource], links=None
 ) -> tuple[list[float], list[float], list[float]]:
     """The engine on flat lists, in the order of the stages' lists one after another:
-    each action's duration and resource in, its (issue, start, end) times out."""
+    each action's duration and resource in, its (issue, start, end) times out; `links`
+    (`ratrain.cost.links.LinkUse`): the links each action holds besides its queue."""
     assert len(durations) == len(resources)
-    times = run_plain(graph(schedule), durations, resources)
+    times = run_plain(graph(schedule), durations, resources, links)
     if times is None:  # deadlock: the reference engine says where
-        eng = _Engine(schedule, durations, resources)
+        eng = _Engine(schedule, durations, resources, links)
         eng.run()
         raise AssertionError("the engines disagree on a deadlock")
     return times

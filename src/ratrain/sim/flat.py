@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from ratrain.errors import RatrainError
 from ratrain.schedule.ir import _RESOURCE, Op, Resource, Schedule
+from ratrain.schedule.linkshare import LinkShare
 
 __all__ = ["Graph", "graph", "run_plain", "sends_recvs"]
 
@@ -124,10 +125,14 @@ def graph(schedule: Schedule) -> Graph:
 
 
 def run_plain(
-    g: Graph, durations: list[float], resources: list[Resource]
+    g: Graph, durations: list[float], resources: list[Resource], links=None
 ) -> tuple[list[float], list[float], list[float]] | None:
     """Replay `g` with each action's duration and resource; its (issue, start, end) times,
-    or None where the schedule deadlocks (the caller explains why with `_Engine`)."""
+    or None where the schedule deadlocks (the caller explains why with `_Engine`).
+
+    `links` (a `ratrain.cost.links.LinkUse`, or None): the link ids each action holds
+    besides its queue, shared fairly by the actions running on them
+    (`ratrain.schedule.linkshare`)."""
     n, pp, stage = len(g.acts), len(g.first) - 1, g.stage
     rdeps = g.rdeps
     pending = list(map(len, g.deps))
@@ -141,7 +146,18 @@ def run_plain(
     walk_busy = [False] * pp
     heap: list[tuple[float, int, int]] = []
     seq = itertools.count().__next__  # one counter: ties end in the order they started
-    try_queue = _queue_starter(g.acts, qid, queues, busy, pending, durations, start, heap, seq)
+    share = None
+    if links is not None:
+
+        def push(t: float, i: int) -> int:
+            k = seq()
+            heapq.heappush(heap, (t, k, i))
+            return k
+
+        share = LinkShare(links.holds, links.count, durations, push)
+    try_queue = _queue_starter(
+        g.acts, qid, queues, busy, pending, durations, start, heap, seq, share
+    )
     advance = _stage_walker(
         g.first,
         compute,
@@ -159,6 +175,23 @@ def run_plain(
     )
     for s in range(pp):
         advance(s, 0.0)
+    ctx = (heap, end, compute, stage, qid, busy, queues, try_queue, rdeps, pending)
+    walks = (walk, walk_busy, advance, issue)
+    if share is None:
+        _loop(ctx, walks)
+    else:
+        share.rebalance(0.0)
+        _loop_shared(ctx, walks, share)
+    if min(end, default=0.0) < 0:
+        return None
+    return issue, start, end
+
+
+def _loop(ctx, walks) -> None:
+    """The event loop: each completion frees its queue or its stage's walk and wakes what
+    waited for it."""
+    heap, end, compute, stage, qid, busy, queues, try_queue, rdeps, pending = ctx
+    walk, walk_busy, advance, issue = walks
     pop = heapq.heappop
     while heap:
         now, _, i = pop(heap)
@@ -184,9 +217,48 @@ def run_plain(
                 try_queue(qid[j], now)
         if ci:
             advance(stage[i], now)
-    if min(end, default=0.0) < 0:
-        return None
-    return issue, start, end
+
+
+def _loop_shared(ctx, walks, share: LinkShare) -> None:
+    """`_loop` with links shared (`LinkShare`): stale ends skipped, rates settled once
+    every event of an instant is in."""
+    heap, end, compute, stage, qid, busy, queues, try_queue, rdeps, pending = ctx
+    walk, walk_busy, advance, issue = walks
+    pop = heapq.heappop
+    holds, valid = share.holds, share.valid
+    while heap:
+        now, k, i = pop(heap)
+        if holds[i]:
+            if valid[i] != k:
+                continue  # superseded by a re-queue at a new rate
+            share.finish(i)
+        end[i] = now
+        ci = compute[i]
+        if ci:
+            walk_busy[stage[i]] = False
+        else:
+            q = qid[i]
+            busy[q] = False
+            if queues[q]:
+                try_queue(q, now)
+        for j in rdeps[i]:
+            p = pending[j] - 1
+            pending[j] = p
+            if p:
+                continue
+            if compute[j]:
+                sj = stage[j]
+                if walk[sj] == j:
+                    advance(sj, now)
+            elif issue[j] >= 0 and not busy[qid[j]]:
+                try_queue(qid[j], now)
+        if ci:
+            advance(stage[i], now)
+        if share.dirty:
+            while heap and holds[heap[0][2]] and valid[heap[0][2]] != heap[0][1]:
+                pop(heap)  # stale: not an event of this instant
+            if not heap or heap[0][0] > now:
+                share.rebalance(now)  # every event of this instant is in
 
 
 def _queue_ids(stage: list[int], resources: list[Resource], pp: int) -> tuple[list[int], int]:
@@ -213,13 +285,15 @@ def _global_groups(acts: list) -> tuple[list[int], list[list[int]]]:
     return group, members
 
 
-def _queue_starter(acts, qid, queues, busy, pending, dur, start, heap, seq):
+def _queue_starter(acts, qid, queues, busy, pending, dur, start, heap, seq, share=None):
     """`try_queue(q, now)`: start the head of FIFO q if it is free and its action ready; a
-    global reduction starts on every stage at once, when its last instance is ready. (A
-    closure over the replay's lists: the hot loop makes no attribute lookups.)"""
+    global reduction starts on every stage at once, when its last instance is ready; an
+    action that holds links runs at its share of them (`share`, `LinkShare`). (A closure
+    over the replay's lists: the hot loop makes no attribute lookups.)"""
     group, members = _global_groups(acts)
     ready: list[set[int]] = [set() for _ in members]
     push = heapq.heappush
+    holds = share.holds if share is not None else None
 
     def try_queue(q: int, now: float) -> None:
         dq = queues[q]
@@ -247,6 +321,9 @@ def _queue_starter(acts, qid, queues, busy, pending, dur, start, heap, seq):
         dq.popleft()
         busy[q] = True
         start[i] = now
+        if holds is not None and holds[i]:
+            share.begin(i, now)
+            return
         push(heap, (now + dur[i], seq(), i))
 
     return try_queue

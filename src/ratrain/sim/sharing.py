@@ -117,8 +117,10 @@ def _blend(sharing: NodeSharing, d: float, fixed: float) -> tuple[int, float]:
 
 
 class _SharingEngine(_Engine):
-    def __init__(self, schedule, durations, resources, fixed, sharing: NodeSharing) -> None:
-        super().__init__(schedule, durations, resources)
+    def __init__(
+        self, schedule, durations, resources, fixed, sharing: NodeSharing, links=None
+    ) -> None:
+        super().__init__(schedule, durations, resources, links)
         n = len(durations)
         self.sharing = sharing
         # The share of each action's time that follows the rate (compute actions only).
@@ -137,6 +139,7 @@ class _SharingEngine(_Engine):
     def run(self) -> None:
         for s in range(self.schedule.pp):
             self._advance(s)
+        self._share_links()
         self._rebalance()
         heap = self.heap
         while heap:
@@ -149,18 +152,17 @@ class _SharingEngine(_Engine):
             while heap and heap[0][1] != self.valid[heap[0][2]]:
                 heapq.heappop(heap)
             if not heap or heap[0][0] > self.now:
-                self._rebalance()  # every event of this instant is in
+                self._share_links()  # every event of this instant is in: links, then rates
+                self._rebalance()
         self._check_done()
-
-    def _push(self, t: float, i: int) -> None:
-        heapq.heappush(self.heap, (t, self.seq, i))
-        self.valid[i] = self.seq
-        self.seq += 1
 
     def _start(self, i: int) -> None:
         self.start[i] = self.now
         if not self.compute[i]:
-            self._push(self.now + self.dur[i], i)
+            if self.holds[i]:
+                self.links.begin(i, self.now)  # its end queued by `_share_links`
+            else:
+                self._push(self.now + self.dur[i], i)
             return
         self.running[self.stage[i]] = i
         self.left[i], self.rate[i], self.since[i] = self.dur[i], 0.0, self.now
@@ -200,9 +202,11 @@ def run_shared(
     resources: list[Resource],
     fixed: list[float],
     sharing: NodeSharing,
+    links=None,
 ) -> tuple[list[float], list[float], list[float]]:
     """`ratrain.sim.engine.run_flat` under processor sharing: `fixed` is each action's part
-    of its duration that does not follow the rate (`ActionCost.fixed_s`)."""
-    eng = _SharingEngine(schedule, durations, resources, fixed, sharing)
+    of its duration that does not follow the rate (`ActionCost.fixed_s`); `links` as
+    there."""
+    eng = _SharingEngine(schedule, durations, resources, fixed, sharing, links)
     eng.run()
     return eng.issue, eng.start, eng.end

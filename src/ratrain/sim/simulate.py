@@ -1,7 +1,8 @@
 """Simulate one training step of a plan on a platform: the schedule IR, timed by the cost
 model on the event engine, with the memory ledger's bytes laid on the same clock. Where a
 node's ranks share its cores, the engine runs with processor sharing (`ratrain.sim.sharing`):
-a rank computes faster while the node's other ranks wait."""
+a rank computes faster while the node's other ranks wait. Where the plan crosses nodes,
+transfers and DP collectives also hold the links at both ends (`ratrain.cost.links`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import operator
 
 from ratrain import deadline
 from ratrain.config import Plan
+from ratrain.cost.links import LinkUse, crosses_nodes, link_use
 from ratrain.cost.model import CostModel
 from ratrain.gcpause import gc_paused
 from ratrain.models.spec import ModelSpec
@@ -17,7 +19,7 @@ from ratrain.platforms import Platform, load
 from ratrain.schedule.ir import _MB_OPS, Action, Op, Resource, Schedule
 from ratrain.schedule.zerobubble import warmup
 from ratrain.sim.engine import run_flat
-from ratrain.sim.flat import graph, run_plain
+from ratrain.sim.flat import graph, run_plain, sends_recvs
 from ratrain.sim.result import SimEvent, SimResult, stage_metrics_flat
 from ratrain.sim.sharing import node_sharing, run_shared
 
@@ -42,14 +44,15 @@ def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list
     durations = list(map(_TIME_S, costs))
     if cost.platform.collective_compute_s_per_byte:
         _charge_stolen_compute(schedule, cost, durations, resources)
+    links = _links(schedule, cost, g)
     sharing = node_sharing(cost)
     if sharing is not None:  # ranks share their node's cores: faster while others wait
         fixed = [c.fixed_s for c in costs]
-        issue, start, end = run_shared(schedule, durations, resources, fixed, sharing)
+        issue, start, end = run_shared(schedule, durations, resources, fixed, sharing, links)
     else:
-        times = run_plain(g, durations, resources)
+        times = run_plain(g, durations, resources, links)
         if times is None:
-            run_flat(schedule, durations, resources)  # raises, saying where it deadlocks
+            run_flat(schedule, durations, resources, links)  # raises, saying where
         issue, start, end = times
     deadline.check()
     res_values = [r._value_ for r in resources]  # Resource.value, without the enum descriptor
@@ -72,6 +75,17 @@ def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list
         lo, hi = g.first[s], g.first[s + 1]
         columns.append((acts[lo:hi], res_values[lo:hi], start[lo:hi], end[lo:hi], issue[lo:hi]))
     return events, columns
+
+
+def _links(schedule: Schedule, cost: CostModel, g) -> LinkUse | None:
+    """The links between nodes each action holds (`ratrain.cost.links`), or None where the
+    plan crosses no node (the engine's plain path, with no per-action work)."""
+    if not crosses_nodes(cost):
+        return None
+    peers = [-1] * len(g.acts)
+    for i, j in sends_recvs(schedule, g.first):
+        peers[i] = g.stage[j]
+    return link_use(cost, g.acts, peers)
 
 
 def _memory_starts(columns: list) -> list[list[float]]:

@@ -1,0 +1,69 @@
+"""How actions share the links between nodes they hold: one rule, read by the simulator's
+engines (`ratrain.sim.flat`, `ratrain.sim.engine`) and the schedule checker's dry run
+(`ratrain.schedule.check.dry_run`). Which links an action holds is the cost model's
+(`ratrain.cost.links`); here a link is an integer id.
+
+An action that holds links starts as any other (its queue free, its deps done) and
+progresses at 1/n of its full rate, n the most actions running at once on any link it
+holds: a fair share, as `ratrain link-probe` measured TCP flows through one shaped link
+(two flows into one node, or a flow beside an all-reduce, both slowed alike). Its
+duration is its time alone. Whenever the set of running actions changes, once every event
+of that instant is in (`rebalance`, in order of id, so the result does not depend on the
+order simultaneous events are handled), each running action whose rate changes has its
+remaining time brought up to date and its end re-queued through `push(t, i)`, which
+returns the entry's sequence number; an entry whose number is no longer `valid[i]` is
+stale and skipped by the engine. Pure Python.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LinkShare"]
+
+
+class LinkShare:
+    """The links' state during one replay: who runs on each link, and at what rate."""
+
+    def __init__(self, holds, count: int, dur, push) -> None:
+        self.holds = holds
+        """Per action id, the link ids it holds (an empty tuple: none)."""
+        self.on = [0] * count  # actions running on each link
+        self.running: dict[int, None] = {}
+        n = len(holds)
+        self.left = [0.0] * n  # remaining time at the full rate
+        self.rate = [0.0] * n  # 0: not rated yet
+        self.since = [0.0] * n
+        self.valid = [-1] * n
+        self.dirty = False
+        self.dur, self.push = dur, push
+
+    def begin(self, i: int, now: float) -> None:
+        """i starts now; its end is queued by this instant's `rebalance`."""
+        for k in self.holds[i]:
+            self.on[k] += 1
+        self.running[i] = None
+        self.left[i], self.rate[i], self.since[i] = self.dur[i], 0.0, now
+        self.dirty = True
+
+    def stale(self, i: int, seq: int) -> bool:
+        """Whether the heap entry (seq, i) was superseded (only actions holding links)."""
+        return bool(self.holds[i]) and self.valid[i] != seq
+
+    def finish(self, i: int) -> None:
+        for k in self.holds[i]:
+            self.on[k] -= 1
+        del self.running[i]
+        self.valid[i] = -1
+        self.dirty = True
+
+    def rebalance(self, now: float) -> None:
+        """Every event of the instant `now` is in: each running action at its share."""
+        self.dirty = False
+        on, holds, left, rate, since = self.on, self.holds, self.left, self.rate, self.since
+        for i in sorted(self.running):
+            r = 1.0 / max(on[k] for k in holds[i])
+            if r == rate[i]:
+                continue
+            if rate[i]:
+                left[i] = max(left[i] - (now - since[i]) * rate[i], 0.0)
+            since[i], rate[i] = now, r
+            self.valid[i] = self.push(now + left[i] / r, i)
