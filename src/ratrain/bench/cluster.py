@@ -13,7 +13,11 @@ joined by links shaped to that rate (an emulated network, `ratrain.launch.emulat
 2. **Planned systems.** Per cap, `ratrain plan` on that platform finds the best plan of
    each family (ratrain, gpu-style, zero1-pp, fsdp-pp) that fits the cap, its rank
    placement included; fp32 compute and gradients and no clipping are pinned, so that
-   every system runs the same maths as the peers.
+   every system runs the same maths as the peers. ratrain's entry is measured before it
+   is chosen (`--trial K`, `ratrain.validate.trial`): the best plans of its K best
+   structures and each other family's best structure under ratrain's lifecycle run a few
+   steps on the emulated network, and the fastest measured is ratrain's plan; the
+   prediction-only pick (the search's first) is timed beside it, and its regret reported.
 3. **Peers.** torch.distributed.pipelining (each pipeline that runs here, with DDP or
    FSDP2 for the data-parallel dimension and with or without full activation
    checkpointing, as torchtitan composes them) and DeepSpeed's PipelineEngine (ZeRO 0 or
@@ -102,6 +106,11 @@ class Setup:
     systems: tuple[str, ...] | None = None
     """Only these (families and peer names, e.g. ratrain,torch-1f1b); None: all."""
     progress: bool = True
+    trial: int = 3
+    """ratrain's entry: the trial's K (best structures measured before choosing); 0: the
+    prediction-only pick."""
+    trial_steps: int = 3
+    """Timed steps per trial plan (after `warmup` untimed)."""
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     @property
@@ -304,14 +313,17 @@ def ratrain_peak(setup: Setup, plan_path: Path, ranks: int, metrics: Path) -> li
     return [int(x) for x in last["peak_bytes_per_rank"]]
 
 
-def ratrain_timed(net, setup: Setup, plan_path: Path, ranks: int, metrics: Path) -> dict:
-    """Time the plan file `plan_path` (of `ranks` ranks) on the emulated network `net`."""
+def ratrain_timed(
+    net, setup: Setup, plan_path: Path, ranks: int, metrics: Path, steps: int | None = None
+) -> dict:
+    """Time the plan file `plan_path` (of `ranks` ranks) on the emulated network `net` for
+    `steps` (default `setup.steps`)."""
     if metrics.exists():
         metrics.unlink()
     err = _on_nodes(
         net,
         setup,
-        _train_argv(plan_path, setup.steps, metrics),
+        _train_argv(plan_path, steps or setup.steps, metrics),
         f"ratrain train --plan {plan_path.name}",
         ranks=ranks,
     )
@@ -490,7 +502,7 @@ def run_bench(setup: Setup) -> list[dict]:
                 if rate.platform is None:
                     setup.say(f"{rate.mbit:g} Mbit/s: measuring the links")
                     rate.platform = measure_platform(net, setup, rate.mbit, out)
-                    _plan_all(setup, rate, out, plan_peaks)
+                    _plan_all(setup, rate, out, plan_peaks, net)
                 jobs = _jobs(setup, rate, runnable)
                 if rep % 2:
                     jobs.reverse()
@@ -510,16 +522,22 @@ def run_bench(setup: Setup) -> list[dict]:
     return results
 
 
-def _plan_all(setup: Setup, rate: Rate, out: Path, plan_peaks: dict) -> None:
-    """Plan every family under every cap on the rate's platform; measure each distinct
-    plan's peak once (local ranks)."""
+def _plan_all(setup: Setup, rate: Rate, out: Path, plan_peaks: dict, net=None) -> None:
+    """Plan every family under every cap on the rate's platform (ratrain's by its trial on
+    the emulated network `net`, where `setup.trial`); measure each distinct plan's peak
+    once (local ranks)."""
     for cap in setup.caps_gib:
         for fam in FAMILIES:
             if not setup.wants(fam):
                 continue
             path = out / f"plan-{rate.mbit:g}mbit-{cap:g}gib-{fam}.yaml"
-            plan, extra = plan_family(setup, rate.platform, cap, fam, path)
+            if fam == "ratrain" and setup.trial and net is not None:
+                plan, extra = ratrain_trial(net, setup, rate, cap, path)
+            else:
+                plan, extra = plan_family(setup, rate.platform, cap, fam, path)
             entry = {"plan": plan, "path": path, "why": extra if plan is None else ""}
+            if plan is not None and "trial" in extra:
+                entry["trial"], entry["prediction_pick"] = extra["trial"], extra["prediction_pick"]
             if plan is not None:
                 entry["predicted"] = float(extra["predicted"]["tokens_per_s"])
                 key = json.dumps(plan.to_dict(), sort_keys=True)
@@ -535,6 +553,77 @@ def _plan_all(setup: Setup, rate: Rate, out: Path, plan_peaks: dict) -> None:
             else:
                 setup.say(f"  {cap:g} GiB {fam}: {entry['why']}")
             rate.plans[(cap, fam)] = entry
+
+
+# -- ratrain's entry: the trial --------------------------------------------------------------
+def trial_request(setup: Setup, platform: Path, cap_gib: float):
+    """The planner's request of ratrain's entry at one cap: what `plan_family` asks
+    `ratrain plan` for (the same pins, clusters, batch), in this process."""
+    import dataclasses
+
+    from ratrain.models.presets import resolve_model
+    from ratrain.planner import Request, parse_pins
+    from ratrain.platforms import load
+
+    plat = dataclasses.replace(load(str(platform)), usable_memory_bytes=int(cap_gib * 2**30))
+    spec = resolve_model(setup.model)
+    pins = parse_pins(list(PINS))
+    return Request(spec, plat, setup.world, setup.global_batch, setup.seq, pins=pins,
+                   families=("ratrain",))  # fmt: skip
+
+
+def ratrain_trial(net, setup: Setup, rate: Rate, cap_gib: float, path: Path):
+    """ratrain's plan at one cap, measured before it is chosen: the search's candidates
+    (`ratrain.planner.candidates`) each run `warmup` + `trial_steps` steps on the emulated
+    network `net`, the fastest measured written to `path`. (plan, extras) as `plan_family`
+    returns them, with the trial and the prediction-only pick among the extras; (None,
+    why) when no plan fits."""
+    from ratrain.config import save_plan
+    from ratrain.deadline import DEFAULT_TIME_BUDGET_S, Budget
+    from ratrain.planner import search
+    from ratrain.planner.candidates import trial_candidates
+    from ratrain.validate.trial import run_trial
+
+    req = trial_request(setup, rate.platform, cap_gib)
+    budget = Budget.for_plan(DEFAULT_TIME_BUDGET_S)
+    res = search(req, top=4 * setup.trial, budget=budget.restarted())
+    if not res.feasible:
+        return None, f"no ratrain plan fits {cap_gib:g} GiB"
+    cands = trial_candidates(req, res.ranked, setup.trial, budget=budget)
+    files = {}  # by source: "#i" or "<family> structure", one per candidate
+    for i, c in enumerate(cands):
+        files[c.source] = path.with_name(f"{path.stem}-trial{i + 1}.yaml")
+        save_plan(c.plan, files[c.source], **_predicted(c))
+
+    def timer(c, total_steps: int, _left_s: float) -> list[list[float]]:
+        f = files[c.source]
+        metrics = f.with_suffix(".metrics.jsonl")
+        got = ratrain_timed(net, setup, f, c.plan.pp * c.plan.dp, metrics, total_steps)
+        if "error" in got:
+            raise RatrainError(got["error"])
+        return [got["times"]]
+
+    setup.say(f"  {cap_gib:g} GiB ratrain: trial of {len(cands)} plans")
+    trial = run_trial(cands, timer, warmup=setup.warmup, steps=setup.trial_steps,
+                      limit_s=None, progress=lambda m: setup.say(f"    {m}"))  # fmt: skip
+    chosen = trial.pick.candidate if trial.pick is not None else cands[0]
+    save_plan(chosen.plan, path, **_predicted(chosen))
+    pred = cands[0]
+    extras = {
+        **_predicted(chosen),
+        "trial": trial.to_json(),
+        "prediction_pick": {
+            "plan": pred.plan,
+            "path": files[pred.source],
+            "predicted": pred.predicted_tokens_per_s,
+        },
+    }
+    return chosen.plan, extras
+
+
+def _predicted(c) -> dict:
+    return {"predicted": {"tokens_per_s": c.predicted_tokens_per_s,
+                          "step_time_s": c.predicted_step_s}}  # fmt: skip
 
 
 def _jobs(setup: Setup, rate: Rate, peers) -> list:
@@ -553,6 +642,15 @@ def _jobs(setup: Setup, rate: Rate, peers) -> list:
         metrics = out / f"{path.stem}.metrics.jsonl"
         n = e["plan"].pp * e["plan"].dp
         jobs.append((key, lambda net, p=path, n=n, m=metrics: ratrain_timed(net, setup, p, n, m)))
+        pred = e.get("prediction_pick")
+        if pred is not None and _plan_key(pred["plan"]) not in seen:  # timed beside the pick
+            seen.add(_plan_key(pred["plan"]))
+            p, n = pred["path"], pred["plan"].pp * pred["plan"].dp
+            m = out / f"{p.stem}.metrics.jsonl"
+            jobs.append(
+                (_plan_key(pred["plan"]),
+                 lambda net, p=p, n=n, m=m: ratrain_timed(net, setup, p, n, m))
+            )  # fmt: skip
     for name, knobs in peers:
         where = out / f"peer-{rate.mbit:g}mbit-{name.replace('/', '-')}"
         jobs.append((name, lambda net, k=knobs, w=where: peer_timed(net, setup, k, w)))
@@ -620,6 +718,7 @@ def result_json(setup: Setup, rate: Rate, peers, peer_peaks, plan_peaks) -> dict
                 "cap_gib": cap,
                 "systems": systems,
                 "speedups": speedups(systems),
+                "picks": picks(rate, rate.plans.get((cap, "ratrain"))),
             }
         )
     return {
@@ -638,6 +737,43 @@ def result_json(setup: Setup, rate: Rate, peers, peer_peaks, plan_peaks) -> dict
         "peers_tried": {n: _peer_tried(p, rate.runs.get(n, [])) for n, p in peer_peaks.items()},
         "errors": rate.errors,
     }
+
+
+def picks(rate: Rate, entry: dict | None) -> dict | None:
+    """ratrain's two picks at one cap: the prediction-only pick (the search's first) and
+    the trial's, each with its predicted and measured tokens/s (the median of the
+    repeats, and the trial's own), and the prediction-only pick's regret: 1 - its
+    tokens/s over the trial pick's, by the repeats where both were timed, else by the
+    trial. None without a trial."""
+    if not entry or entry.get("plan") is None or "trial" not in entry:
+        return None
+    trial, pred = entry["trial"], entry["prediction_pick"]
+    runs = trial["plans"]
+    pick_i = trial["pick"]
+
+    def one(plan, predicted: float, trial_tps) -> dict:
+        key = _plan_key(plan)
+        return {
+            "plan": key,
+            "predicted_tokens_per_s": predicted,
+            "tokens_per_s": _median(rate.runs.get(key, [])),
+            "trial_tokens_per_s": trial_tps,
+        }
+
+    out = {
+        "prediction": one(pred["plan"], pred["predicted"], runs[0]["measured_tokens_per_s"]),
+        "trial": one(
+            entry["plan"],
+            entry["predicted"],
+            None if pick_i is None else runs[pick_i]["measured_tokens_per_s"],
+        ),
+        "regret_trial": trial["regret"],
+        "trial_plans": runs,
+        "trial_wall_s": trial["wall_s"],
+    }
+    a, b = out["prediction"]["tokens_per_s"], out["trial"]["tokens_per_s"]
+    out["regret"] = 1.0 - a / b if a and b else trial["regret"]
+    return out
 
 
 def _peer_tried(peak, tokens_per_s: list[float]) -> dict:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from ratrain.bench.cluster import MEASURE
-from ratrain.cli.common import name_list, positive_int
+from ratrain.cli.common import local_processes, name_list, nonempty, nonneg_int, positive_int
 from ratrain.errors import RatrainError
 
 __all__ = ["add_cluster_arguments", "run_cluster"]
@@ -26,8 +27,8 @@ def _float_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated numbers, got {text!r}"
         ) from None
-    if not vals or any(not v > 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    if not vals or any(not (v > 0 and math.isfinite(v)) for v in vals):
+        raise argparse.ArgumentTypeError(f"expected finite positive numbers, got {text!r}")
     return vals
 
 
@@ -42,12 +43,17 @@ def _layout(text: str) -> tuple[int, int]:
 
 
 def _layouts(text: str) -> tuple[tuple[int, int], ...]:
-    return tuple(_layout(x) for x in text.split(",") if x.strip())
+    layouts = tuple(_layout(x) for x in text.split(",") if x.strip())
+    if not layouts:
+        raise argparse.ArgumentTypeError(f"expected PPxDP such as 2x2,4x1, got {text!r}")
+    return layouts
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("bench cluster (see docs/paper_eval.md)")
-    g.add_argument("--model", default="bench-256", help="cluster: the model (default bench-256)")
+    g.add_argument(
+        "--model", type=nonempty, default="bench-256", help="cluster: the model (default bench-256)"
+    )
     g.add_argument(
         "--caps",
         type=_float_list,
@@ -62,7 +68,10 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--nodes", type=positive_int, default=2, help="cluster: nodes (default 2)")
     g.add_argument(
-        "--ranks-per-node", type=positive_int, default=2, help="cluster: ranks per node (default 2)"
+        "--ranks-per-node",
+        type=local_processes,
+        default=2,
+        help="cluster: ranks per node (default 2)",
     )
     g.add_argument("--seq", type=positive_int, default=128, help="cluster: tokens per sequence")
     g.add_argument(
@@ -76,7 +85,7 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         "(default 2x2,4x1)",
     )
     g.add_argument("--steps", type=positive_int, help="cluster: steps per run (default 6)")
-    g.add_argument("--warmup", type=int, default=2, help="cluster: untimed first steps")
+    g.add_argument("--warmup", type=nonneg_int, default=2, help="cluster: untimed first steps")
     g.add_argument("--repeats", type=positive_int, help="cluster: interleaved repeats (default 2)")
     g.add_argument(
         "--quick",
@@ -105,6 +114,24 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         "machine's platform with links assumed (each rank pair across a link gets its share "
         "of it), ratrain's predicted speedup and where each step goes",
     )
+    g.add_argument(
+        "--trial",
+        type=nonneg_int,
+        default=3,
+        metavar="K",
+        help="cluster: ratrain's entry is measured before it is chosen: the best plans of "
+        "its K best structures, and each other family's best structure under ratrain's "
+        "lifecycle, run --warmup + --trial-steps steps on the emulated network and the "
+        "fastest measured is kept; the prediction-only pick is timed beside it and its "
+        "regret reported (default 3; 0: the prediction-only pick)",
+    )
+    g.add_argument(
+        "--trial-steps",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="cluster: timed steps per trial plan (default 3)",
+    )
     g.add_argument("--json", metavar="OUT", help="cluster: also write all results to OUT")
     g.add_argument(
         "--from-json",
@@ -115,14 +142,17 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_cluster(args: argparse.Namespace) -> int:
     from ratrain.bench.cluster import Setup, run_bench
-    from ratrain.cli.outputs import prepare_output_dir
+    from ratrain.cli.outputs import check_output_dir, prepare_output_dir, prepare_output_file
     from ratrain.models.presets import resolve_model
     from ratrain.platforms import load
 
     out = Path(args.out or "out/bench-cluster")
-    prepare_output_dir(str(out), "--out")
+    check_output_dir(str(out), "--out")  # created once the flags are checked
+    prepare_output_file(args.json, "--json")  # before minutes of runs, not after them
     if args.from_json:
-        return _report(_read_results(args.from_json), out)
+        results = _read_results(args.from_json)
+        prepare_output_dir(str(out), "--out")
+        return _report(results, out)
     if args.predict:
         return _predict(args, out)
     resolve_model(args.model)
@@ -157,9 +187,12 @@ def run_cluster(args: argparse.Namespace) -> int:
         out=out,
         systems=args.systems,
         progress=not args.quiet,
+        trial=args.trial,
+        trial_steps=args.trial_steps,
     )
     if setup.warmup >= setup.steps:
         raise RatrainError(f"--warmup {setup.warmup} leaves no timed step of {setup.steps}")
+    prepare_output_dir(str(out), "--out")
     results = run_bench(setup)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
@@ -173,6 +206,7 @@ def _predict(args: argparse.Namespace, out: Path) -> int:
     from ratrain.bench.cluster import FAMILIES, Setup, calibrate_base
     from ratrain.bench.platform import base_platform_dict
     from ratrain.bench.whatif import markdown, whatif_grid
+    from ratrain.cli.outputs import prepare_output_dir
     from ratrain.models.presets import resolve_model
     from ratrain.platforms import load
 
@@ -186,15 +220,16 @@ def _predict(args: argparse.Namespace, out: Path) -> int:
             dt = time.perf_counter() - t0
             print(f"ratrain bench cluster --predict: {msg} ({dt:.0f} s)", file=sys.stderr)
 
+    families = tuple(f for f in FAMILIES if args.systems is None or f in args.systems)
+    if "ratrain" not in families:  # before minutes of calibration
+        raise RatrainError("--predict needs ratrain among --systems (its speedup is the answer)")
     base = args.base_platform
+    if base != MEASURE:
+        load(base)
+    prepare_output_dir(str(out), "--out")
     if base == MEASURE:
         setup = Setup(nodes=args.nodes, ranks_per_node=args.ranks_per_node, progress=not args.quiet)
         base = str(calibrate_base(setup, out))
-    else:
-        load(base)
-    families = tuple(f for f in FAMILIES if args.systems is None or f in args.systems)
-    if "ratrain" not in families:
-        raise RatrainError("--predict needs ratrain among --systems (its speedup is the answer)")
     rows = whatif_grid(
         base_platform_dict(base),
         models,
@@ -234,9 +269,57 @@ def _report(results: list[dict], out: Path) -> int:
     from ratrain.bench.report import markdown, plot
 
     md = markdown(results)
+    lines = picks_lines(results)
+    if lines:
+        md = md.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
     (out / "cluster.md").write_text(md)
     plotted = plot(results, out / "cluster.png")
     print(md)
     written = [str(out / "cluster.md")] + ([str(out / "cluster.png")] if plotted else [])
     print(f"written: {', '.join(written)}")
     return 0
+
+
+def picks_lines(results: list[dict]) -> list[str]:
+    """ratrain's two picks per link rate and cap (`ratrain.bench.cluster.picks`): the
+    prediction-only pick, the trial's, their tokens/s and the regret, as a Markdown table
+    (none without a trial)."""
+    rows = []
+    for res in results:
+        rate = res["link_bits_per_s"] / 1e6
+        for cap in res["caps"]:
+            p = cap.get("picks")
+            if not p:
+                continue
+            pred, trial = p["prediction"], p["trial"]
+            same = pred["plan"] == trial["plan"]
+            rows.append(
+                f"| {rate:g} | {cap['cap_bytes'] / 2**20:.0f} | `{pred['plan']}` "
+                f"| {_n(pred['predicted_tokens_per_s'])} | {_n(pred['tokens_per_s'])} "
+                f"| {'same' if same else '`' + trial['plan'] + '`'} "
+                f"| {_n(trial['predicted_tokens_per_s'])} | {_n(trial['tokens_per_s'])} "
+                f"| {_pct(p['regret'])} | {len(p['trial_plans'])} in {p['trial_wall_s']:.0f} s |"
+            )
+    if not rows:
+        return []
+    return [
+        "### ratrain's pick: prediction only, and measured (the trial)",
+        "",
+        "The prediction-only pick is the search's first plan; the trial's is the fastest "
+        "measured of the plans tried. tokens/s: median of the repeats. Regret: how much "
+        "slower the prediction-only pick measured than the trial's (by the repeats where "
+        "both were timed, else by the trial's steps).",
+        "",
+        "| Mbit/s | cap MiB | prediction-only pick | predicted | measured | trial pick "
+        "| predicted | measured | regret | plans tried |",
+        "| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | --- |",
+        *rows,
+    ]
+
+
+def _n(x) -> str:
+    return "—" if x is None else f"{x:,.0f}"
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"

@@ -1,12 +1,14 @@
 """Flags shared by the commands that take a plan (simulate, train, plan, verify), and the
 argparse types every command's flags use: a bad value is one line naming the flag at parse
 time, before any import of torch or any work (`positive_int`, `nonneg_int`,
-`positive_float`, `nonneg_float`, `nonempty`, `positive_int_list`, `name_list`)."""
+`positive_float`, `nonneg_float`, `timeout_s`, `port`, `seed`, `thread_count`,
+`local_processes`, `nonempty`, `positive_int_list`, `name_list`)."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 from ratrain.config import V_PIPELINES, Plan, load_plan
@@ -26,6 +28,13 @@ __all__ = [
     "positive_float",
     "nonneg_float",
     "timeout_s",
+    "port",
+    "bounded_float",
+    "seed",
+    "thread_count",
+    "local_processes",
+    "MAX_SEED",
+    "MAX_THREADS_PER_CPU",
     "nonempty",
     "positive_int_list",
     "name_list",
@@ -41,6 +50,13 @@ MAX_INT = 2**63 - 1
 MAX_TIMEOUT_S = 10**9
 """The longest timeout a flag takes (about 31 years): a timedelta of 1e300 s overflows the
 collectives' timers in the ranks (an OverflowError after they started)."""
+MAX_SEED = 2**32 - 1
+"""The largest seed a flag takes: what numpy's and most tools' seeding takes. The weights'
+generators are seeded with seed x 1,000,003 + unit, which overflows torch's 64-bit seed
+(a ValueError in every rank) from about 2**44."""
+MAX_THREADS_PER_CPU = 4
+"""assumed: more threads per CPU than this only oversubscribe the cores (and torch crashes
+at exit with some 10**5 of them)."""
 
 
 def _note(msg: str) -> None:
@@ -70,15 +86,16 @@ def plan_platform(args: argparse.Namespace, default: str) -> str:
     return flag or recorded or default
 
 
-def _int(text: str, low: int, what: str) -> int:
+def _int(text: str, low: int, what: str, high: int = MAX_INT) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
     if v < low:
         raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
-    if v > MAX_INT:
-        raise argparse.ArgumentTypeError(f"expected {what} of at most 2**63 - 1, got {v}")
+    if v > high:
+        most = " of at most 2**63 - 1" if high == MAX_INT else ""
+        raise argparse.ArgumentTypeError(f"expected {what}{most}, got {v}")
     return v
 
 
@@ -123,6 +140,51 @@ def timeout_s(text: str) -> float:
     return v
 
 
+def bounded_float(most: float, unit: str):
+    """An argparse type: a finite number > 0 and at most `most` (in `unit`)."""
+
+    def parse(text: str) -> float:
+        v = positive_float(text)
+        if v > most:
+            raise argparse.ArgumentTypeError(f"expected at most {most:g} {unit}, got {text!r}")
+        return v
+
+    parse.__name__ = "bounded_float"
+    return parse
+
+
+def port(text: str) -> int:
+    """argparse type: a TCP port, 1 .. 65535."""
+    return _int(text, 1, "a TCP port 1..65535", 65535)
+
+
+def seed(text: str) -> int:
+    """argparse type: a seed, 0 .. `MAX_SEED`."""
+    return _int(text, 0, f"a seed 0..{MAX_SEED} (2**32 - 1)", MAX_SEED)
+
+
+def _per_cpu(text: str, what: str) -> int:
+    v = positive_int(text)
+    most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
+    if v > most:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {most} {what} ({MAX_THREADS_PER_CPU} per CPU of this "
+            f"machine), got {v}"
+        )
+    return v
+
+
+def thread_count(text: str) -> int:
+    """argparse type: CPU threads, 1 .. `MAX_THREADS_PER_CPU` per CPU of this machine."""
+    return _per_cpu(text, "threads")
+
+
+def local_processes(text: str) -> int:
+    """argparse type: processes started on this machine, 1 .. `MAX_THREADS_PER_CPU` per
+    CPU of it."""
+    return _per_cpu(text, "processes")
+
+
 def nonempty(text: str) -> str:
     """argparse type: a string that is not empty (an empty path or name is a mistake, not
     "the default")."""
@@ -161,6 +223,27 @@ def add_memory_cap_arg(p: argparse.ArgumentParser) -> None:
         help="usable memory per rank in GiB (2**30 bytes), in place of the platform's "
         "(its workspace is still reserved out of it)",
     )
+    p.add_argument(
+        "--headroom",
+        type=headroom_fraction,
+        metavar="FRACTION",
+        help="fraction of the usable memory (less the workspace) a plan keeps free for the "
+        "allocator's fragmentation, in place of the platform's (a100-80g, h100-80g: 0.15; "
+        "mt3000: 0; 0 plans up to the limit)",
+    )
+
+
+def headroom_fraction(text: str) -> float:
+    """argparse type: a fraction in [0, 0.9]."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = None
+    if v is None or not 0.0 <= v <= 0.9:
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction from 0 to 0.9 (e.g. 0.1 keeps 10% free), got {text!r}"
+        )
+    return v
 
 
 PLAN_FILE_CAP = "memory_cap_gib"
@@ -232,27 +315,6 @@ def add_model_arg(p: argparse.ArgumentParser, default: str | None = None) -> Non
         default=default,
         help="a preset name or a path to a Hugging Face config.json",
     )
-    p.add_argument(
-        "--headroom",
-        type=headroom_fraction,
-        metavar="FRACTION",
-        help="fraction of the usable memory (less the workspace) a plan keeps free for the "
-        "allocator's fragmentation, in place of the platform's (a100-80g, h100-80g: 0.15; "
-        "mt3000: 0; 0 plans up to the limit)",
-    )
-
-
-def headroom_fraction(text: str) -> float:
-    """argparse type: a fraction in [0, 0.9]."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = None
-    if v is None or not 0.0 <= v <= 0.9:
-        raise argparse.ArgumentTypeError(
-            f"expected a fraction from 0 to 0.9 (e.g. 0.1 keeps 10% free), got {text!r}"
-        )
-    return v
 
 
 def _cli_types() -> dict:

@@ -3,12 +3,16 @@
 Prints a ranked table (predicted tokens/s, step time, bubble, peak memory against the cap)
 and the winner's per-stage memory; `-o plan.yaml` writes the winner for `ratrain simulate
 --plan` and the runtime; `--plot` draws its memory per stage against the cap; `--json`
-prints one JSON object. When nothing fits it explains why and exits 2. Never imports torch.
+prints one JSON object. When nothing fits it explains why and exits 2. `--trial K` runs
+the best K structures' plans, and each other family's best structure under ratrain's
+lifecycle, a few steps on this machine and keeps the fastest measured
+(`ratrain.validate.trial`); only then is torch imported.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -18,6 +22,7 @@ from ratrain.cli.common import (
     add_model_arg,
     nonempty,
     nonneg_float,
+    positive_float,
     positive_int,
     with_memory_cap,
 )
@@ -120,6 +125,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "over each",
     )
     p.add_argument("--top", type=positive_int, default=3, help="plans to rank (default 3)")
+    _add_trial_arguments(p)
     p.add_argument(
         "-o", "--output", metavar="PLAN.yaml", help="write the best plan (YAML, or JSON by suffix)"
     )
@@ -140,6 +146,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{INFEASIBLE_BUDGET_FACTOR - EXPLAIN_BUDGET_FACTOR:g}x); 0 searches until proven "
         "optimal or infeasible "
         f"(default {DEFAULT_TIME_BUDGET_S:g})",
+    )
+
+
+def _add_trial_arguments(p: argparse.ArgumentParser) -> None:
+    from ratrain.validate.trial import DEFAULT_LIMIT_S, DEFAULT_STEPS, DEFAULT_WARMUP
+
+    p.add_argument(
+        "--trial",
+        type=positive_int,
+        metavar="K",
+        help="measure before choosing: run the best plan of each of the K best predicted "
+        "structures, and each other family's (gpu-style, zero1-pp, fsdp-pp) best structure "
+        f"under ratrain's lifecycle, {DEFAULT_WARMUP} untimed + --trial-steps timed steps "
+        "each on this machine's cores, and keep the fastest measured (it is what -o "
+        "writes); prints each plan's predicted and measured tokens/s and how much slower the "
+        "prediction-only pick measured (its regret). Plan for this machine (cpu-local, or "
+        "your `ratrain calibrate` file)",
+    )
+    p.add_argument(
+        "--trial-steps",
+        type=positive_int,
+        default=DEFAULT_STEPS,
+        metavar="N",
+        help=f"--trial: timed steps per plan, their median is its measure (default {DEFAULT_STEPS})",
+    )
+    p.add_argument(
+        "--trial-time-limit",
+        type=positive_float,
+        default=DEFAULT_LIMIT_S,
+        metavar="SECONDS",
+        help="--trial: plans not started within this long are reported as not tried, and a "
+        f"plan still running then is stopped (default {DEFAULT_LIMIT_S:g})",
     )
 
 
@@ -327,7 +365,10 @@ def run(args: argparse.Namespace) -> int:
     req = _request(args)
     progress = _progress(args)
     budget = _budget(args)
-    res = search(req, top=args.top, progress=progress, budget=budget.restarted())
+    # A trial looks for K distinct structures among the ranked plans (knob variants of one
+    # structure rank side by side): the search ranks more of them.
+    top = max(args.top, TRIAL_RANKED_PER_PLAN * args.trial) if args.trial else args.top
+    res = search(req, top=top, progress=progress, budget=budget.restarted())
     if not res.feasible:
         ex = explain(
             req,
@@ -344,9 +385,10 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join([*([note] if note else []), *_untimed_lines(res, ex.lines())]))
         return 2
     baselines = _baselines(req, progress, budget) if args.baselines else None
-    best = res.best
+    trial = _trial(req, res, baselines, args, progress, budget) if args.trial else None
+    best = _chosen(res, trial)
     if args.output:
-        _save(best, req, args)
+        _save(best, req, args, trial)
     if args.plot:
         plot_memory(
             best,
@@ -354,11 +396,48 @@ def run(args: argparse.Namespace) -> int:
             title=f"{req.spec.name} on {req.platform.name}, {req.clusters} clusters",
             headroom_bytes=req.platform.headroom_bytes,
         )
+    shown = dataclasses.replace(res, ranked=res.ranked[: args.top])
     if args.json:
-        print(json.dumps(_with_batch_rule(result_json(res, baselines=baselines), args)))
+        doc = _with_batch_rule(result_json(shown, baselines=baselines), args)
+        if trial is not None:
+            doc["trial"] = trial.to_json()
+        print(json.dumps(doc))
         return 0
-    _print(res, baselines, args)
+    _print(shown, baselines, args, trial)
     return 0
+
+
+TRIAL_RANKED_PER_PLAN = 4
+"""assumed: a search ranking 4 plans per structure a trial asks for finds that many
+distinct structures (its best plans are mostly knob variants of a few structures); fewer
+are tried where it does not."""
+
+
+def _trial(req, res, baselines, args, progress, budget: Budget):
+    """The trial of `--trial K` (`ratrain.validate.trial`) on this machine's cores."""
+    from ratrain.planner.candidates import trial_candidates
+    from ratrain.validate.trial import DEFAULT_WARMUP, local_timer, run_trial
+
+    bests = None
+    if baselines is not None:
+        bests = {f: c for f, c in baselines.items() if c is not UNFINISHED}
+    cands = trial_candidates(req, res.ranked, args.trial, bests=bests, budget=budget)
+    return run_trial(
+        cands,
+        local_timer(req.spec),
+        warmup=DEFAULT_WARMUP,
+        steps=args.trial_steps,
+        limit_s=args.trial_time_limit,
+        progress=progress,
+    )
+
+
+def _chosen(res, trial):
+    """The plan to write and describe: the trial's measured pick, else the search's #1."""
+    pick = trial.pick if trial is not None else None
+    if pick is None or pick.candidate.found is None:
+        return res.best
+    return pick.candidate.found
 
 
 def _with_batch_rule(doc: dict, args: argparse.Namespace) -> dict:
@@ -388,11 +467,11 @@ def _untimed_lines(res, lines: list[str]) -> list[str]:
     ]
 
 
-def _save(best, req, args) -> None:
+def _save(best, req, args, trial=None) -> None:
     from ratrain.config import save_plan
     from ratrain.models.presets import PRESETS
 
-    extra = {
+    extra: dict = {
         "platform": args.platform,
         "clusters": req.clusters,
         "predicted": {
@@ -407,10 +486,13 @@ def _save(best, req, args) -> None:
         from ratrain.cli.common import PLAN_FILE_CAP
 
         extra[PLAN_FILE_CAP] = args.memory_cap  # train --plan holds the plan to it
+    if trial is not None and trial.pick is not None:
+        extra["measured"] = {"tokens_per_s": trial.pick.tokens_per_s, "by": "ratrain plan --trial"}
+        extra["trial_regret"] = trial.regret
     save_plan(best.plan, args.output, **extra)
 
 
-def _print(res, baselines, args) -> None:
+def _print(res, baselines, args, trial=None) -> None:
     from ratrain.planner.report import limit_words, ranked_table, stage_table, why
 
     req, best = res.request, res.best
@@ -460,10 +542,18 @@ def _print(res, baselines, args) -> None:
                 f"vs best {name} ({base.tokens_per_s:,.1f} tokens/s, {_describe(base)}): "
                 f"{best.tokens_per_s / base.tokens_per_s:.3f}x; {why(best, base, name)}"
             )
+    if trial is not None:
+        from ratrain.validate.trial import trial_lines
+
+        print()
+        print("\n".join(trial_lines(trial)))
+        best = _chosen(res, trial)
+        left = req.clusters - best.clusters_used
     if left:
         print(f"{left} of {req.clusters} clusters left over (pp x dp = {best.clusters_used})")
+    which = "measured pick" if trial is not None and trial.pick is not None else "best plan"
     print(
-        f"\nbest plan, per stage (usable {best.limit_bytes / 1e9:.2f} GB: "
+        f"\n{which}, per stage (usable {best.limit_bytes / 1e9:.2f} GB: "
         f"{limit_words(req.platform)}):"
     )
     print(stage_table(best))
@@ -476,3 +566,116 @@ def _describe(c) -> str:
     from ratrain.planner.report import describe
 
     return describe(c.plan)
+
+
+# -- `ratrain train --plan auto` -----------------------------------------------------------
+
+AUTO = "auto"
+"""`ratrain train --plan auto`: plan, trial and train the measured pick."""
+AUTO_PLATFORM = "cpu-local"
+"""The platform `--plan auto` plans on: the ranks it trains run on this machine's cores."""
+AUTO_JOB_FIELDS = ("global_batch", "seq")
+"""Plan flags that set the job (what is trained), not a knob to search: never pins."""
+
+
+def auto_plan(args: argparse.Namespace, defaults: dict, default_model) -> None:
+    """`ratrain train --plan auto`: search the plans of the job the flags give (the plan
+    flags given are pins; `defaults` the job's global batch, sequence and compute dtype
+    where no flag gives them; --nproc, else this machine's CPUs, the ranks to plan for;
+    --memory-cap the cap), run the trial (`ratrain.validate.trial`, its defaults) and set
+    the measured pick as the plan --plan names, said in one line. The job keeps its fields
+    (`ratrain.json`'s job), so a resume trains the same plan."""
+    import os
+
+    from ratrain.planner.candidates import trial_candidates
+    from ratrain.planner.report import describe
+    from ratrain.validate.trial import DEFAULT_PLANS, local_timer, pick_lines, run_trial
+
+    if any(v in os.environ for v in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID")):
+        raise RatrainError(
+            "--plan auto runs its trial on this machine, not under a launcher (every rank "
+            "would run its own): run `ratrain plan --trial K -o plan.yaml` once and pass "
+            "--plan plan.yaml"
+        )
+    req = _auto_request(args, defaults, default_model)
+    res = _auto_search(req)
+    budget = Budget.for_plan(DEFAULT_TIME_BUDGET_S)
+    cands = trial_candidates(req, res.ranked, DEFAULT_PLANS, budget=budget)
+    say = None if args.quiet else _auto_say
+    trial = run_trial(cands, local_timer(req.spec), progress=say)
+    chosen = trial.pick.candidate if trial.pick is not None else cands[0]
+    args._plan_file = (AUTO, (chosen.plan, _auto_extras(args, req)))  # as a file's (`plan_file`)
+    if args.nproc is not None and args.nproc != chosen.plan.pp * chosen.plan.dp:
+        args.nproc = None  # the ranks it planned for; the plan may leave some over
+    measured = "" if trial.pick is None else f", {trial.pick.tokens_per_s:,.0f} tokens/s measured"
+    print(
+        f"ratrain train: --plan auto chose {describe(chosen.plan)} ([{chosen.source}] of "
+        f"{len(cands)} plans tried in {trial.wall_s:.0f} s{measured}; {pick_lines(trial)[-1]})",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _auto_request(args: argparse.Namespace, defaults: dict, default_model):
+    """The planner's request of `--plan auto`: the plan flags given as pins."""
+    import os
+
+    from ratrain.config import Plan
+    from ratrain.models.presets import resolve_model
+    from ratrain.planner import Request
+    from ratrain.planner.families import ALL_FAMILIES
+    from ratrain.platforms import load
+    from ratrain.schema import cli_fields, knob_of
+
+    model = args.model or default_model
+    spec = model if not isinstance(model, str) else resolve_model(model)
+    capped = argparse.Namespace(memory_cap=args.memory_cap)
+    platform = with_memory_cap(load(AUTO_PLATFORM), capped)
+    pins: dict = {"compute_dtype": defaults.get("compute_dtype")}
+    for f in cli_fields(Plan):
+        v = getattr(args, f.name, None)
+        if v is None or f.name in AUTO_JOB_FIELDS:
+            continue
+        pin = knob_of(f).pin
+        if pin == "policy_list":
+            v = tuple(v.split(",")) if "," in v else v
+        elif pin == "optional_float":
+            v = v or None
+        pins[f.name] = v
+    pins = {k: v for k, v in pins.items() if v is not None}
+    seq = min(args.seq or defaults["seq"], spec.max_seq)
+    gb = args.global_batch or defaults["global_batch"]
+    clusters = args.nproc or os.cpu_count() or 1
+    return Request(spec, platform, clusters, gb, seq, pins=pins, families=ALL_FAMILIES)
+
+
+def _auto_search(req):
+    from ratrain.planner import search
+    from ratrain.validate.trial import DEFAULT_PLANS
+
+    budget = Budget.for_plan(DEFAULT_TIME_BUDGET_S)
+    res = search(req, top=TRIAL_RANKED_PER_PLAN * DEFAULT_PLANS, budget=budget)
+    if not res.feasible:
+        raise RatrainError(
+            f"--plan auto: no plan of {req.spec.name} fits on {req.clusters} ranks under the "
+            f"cap (global batch {req.global_batch} x {req.seq}); `ratrain plan --platform "
+            f"{AUTO_PLATFORM} --clusters {req.clusters} ...` says why"
+        )
+    return res
+
+
+def _auto_extras(args: argparse.Namespace, req) -> dict:
+    """What `ratrain plan -o` writes beside a plan, for the pick of `--plan auto`."""
+    from ratrain.cli.common import PLAN_FILE_CAP
+    from ratrain.models.presets import PRESETS
+
+    extras: dict = {"platform": AUTO_PLATFORM, "clusters": req.clusters}
+    if args.memory_cap is not None:
+        extras[PLAN_FILE_CAP] = args.memory_cap
+    if isinstance(args.model, str) and args.model not in PRESETS:
+        extras["model_path"] = args.model
+    return extras
+
+
+def _auto_say(msg: str) -> None:
+    print(f"ratrain train: --plan auto: {msg}", file=sys.stderr, flush=True)

@@ -28,6 +28,7 @@ from ratrain.cli.jobfile import (
     job_sections,
     read_job_file,
 )
+from ratrain.cli.plan import AUTO as AUTO_PLAN
 from ratrain.cli.train_flags import DEFAULT_LR, DEFAULT_STEPS, PLAN_DEFAULTS, add_arguments
 from ratrain.config import Plan, TrainConfig
 from ratrain.errors import RatrainError
@@ -140,6 +141,7 @@ def _launch_of(args: argparse.Namespace) -> Launch:
         backend=args.backend,
         compile_units=bool(args.compile),
         timeout_s=args.timeout,
+        peer_timeout_s=args.peer_timeout,
         pin_cores=bool(args.pin_cores),
         host_allocator=args.host_allocator,
         malloc_mmap_threshold_bytes=args.malloc_mmap_threshold,
@@ -189,7 +191,13 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config is not None:
         return _print_config(parser, args)
     cfg = _check_flags(args)
+    if args.plan == AUTO_PLAN:  # plan, measure the best few, train the fastest measured
+        from ratrain.cli.plan import auto_plan
+
+        auto_plan(args, PLAN_DEFAULTS, _default_model(args))
     spec, plan = plan_from_args(args, default_model=_default_model(args))
+    if getattr(args, "_auto_resumed", False):
+        _auto_resumed(args, plan)
     refuse_unsupported(plan)  # before any rank starts (building the schedule refuses it too)
     _check_processes(args, plan)
     job = _effective_job(parser, args, given_model, plan, cfg)
@@ -282,7 +290,10 @@ def _restore_job(
     saved = apply_job(parser, argparse.Namespace(), job, f"checkpoint {ckpt}", strict=False)
     present = {str(k).replace("-", "_") for keys in job.values() for k in keys}
     plan_dests = {a.dest for a in job_sections(parser)["plan"]}
-    plan_file = "plan" in given  # a plan file given now: its values, not the saved ones
+    # a plan file given now: its values, not the saved ones; --plan auto: the saved ones,
+    # which its trial chose at the start
+    auto = args.plan == AUTO_PLAN and isinstance(job.get("plan"), dict)
+    plan_file = "plan" in given and not auto
     for dest in present - set(NOT_RESTORED) - given:
         if plan_file and dest in plan_dests:
             continue
@@ -299,6 +310,8 @@ def _restore_job(
             "keeps the data order; drop those flags, or start afresh (no --resume, another "
             "--save)"
         )
+    if auto:
+        args.plan, args._auto_resumed = None, True
     args._saved_train_config = meta.get("lr_schedule")
     args._saved_model = job.get("plan", {}).get("model")
     return ckpt, job
@@ -370,6 +383,23 @@ def _say_changes(saved: dict, job: dict) -> None:
                 changes.append(f"{k} {_show(old)} -> {_show(new)}")
     if changes and is_rank0():
         print(f"ratrain: changed on resume: {', '.join(changes)}", file=sys.stderr, flush=True)
+
+
+def _auto_resumed(args: argparse.Namespace, plan: Plan) -> None:
+    """A resume of `--plan auto`: its plan is the checkpoint's (said in one line); --nproc
+    was the ranks to plan for, as at the start."""
+    from ratrain.checkpoint.hooks import is_rank0
+    from ratrain.planner.report import describe
+
+    if args.nproc is not None and args.nproc != plan.pp * plan.dp:
+        args.nproc = None
+    if is_rank0():
+        print(
+            f"ratrain train: --plan auto: the checkpoint's plan, chosen by its trial: "
+            f"{describe(plan)}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _show(v) -> str:

@@ -12,6 +12,8 @@ from ratrain.cli.common import (
     nonneg_int,
     positive_float,
     positive_int,
+    seed,
+    thread_count,
     timeout_s,
 )
 from ratrain.cli.jobfile import track_explicit
@@ -41,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     plan = p.add_argument_group("plan")
     add_model_arg(plan)  # default: the plan file's, else the resumed checkpoint's, else tiny
     add_plan_args(plan, defaults=PLAN_DEFAULTS)
+    _document_auto_plan(plan)
     _add_optimizer_args(p.add_argument_group("training"))
     _add_runtime_args(p.add_argument_group("runtime"))
     _add_data_args(p.add_argument_group("data"))
@@ -48,6 +51,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _add_output_args(p.add_argument_group("output"))
     _add_checkpoint_args(p.add_argument_group("checkpoints (see docs/checkpoints.md)"))
     track_explicit(p)  # which options were given (a resume keeps the others' saved values)
+
+
+def _document_auto_plan(group) -> None:
+    """--plan also takes "auto" here (`ratrain.cli.plan.auto_plan`)."""
+    for a in group._group_actions:
+        if a.dest == "plan":
+            a.help += (
+                "; auto: plan for --nproc ranks (default: this machine's CPUs) on cpu-local, "
+                "run the best few plans a few steps each here and train the fastest measured "
+                "(the plan flags given are pins; a resume keeps the plan chosen)"
+            )
 
 
 def _add_job_file_args(p: argparse.ArgumentParser) -> None:
@@ -93,7 +107,7 @@ def _add_optimizer_args(g) -> None:
         help="AdamW decoupled weight decay on matrices (default 0.1)",
     )
     g.add_argument(
-        "--seed", type=nonneg_int, default=0, help="seed of the weights and of the data (default 0)"
+        "--seed", type=seed, default=0, help="seed of the weights and of the data (default 0)"
     )
 
 
@@ -140,7 +154,7 @@ def _add_runtime_args(g) -> None:
     )
     g.add_argument(
         "--threads",
-        type=positive_int,
+        type=thread_count,
         help="CPU threads per process (default: one process: 1 for models under 50M "
         "parameters, whose small GEMMs gain nothing from more and lose much when cores are "
         "shared, else torch's; several ranks: the CPUs this process may use, shared by them)",
@@ -158,6 +172,13 @@ def _add_runtime_args(g) -> None:
         type=timeout_s,
         help="rendezvous/collective timeout in s: a stuck or lost rank fails the job after it "
         "(default 300)",
+    )
+    g.add_argument(
+        "--peer-timeout",
+        type=timeout_s,
+        help="torchrun/Slurm ranks: end the job this many s after a peer rank's heartbeat "
+        "stopped (a node lost, a link down) or node 0's store went out of reach, with one line "
+        "naming the node (default 30; --timeout bounds a stuck but living rank)",
     )
 
 

@@ -50,6 +50,9 @@ class Launch:
     timeout_s: float | None = None
     """Rendezvous/collective timeout; None or 0: the launcher's default
     (`ratrain.launch.grid.DEFAULT_TIMEOUT_S`, 300 s)."""
+    peer_timeout_s: float | None = None
+    """A launched job's rank ends this long after a peer's heartbeat stopped or the store
+    went out of reach (`ratrain.launch.peers`); None: `DEFAULT_PEER_TIMEOUT_S`, 30 s."""
     deadline_s: float = 24 * 3600.0
     """Locally spawned ranks are stopped after this long (`ratrain.launch.spawn`)."""
     pin_cores: bool = False

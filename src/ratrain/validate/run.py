@@ -35,23 +35,26 @@ from ratrain.validate.speed import machine_speed
 __all__ = ["run_plan", "validate"]
 
 
-def _job(g: GridPlan, steps: int, outputs: Outputs) -> Job:
+def _job(g: GridPlan, steps: int, outputs: Outputs, deadline_s: float = 1800) -> Job:
     return Job(
         g.spec,
         g.plan,
         TrainConfig(steps=steps, warmup_steps=1),
         functools.partial(make_source, "synthetic", g.spec, g.plan.seq),
-        launch=Launch(deadline_s=1800),
+        launch=Launch(deadline_s=deadline_s),
         outputs=outputs,
         hooks=FaultHooks(fault=os.environ.get("RATRAIN_FAULT")),
     )
 
 
-def _timing(g: GridPlan, steps: int, warmup: int) -> tuple[list[list[float]], list[dict]]:
+def _timing(
+    g: GridPlan, steps: int, warmup: int, deadline_s: float = 1800
+) -> tuple[list[list[float]], list[dict]]:
     """One timing run: every rank's step times (warm-up included), rank order, and the
-    measured trace of the last step."""
+    measured trace of the last step; its ranks are stopped after `deadline_s`."""
     kind = g.plan.schedule
-    job = _job(g, warmup + steps, Outputs(progress=False, trace_steps=(warmup + steps - 1,)))
+    outputs = Outputs(progress=False, trace_steps=(warmup + steps - 1,))
+    job = _job(g, warmup + steps, outputs, deadline_s)
     ranks = run_job_one_line(job, f"plan {g.name}: ")
     times = [list(r.runs[kind].step_times_s) for r in ranks]
     return times, [rec for r in ranks for rec in r.runs[kind].trace]
