@@ -620,6 +620,11 @@ def load_plan(path: str | Path) -> tuple[Plan, dict]:
         data = load_yaml(p.read_text())
     except yaml.YAMLError as e:
         raise RatrainError(f"{p}: not valid YAML/JSON ({str(e).splitlines()[0]})") from None
+    except UnicodeDecodeError:
+        raise RatrainError(
+            f"plan file {str(p)!r} is not a text file (not UTF-8); give the file "
+            "`ratrain plan -o` wrote"
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
         raise RatrainError(f"{p}: expected a mapping with a 'plan' key")
     extras = {k: v for k, v in data.items() if k != "plan"}

@@ -30,5 +30,7 @@ def read_yaml_file(path, what: str):
         return load_yaml(p.read_text())
     except OSError as e:
         raise RatrainError(f"{what} {p}: cannot read it ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise RatrainError(f"{what} {p}: not a text file (not UTF-8); give a YAML file") from None
     except yaml.YAMLError as e:
         raise RatrainError(f"{what} {p}: not valid YAML ({str(e).splitlines()[0]})") from None

@@ -1,8 +1,9 @@
 """A bad value of any flag of any command is one line on stderr and exit code 2, before any
 work: no traceback, no training, no planning, no measuring, and no output file touched.
 
-Every flag that takes a value has a case here (the flags of `prepare` and `generate`, and
-`train --host-allocator`, are another change's). `{file}`, `{dir}` and `{tmp}` stand for a
+Every flag that takes a value has a case here or in test_bad_input_audit.py (the table of
+benchmarks/bad_input_audit.py: prepare, eval, generate, emulate, bench cluster, link-probe,
+plot, job files, plan and platform files, prepared data). `{file}`, `{dir}` and `{tmp}` stand for a
 regular file, a folder and an empty folder of the test's own; `no_work` makes every entry
 point of real work fail the test if it is reached."""
 

@@ -41,10 +41,40 @@ ALIASES = {"cluster": "emulate"}
 
 
 class _Parser(argparse.ArgumentParser):
-    """An argparse parser whose usage errors are one line (no usage dump), exit code 2."""
+    """An argparse parser whose usage errors are one line (no usage dump), exit code 2.
+    A flag is named in full: an abbreviation (the first letters of --global-batch) would change
+    meaning, or stop working, when a flag beginning the same way is added."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    command_parser: argparse.ArgumentParser | None = None
+    """The chosen subcommand's parser, which names an unknown flag of it (`_build_parser`)."""
 
     def error(self, message: str):  # type: ignore[override]
+        if self.command_parser is not None and message.startswith("unrecognized arguments"):
+            self.command_parser.error(message + _did_you_mean(self.command_parser, message))
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
+    """The hint "; did you mean --global-batch?" for the first unknown flag of `message` that
+    begins a flag of `parser` (an abbreviation) or is close to one (a typo)."""
+    import difflib
+
+    flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    for word in message.split(":", 1)[-1].split():
+        name = word.split("=", 1)[0]
+        if not name.startswith("--"):
+            continue
+        begun = [f for f in flags if f.startswith(name)]
+        if begun:
+            return f"; did you mean {' or '.join(begun[:2])}? (flags are not abbreviated)"
+        close = difflib.get_close_matches(name, flags, n=2)
+        if close:
+            return f"; did you mean {' or '.join(close)}?"
+    return ""
 
 
 def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
@@ -61,6 +91,7 @@ def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
         if name == chosen:
             module = importlib.import_module(f"ratrain.cli.{name.replace('-', '_')}")
             module.add_arguments(p)
+            parser.command_parser = p
     return parser, module
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ratrain.calibrate import DTYPES as _DTYPES
-from ratrain.cli.common import nonempty, positive_float, positive_int
+from ratrain.cli.common import nonempty, positive_float, positive_int, timeout_s
 
 __all__ = ["add_arguments", "run"]
 
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions (< 3 min)")
     p.add_argument(
         "--budget-s",
-        type=positive_float,
+        type=timeout_s,
         default=None,
         help="seconds per window of one kernel measurement (default 0.25; 0.08 with --quick)",
     )

@@ -17,32 +17,47 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ratrain.cli.common import nonneg_int, positive_float, positive_int, timeout_s
+from ratrain.cli.common import (
+    bounded_float,
+    local_processes,
+    nonneg_int,
+    port,
+    positive_int,
+    timeout_s,
+)
 from ratrain.errors import RatrainError
 
-__all__ = ["add_arguments", "run", "torchrun_command"]
+__all__ = ["add_arguments", "run", "torchrun_command", "check_node_command"]
+
+MAX_LINK_MBIT = 100_000.0
+"""assumed: 100 Gbit/s, above what a veth pair carries on one machine (the shaper would
+shape nothing); tc refuses rates it cannot parse (1e300mbit) only once the namespaces are up."""
+MAX_LATENCY_MS = 1000.0
+"""assumed: a queue of a second of the rate is more than any link holds (tc takes 1000 ms
+at 100 Gbit/s)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=positive_int, default=2, help="nodes (default 2)")
     p.add_argument(
-        "--ranks-per-node", type=positive_int, default=1, help="torchrun ranks per node (default 1)"
+        "--ranks-per-node",
+        type=local_processes,
+        default=1,
+        help="torchrun ranks per node (default 1)",
     )
     p.add_argument(
         "--link-mbit",
-        type=positive_float,
+        type=bounded_float(MAX_LINK_MBIT, "Mbit/s"),
         default=200.0,
         help="each node's link rate in Mbit/s, each direction (default 200)",
     )
     p.add_argument(
         "--latency-ms",
-        type=positive_float,
+        type=bounded_float(MAX_LATENCY_MS, "ms"),
         default=50.0,
         help="tbf's queue limit in ms of the rate (default 50); no delay is added",
     )
-    p.add_argument(
-        "--master-port", type=positive_int, default=29500, help="node 0's port (default 29500)"
-    )
+    p.add_argument("--master-port", type=port, default=29500, help="node 0's port (default 29500)")
     p.add_argument("--timeout", type=timeout_s, help="kill the run after this many seconds")
     p.add_argument(
         "--raw",
@@ -79,6 +94,29 @@ def torchrun_command(args: argparse.Namespace, rest: list[str]) -> list[str]:
     )
 
 
+def check_node_command(rest: list[str]) -> None:
+    """The ratrain command every node would run, parsed here first: a bad flag of it is one
+    line before any namespace is built, not one per node after torchrun started."""
+    import contextlib
+    import io
+
+    from ratrain.cli import _build_parser
+
+    parser, module = _build_parser(rest)
+    if module is None:
+        raise RatrainError(
+            f"{rest[0]!r} is not a ratrain command (see ratrain --help); --raw runs any "
+            "program on every node"
+        )
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+            parser.parse_args(rest)
+    except SystemExit as e:
+        if e.code:
+            raise RatrainError(f"the command after --: {said.getvalue().strip()}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from ratrain.launch.emulate import (
         EmulatedNetwork,
@@ -100,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         rest = rest[1:]
     if not rest:
         raise RatrainError("no command given: ratrain emulate [flags] -- train --pp 2 ...")
+    if not args.raw:
+        check_node_command(rest)
     cmd = rest if args.raw else torchrun_command(args, rest)
     with EmulatedNetwork(args.nodes, args.link_mbit, latency_ms=args.latency_ms) as net:
         print(

@@ -12,7 +12,7 @@ import functools
 import json
 from pathlib import Path
 
-from ratrain.cli.common import nonempty, nonneg_int, positive_int, timeout_s
+from ratrain.cli.common import nonempty, positive_int, seed, timeout_s
 from ratrain.errors import RatrainError
 
 __all__ = ["add_arguments", "run"]
@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--data-dtype", choices=("uint16", "uint32"), help="token dtype of a token file")
     p.add_argument(
-        "--seed", type=nonneg_int, help="seed of the data's windows (default the checkpoint's)"
+        "--seed", type=seed, help="seed of the data's windows (default the checkpoint's)"
     )
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     p.add_argument("--timeout", type=timeout_s, help="collective timeout in s (default 300)")

@@ -10,7 +10,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from ratrain.cli.common import nonempty, nonneg_float, nonneg_int, positive_float, positive_int
+from ratrain.cli.common import (
+    nonempty,
+    nonneg_float,
+    positive_float,
+    positive_int,
+    seed,
+    thread_count,
+)
 from ratrain.errors import RatrainError
 
 __all__ = ["add_arguments", "run", "load_model"]
@@ -36,11 +43,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_float,
         help="sample among the most likely tokens holding probability p",
     )
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the sampling (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the sampling (default 0)")
     p.add_argument(
-        "--tokenizer", metavar="DIR", help="a tokenizer.json or its folder (default: the model's)"
+        "--tokenizer",
+        type=nonempty,
+        metavar="DIR",
+        help="a tokenizer.json or its folder (default: the model's)",
     )
-    p.add_argument("--threads", type=positive_int, help="CPU threads (default torch's)")
+    p.add_argument("--threads", type=thread_count, help="CPU threads (default torch's)")
 
 
 def load_model(path: str | Path):

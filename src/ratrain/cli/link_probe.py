@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import argparse
 
-from ratrain.cli.common import positive_int
+from ratrain.cli.common import local_processes, nonempty, positive_int
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("out", help="where rank 0 writes the JSON")
+    p.add_argument("out", type=nonempty, metavar="OUT.json", help="where rank 0 writes the JSON")
     p.add_argument(
         "--ranks-per-node",
-        type=positive_int,
+        type=local_processes,
         required=True,
         help="torchrun ranks per node (the world must be an even number of nodes of them)",
     )
@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ratrain.bench.link_probe import probe_links
+    from ratrain.cli.outputs import prepare_output_file
 
+    prepare_output_file(args.out, "OUT")  # before the probe, not when rank 0 writes it
     probe_links(args.out, args.ranks_per_node, args.reps)
     return 0

@@ -7,10 +7,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ratrain.cli.common import bounded_float, nonempty, positive_float
 from ratrain.cli.outputs import PLOT_SUFFIXES, prepare_output_file
 from ratrain.errors import RatrainError
 
 __all__ = ["add_arguments", "run"]
+
+MAX_DPI = 1200.0
+"""assumed: print resolution; at 10**6 dpi matplotlib would allocate terabytes for the
+figure."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,17 +30,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--label",
         action="append",
+        type=nonempty,
         metavar="NAME",
         help="a run's name in the legend, once per file in order (default: the file's name)",
     )
     p.add_argument(
         "--cap",
-        type=float,
+        type=positive_float,
         metavar="GIB",
         help="draw this memory cap per rank (default: the records' own, where a run had "
         "--memory-cap)",
     )
-    p.add_argument("--dpi", type=int, default=100, help="resolution of the figure (default 100)")
+    p.add_argument(
+        "--dpi",
+        type=bounded_float(MAX_DPI, "dots per inch"),
+        default=100,
+        help="resolution of the figure (default 100)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,10 +57,6 @@ def run(args: argparse.Namespace) -> int:
         raise RatrainError(
             f"{len(labels)} --label for {len(args.metrics)} metrics files; give at most one each"
         )
-    if args.cap is not None and not args.cap > 0:
-        raise RatrainError(f"--cap must be a positive number of GiB, got {args.cap:g}")
-    if args.dpi <= 0:
-        raise RatrainError(f"--dpi must be a positive integer, got {args.dpi}")
     prepare_output_file(args.output, "-o", PLOT_SUFFIXES)
     names = _default_labels(args.metrics)
     runs = [

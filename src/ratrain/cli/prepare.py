@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from ratrain.cli.common import nonempty, nonneg_float, nonneg_int, positive_int
+from ratrain.cli.common import local_processes, nonempty, nonneg_float, nonneg_int, seed
 
 __all__ = ["add_arguments", "run", "usable_cpus"]
 
@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokenizer",
         required=True,
+        type=nonempty,
         metavar="DIR",
         help="a Hugging Face tokenizer.json or its folder",
     )
@@ -69,12 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=nonneg_int,
         help="hold out at least this many tokens instead (whole documents)",
     )
-    p.add_argument(
-        "--seed", type=nonneg_int, default=0, help="seed of the held-out split (default 0)"
-    )
+    p.add_argument("--seed", type=seed, default=0, help="seed of the held-out split (default 0)")
     p.add_argument(
         "--workers",
-        type=positive_int,
+        type=local_processes,
         default=usable_cpus(),
         help=f"processes that tokenize (default the usable CPUs, here {usable_cpus()})",
     )

@@ -25,10 +25,10 @@ from ratrain.cli.common import (
     memory_cap,
     nonempty,
     nonneg_float,
-    nonneg_int,
     plan_from_args,
     positive_float,
     positive_int,
+    seed,
     timeout_s,
 )
 from ratrain.config import Plan, TrainConfig
@@ -68,9 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--lr", type=positive_float, default=3e-3, help="peak learning rate (default 3e-3)"
     )
-    g.add_argument(
-        "--seed", type=nonneg_int, default=0, help="seed of the weights and data (default 0)"
-    )
+    g.add_argument("--seed", type=seed, default=0, help="seed of the weights and data (default 0)")
     g.add_argument(
         "--data", type=nonempty, default="synthetic", help="synthetic (default) or a data file"
     )

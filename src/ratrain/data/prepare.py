@@ -99,6 +99,8 @@ def check_request(req: PrepareRequest) -> None:
     if not req.inputs:
         raise RatrainError("data: no input files")
     for p in req.inputs:
+        if p.is_dir():
+            raise RatrainError(f"data: input {str(p)!r} is a folder; give its files")
         if not p.is_file():
             raise RatrainError(f"data: input {str(p)!r} not found")
         if p.suffix.lower() not in _SUFFIXES:
@@ -108,7 +110,7 @@ def check_request(req: PrepareRequest) -> None:
             )
         if p.suffix.lower() == ".parquet" and req.field:
             _parquet_file(p, req.field)
-    tokenizer_json(req.tokenizer)  # one line if it is missing
+    HFTokenizer(req.tokenizer)  # one line if it is missing or unreadable
     if not req.field:
         raise RatrainError("data: --field must not be empty")
     if req.txt_docs not in TEXT_DOCS:
@@ -458,19 +460,38 @@ def read_manifest(d: str | Path) -> dict:
         )
     try:
         m = json.loads(p.read_text())
+        if not isinstance(m, dict):
+            raise ValueError(f"a JSON {type(m).__name__}, not an object")
         if m.get("format") != FORMAT:
             raise ValueError(f"format {m.get('format')!r}, expected {FORMAT!r}")
-        for key in ("file", "tokens"):
-            if key not in m["splits"]["train"]:
-                raise KeyError(f"splits.train.{key}")
+        if "train" not in m["splits"]:
+            raise KeyError("splits.train")
+        for name, split in m["splits"].items():
+            _check_split(str(name), split)
         if not isinstance(m["tokenizer"]["vocab_size"], int) or m["dtype"] not in (
             "uint16",
             "uint32",
         ):
             raise ValueError("tokenizer.vocab_size or dtype")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise RatrainError(f"data: {p}: not a ratrain prepare manifest ({e})") from None
+        raise RatrainError(
+            f"data: {p}: not a ratrain prepare manifest ({e}); run `ratrain prepare` again"
+        ) from None
     return m
+
+
+def _check_split(name: str, split) -> None:
+    """A split's entry: a file named in the folder itself (never a path out of it) and a
+    whole number of tokens >= 0."""
+    for key in ("file", "tokens"):
+        if key not in split:
+            raise KeyError(f"splits.{name}.{key}")
+    f = split["file"]
+    if not isinstance(f, str) or not f or Path(f).name != f or f in (".", ".."):
+        raise ValueError(f"splits.{name}.file must be a file name in the folder, got {f!r}")
+    n = split["tokens"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"splits.{name}.tokens must be a whole number >= 0, got {n!r}")
 
 
 def _up_to_date(out: Path, fingerprint: dict) -> dict | None:
@@ -572,8 +593,32 @@ def prepared_source(
         raise RatrainError(
             f"data: {str(d)!r} has no {split!r} split (it has {', '.join(m['splits'])})"
         )
+    _check_size(d, m, split)
     src = BinSource(d / m["splits"][split]["file"], vocab, seq, seed, dtype=m["dtype"])
     src.name = f"{d.name}/{src.name}"
     if (tok_dir / "tokenizer.json").is_file():
         src.tokenizer_path = tok_dir / "tokenizer.json"
     return src
+
+
+def _check_size(d: Path, m: dict, split: str) -> None:
+    """The split's token file holds the manifest's count of tokens: a file cut short (a full
+    disk, a copy stopped part way) or grown (another file copied over it) is not the data
+    the manifest describes."""
+    entry = m["splits"][split]
+    f = d / entry["file"]
+    if not f.is_file():
+        return  # BinSource says it is not found
+    itemsize = np.dtype(m["dtype"]).itemsize
+    size_bytes, want_bytes = f.stat().st_size, entry["tokens"] * itemsize
+    if size_bytes == want_bytes:
+        return
+    if size_bytes % itemsize:
+        what = f"{size_bytes} bytes, not a whole number of {m['dtype']} tokens"
+    else:
+        what = f"{size_bytes // itemsize:,} tokens"
+    shape = "shorter" if size_bytes < want_bytes else "longer"
+    raise RatrainError(
+        f"data: {str(f)!r} holds {what}, {shape} than the {entry['tokens']:,} its "
+        f"manifest.json says; it was damaged or replaced: run `ratrain prepare` again"
+    )

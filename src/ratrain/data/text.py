@@ -121,6 +121,8 @@ def tokenizer_json(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         path = path / "tokenizer.json"
+    if path.is_dir():
+        raise RatrainError(f"data: {str(path)!r} is a folder, not a tokenizer file")
     if not path.is_file():
         raise RatrainError(f"data: tokenizer file {str(path)!r} not found")
     return path

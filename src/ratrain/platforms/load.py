@@ -118,6 +118,8 @@ class _Reader:
             raise self.fail(f"{dotted} must be a number, got {v!r}")
         if not (v >= 0 if zero else v > 0):
             raise self.fail(f"{dotted} must be {'>= 0' if zero else 'positive'}, got {v!r}")
+        if v == float("inf"):  # an infinite size or rate overflows where it is rounded
+            raise self.fail(f"{dotted} must be a finite number, got {v!r}")
         if upper is not None and v > upper:
             raise self.fail(f"{dotted} must be at most {upper}, got {v!r}")
         if integer:
@@ -315,8 +317,10 @@ def parse_platform(data, source: str) -> Platform:
     if not isinstance(warns, list) or not all(isinstance(w, str) for w in warns):
         raise r.fail("calibration_warnings must be a list of strings")
     name = data.get("name")
-    if not isinstance(name, str) or not name:
+    if name is None:
         raise r.fail("missing field name")
+    if not isinstance(name, str) or not name:
+        raise r.fail(f"name must be a non-empty string, got {name!r}")
     compute = r.section(data, "compute", "")
     peaks = r.section(compute, "peak_flops", "compute.")
     peak_flops = {dt: r.number(peaks, dt, "compute.peak_flops.") for dt in ("fp16", "bf16", "fp32")}
@@ -371,6 +375,8 @@ def _read(path: Path) -> Platform:
         data = load_yaml(path.read_text())
     except yaml.YAMLError as e:
         raise RatrainError(f"platform {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except UnicodeDecodeError:
+        raise RatrainError(f"platform {path}: not a text file (not UTF-8)") from None
     except OSError as e:
         raise RatrainError(f"platform {path}: cannot read it ({e.strerror})") from None
     return parse_platform(data, str(path))
