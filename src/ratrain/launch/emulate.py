@@ -24,6 +24,7 @@ bridges and tbf; `unavailable()` says in one line what is missing.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -40,6 +41,7 @@ __all__ = [
     "EmulatedNetwork",
     "EmulationInterrupted",
     "NodeResult",
+    "NodeRun",
     "unavailable",
     "stale_namespaces",
     "remove_namespaces",
@@ -74,6 +76,8 @@ class NodeResult:
     returncode: int
     output: str
     timed_out: bool = False
+    exited_at: float | None = None
+    """When the command exited (`time.monotonic`), if seen."""
 
 
 def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -328,9 +332,14 @@ class EmulatedNetwork:
         """Run `cmd` on every node at once and wait for all. On a failing node the others
         run on (a distributed job ends on its own); after `timeout_s` every node command's
         process group is killed and those nodes are marked `timed_out` (exit code 124)."""
-        outputs: list[list[str]] = [[] for _ in range(self.nodes)]
-        threads = []
-        procs = []
+        return self.start_on_nodes(cmd, env=env, echo=echo).wait(timeout_s)
+
+    def start_on_nodes(
+        self, cmd: list[str], *, env: dict[str, str] | None = None, echo: bool = False
+    ) -> NodeRun:
+        """`cmd` started on every node; `NodeRun.wait` collects it (faults can be injected
+        meanwhile: `kill_node`, `set_link`, `signal_node`)."""
+        run = NodeRun(self)
         for i in range(self.nodes):
             p = subprocess.Popen(
                 self.command_for(i, cmd, env),
@@ -341,34 +350,101 @@ class EmulatedNetwork:
                 errors="replace",
                 start_new_session=True,
             )
-            procs.append(p)
             self._procs.append(p)
-            t = threading.Thread(target=_pump, args=(p, outputs[i], i, echo), daemon=True)
-            t.start()
-            threads.append(t)
+            run.add(p, echo)
+        return run
+
+    # faults ---------------------------------------------------------------------------
+    def node_pids(self, i: int) -> list[int]:
+        r = subprocess.run(["ip", "netns", "pids", self.node(i)], capture_output=True, text=True)
+        return [int(tok) for tok in r.stdout.split() if tok.isdigit()]
+
+    def kill_node(self, i: int, *, spare: set[int] = frozenset()) -> list[int]:
+        """SIGKILL every process on node `i` but `spare` (a node lost: its torchrun and its
+        ranks die at once, and its kernel closes their connections); the pids killed."""
+        killed = []
+        for pid in self.node_pids(i):
+            if pid in spare:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+        return killed
+
+    def set_link(self, i: int, up: bool) -> None:
+        """Take node `i`'s link down or up at the switch (its port `nI`), as a pulled cable
+        or a failed switch port: packets are dropped both ways, no connection is closed."""
+        _ip("ip", "link", "set", f"n{i}", "up" if up else "down", ns=self.switch)
+
+
+@dataclass
+class NodeRun:
+    """The node commands `EmulatedNetwork.start_on_nodes` started: their processes, output
+    and the time (`time.monotonic`) each exited."""
+
+    net: EmulatedNetwork
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    outputs: list[list[str]] = field(default_factory=list)
+    exited_at: list[float | None] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def add(self, p: subprocess.Popen, echo: bool) -> None:
+        i = len(self.procs)
+        self.procs.append(p)
+        self.outputs.append([])
+        self.exited_at.append(None)
+        t = threading.Thread(target=_pump, args=(p, self.outputs[i], i, echo), daemon=True)
+        t.start()
+        self.threads.append(t)
+        threading.Thread(target=self._note_exit, args=(i,), daemon=True).start()
+
+    def _note_exit(self, i: int) -> None:
+        self.procs[i].wait()
+        self.exited_at[i] = time.monotonic()
+
+    def signal_node(self, i: int, signum: int) -> None:
+        """Send `signum` to node `i`'s command (its torchrun), as a scheduler does."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.procs[i].pid, signum)
+
+    def output(self, i: int) -> str:
+        return "".join(self.outputs[i])
+
+    def running(self) -> bool:
+        return any(p.poll() is None for p in self.procs)
+
+    def wait(self, timeout_s: float | None = None) -> list[NodeResult]:
+        """Wait for every node command; after `timeout_s` kill what is left (exit 124)."""
+        procs, n = self.procs, len(self.procs)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        timed_out = [False] * self.nodes
+        timed_out = [False] * n
         while any(p.poll() is None for p in procs):
             if deadline is not None and time.monotonic() > deadline:
                 for i, p in enumerate(procs):
                     if p.poll() is None:
                         timed_out[i] = True
-                        try:
+                        with contextlib.suppress(ProcessLookupError):
                             os.killpg(p.pid, signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
                 # what the node commands left behind (e.g. torchrun's workers) goes too
-                for i in range(self.nodes):
-                    _kill_namespace_pids(self.node(i))
+                for i in range(n):
+                    _kill_namespace_pids(self.net.node(i))
                 deadline = None
             time.sleep(0.05)
         # A process a command left behind (daemonized) may hold its output pipe open: read
         # on for at most 2 s more, then return (the teardown kills it).
         stop = time.monotonic() + 2.0
-        for t in threads:
+        for t in self.threads:
             t.join(timeout=max(0.0, stop - time.monotonic()))
         return [
-            NodeResult(i, 124 if timed_out[i] else p.returncode, "".join(outputs[i]), timed_out[i])
+            NodeResult(
+                i,
+                124 if timed_out[i] else p.returncode,
+                self.output(i),
+                timed_out[i],
+                self.exited_at[i],
+            )
             for i, p in enumerate(procs)
         ]
 

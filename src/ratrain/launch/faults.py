@@ -43,6 +43,7 @@ from ratrain.errors import RatrainError
 
 __all__ = [
     "JobFailed",
+    "PeerLost",
     "Interrupted",
     "StepMarker",
     "StopRequest",
@@ -72,6 +73,15 @@ class JobFailed(RatrainError):
     """A rank of the job died or failed; not a user mistake, so exit code 1."""
 
     exit_code = 1
+
+
+class PeerLost(Exception):
+    """A launched rank's collective failed and its heartbeat watch found why: `cause`, e.g.
+    "lost node 1 (10.0.0.2; ranks 2, 3)" (`ratrain.launch.peers.PeerWatch.suspects`)."""
+
+    def __init__(self, cause: str):
+        super().__init__(cause)
+        self.cause = cause
 
 
 class Interrupted(KeyboardInterrupt):

@@ -12,7 +12,14 @@ from pathlib import Path
 from ratrain.checkpoint import complete_checkpoints
 from ratrain.checkpoint.layout import step_dir_name
 from ratrain.errors import RatrainError
-from ratrain.launch.faults import Interrupted, JobFailed, current_step, read_steps, signal_name
+from ratrain.launch.faults import (
+    Interrupted,
+    JobFailed,
+    PeerLost,
+    current_step,
+    read_steps,
+    signal_name,
+)
 from ratrain.launch.spawn import RankFailure, RanksInterrupted
 from ratrain.train.job import CheckedJob, Job, RankResult, check_job, run_job
 
@@ -63,6 +70,8 @@ def run_job_one_line(
         rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
         first = (str(e).strip().splitlines() or [""])[0][:200]
         cause = f"stopped ({type(e).__name__}: {first}; a peer rank may have died)"
+        if isinstance(e, PeerLost):  # the heartbeat named the peers lost
+            cause = e.cause
         line = failure_message(rank, cause, current_step(), save_dir, checkpoints)
         raise JobFailed(what + line) from None
     finally:

@@ -20,6 +20,8 @@ and peak RSS per rank; it writes the JSONL, TensorBoard and the progress bar
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -30,6 +32,8 @@ from ratrain.config import Plan
 from ratrain.data.base import Batches
 from ratrain.errors import RatrainError
 from ratrain.launch.faults import (
+    JobFailed,
+    PeerLost,
     StepMarker,
     StopRequest,
     current_step,
@@ -38,8 +42,9 @@ from ratrain.launch.faults import (
     signal_name,
     watch_stop_signals,
 )
-from ratrain.launch.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous
+from ratrain.launch.grid import DEFAULT_TIMEOUT_S, ParallelGrid, Rendezvous, rendezvous_from_env
 from ratrain.launch.host_memory import fix_mmap_threshold
+from ratrain.launch.peers import DEFAULT_PEER_TIMEOUT_S, PeerWatch
 from ratrain.observe.memory import PeakMemory
 from ratrain.observe.profile import StepProfile
 from ratrain.observe.trace import Recorder, write_measured_trace
@@ -107,7 +112,9 @@ def rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
         timeout_s=launch.timeout_s or DEFAULT_TIMEOUT_S,
         layout=job.plan.rank_layout,
     )
+    watch = None
     try:
+        watch = _watch_peers(rdzv, job)
         comm = Comm(grid)
         runs = {}
         for name, overrides in job_variants(job):
@@ -116,10 +123,49 @@ def rank_main(rdzv: Rendezvous, job: Job) -> RankResult:
             if runs[name].stopped_by:
                 break
         return RankResult(grid.rank, grid.stage, grid.replica, runs)
+    except Exception as e:
+        # a failed collective (or a save that failed in one): the heartbeat names the peers
+        # lost, the cause; a user's mistake stays what it is
+        mistake = isinstance(e, RatrainError) and not isinstance(e, JobFailed)
+        if watch is not None and not mistake and watch.claim():
+            cause = watch.suspects(str(e))
+            if cause is not None:
+                during = " during a checkpoint save" if isinstance(e, JobFailed) else ""
+                raise PeerLost(cause + during) from e
+        raise
     finally:
+        if watch is not None:
+            watch.leave()
         grid.destroy()
         if mine:
             forget_stop_signals()
+
+
+def _watch_peers(rdzv: Rendezvous, job: Job) -> PeerWatch | None:
+    """The heartbeat watch of a rank of a launched multi-rank job (torchrun, Slurm; a local
+    launch has its launcher watch its ranks)."""
+    if rdzv.world_size < 2 or rendezvous_from_env() is None:
+        return None
+    lost_after_s = job.launch.peer_timeout_s or DEFAULT_PEER_TIMEOUT_S
+    save_dir = job.checkpoints.save_dir
+
+    def report(cause: str) -> None:
+        from ratrain.train.failures import failure_message
+
+        command = sys.argv[1] if len(sys.argv) > 1 else "train"
+        line = failure_message(rdzv.rank, cause, current_step(), save_dir)
+        os.write(sys.stderr.fileno(), f"ratrain {command}: error: {line}\n".encode())
+
+    try:
+        watch = PeerWatch.connect(
+            rdzv.master_addr, rdzv.master_port, rdzv.rank, rdzv.world_size, lost_after_s, report
+        )
+        return watch.start()
+    except Exception as e:  # the job runs on, bounded by --timeout alone
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        said = f"rank {rdzv.rank} has no heartbeat watch ({first}); a lost peer is found by "
+        print(f"ratrain: note: {said}the collective timeout (--timeout) alone", file=sys.stderr)
+        return None
 
 
 def _abort_line(rank: int):
