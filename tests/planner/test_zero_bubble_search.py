@@ -118,7 +118,9 @@ def test_recomputing_candidates_have_their_zb_h1_twins():
     assert all(set(c.plan.recompute) == {"full"} for c in res.ranked)
     # A cap under which the best zb-h1 plan recomputes: the pruned search still equals
     # the unpruned one, and every zb-h1 plan ranked fits by the ledger.
-    tight = replace(A100, usable_memory_bytes=2_600_000, workspace_bytes=100_000, headroom_fraction=0.0)
+    tight = replace(
+        A100, usable_memory_bytes=2_600_000, workspace_bytes=100_000, headroom_fraction=0.0
+    )
     req = _req({"pipeline": "zb-h1"}, platform=tight, clusters=4, gb=8)
     got, want = search(req, top=3), search(req, top=3, prune=False)
     assert got.ranked and [c.plan for c in got.ranked] == [c.plan for c in want.ranked]
@@ -344,7 +346,9 @@ def test_bench_tables_show_what_zero_bubble_adds():
     # Where, without offload, no zb-h1 plan fits (what each deferred B_W needs outgrows
     # what recomputation saves) the search keeps 1F1B with pp > 1, and the table says so
     # and names the nearest miss (a zb-h1 plan, recomputing).
-    tight = replace(A100, usable_memory_bytes=1_800_000, workspace_bytes=100_000, headroom_fraction=0.0)
+    tight = replace(
+        A100, usable_memory_bytes=1_800_000, workspace_bytes=100_000, headroom_fraction=0.0
+    )
     res = search(_req({"pipeline": "zb-h1", "offload_activations": False}, platform=tight))
     assert res.best is None and res.near.plan.pipeline == "zb-h1"
     assert set(res.near.plan.recompute) != {"none"}

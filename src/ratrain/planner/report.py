@@ -219,7 +219,12 @@ def plot_memory(c: Candidate, path: str, title: str = "", headroom_bytes: int = 
             ax.bar(range(pp), vals, bottom=bottom, label=label)
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     limit = c.limit_bytes / _GB
-    ax.axhline(limit, color="red", linestyle="--", label="plan limit" if headroom_bytes else "usable (cap - workspace)")
+    ax.axhline(
+        limit,
+        color="red",
+        linestyle="--",
+        label="plan limit" if headroom_bytes else "usable (cap - workspace)",
+    )
     if headroom_bytes:
         top = limit + headroom_bytes / _GB
         ax.axhspan(limit, top, color="red", alpha=0.12, label="headroom (kept free)")

@@ -151,6 +151,7 @@ class Platform:
         """What a stage's ledger peak may reach in a plan: the cap less the workspace and the
         headroom."""
         return self.usable_memory_bytes - self.workspace_bytes - self.headroom_bytes
+
     collective_compute_s_per_byte: float = 0.0
     """Compute time a byte of an overlapping all-reduce takes from the ranks (gloo's threads
     run on the cores they compute on; `ratrain.calibrate.sharing`); the simulator charges it

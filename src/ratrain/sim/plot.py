@@ -134,8 +134,13 @@ def _memory(ax, result, scale: float) -> None:
             )
         if result.headroom_bytes:
             usable = cap - (result.workspace_bytes + result.headroom_bytes) / _GB
-            ax.axhspan(usable, usable + result.headroom_bytes / _GB, color="red", alpha=0.12,
-                       label="headroom (kept free)")
+            ax.axhspan(
+                usable,
+                usable + result.headroom_bytes / _GB,
+                color="red",
+                alpha=0.12,
+                label="headroom (kept free)",
+            )
     ax.set_ylabel("GB")
     ax.set_ylim(bottom=0)
     if result.pp <= 16:
