@@ -1,11 +1,13 @@
 """Repeated, interleaved calibration windows: the median, the spread, the re-measurement,
 the warnings a file carries and `--strict` (no torch work: fake measurements)."""
 
+import itertools
+
 import pytest
 import yaml
 
 from ratrain.calibrate.load import OthersLoad
-from ratrain.calibrate.windows import Windowed, run_windows, spread_of
+from ratrain.calibrate.windows import MAX_ROUNDS, Windowed, run_windows, spread_of
 from ratrain.cli import main
 from ratrain.platforms import load
 from ratrain.platforms.load import PRESETS_DIR
@@ -22,7 +24,7 @@ def test_spread_of_known_values():
 def test_windows_are_interleaved_and_noisy_items_measured_again():
     calls = []
     noisy = iter([1.0, 2.0, 1.0, 1.0, 1.05, 1.0])  # first round 100% apart, second 5%
-    hopeless = iter([1.0, 3.0, 1.0, 1.0, 3.0, 1.0])
+    hopeless = itertools.cycle([1.0, 3.0, 1.0])  # never agrees
 
     def measure(item):
         calls.append(item)
@@ -31,9 +33,11 @@ def test_windows_are_interleaved_and_noisy_items_measured_again():
         return (next(noisy if item == "noisy" else hopeless),)
 
     got = run_windows(["steady", "noisy", "hopeless"], measure, 3, 0.15)
-    # Pass 1 over every item, then pass 2, then 3; then the re-measured ones, interleaved.
+    # Pass 1 over every item, then pass 2, then 3; then the re-measured ones, interleaved,
+    # then the one still over, alone, until the round cap.
     assert calls[:9] == ["steady", "noisy", "hopeless"] * 3
-    assert calls[9:] == ["noisy", "hopeless"] * 3
+    assert calls[9:15] == ["noisy", "hopeless"] * 3
+    assert calls[15:] == ["hopeless"] * 3 * (MAX_ROUNDS - 2)
     assert got["steady"].rounds == 1 and got["steady"].spread == 0 and not got["steady"].over
     assert got["steady"].value == (1.0, 7.0)
     noisy_w = got["noisy"]
@@ -42,6 +46,7 @@ def test_windows_are_interleaved_and_noisy_items_measured_again():
     assert noisy_w.value == (1.0,)  # the median of all six windows
     assert "re-measured" in noisy_w.note()
     assert got["hopeless"].over and got["hopeless"].spread == pytest.approx(2.0)
+    assert got["hopeless"].rounds == MAX_ROUNDS
     with pytest.raises(ValueError):
         run_windows(["a"], measure, 0, 0.15)
 
@@ -102,10 +107,11 @@ def test_warnings_are_written_and_strict_refuses(tmp_path, capsys, monkeypatch):
     assert main(["calibrate", "--strict", "--no-progress", "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--strict" in err[0] and "and 2 more" in err[0]
+    assert "6 measurement(s) did not repeat" in err[0]
     assert not out.exists()
     assert main(["calibrate", "--no-progress", "--allow-noisy", "-o", str(out)]) == 0
     err = capsys.readouterr().err
-    assert "6 measurement(s) did not repeat" in err
+    assert "still noisy (6)" in err
     assert yaml.safe_load(out.read_text())["calibration_warnings"] == warns
     load(str(out))  # a file with warnings loads
 

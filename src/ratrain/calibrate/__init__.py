@@ -22,11 +22,19 @@ from __future__ import annotations
 import datetime
 import os
 import platform as pyplatform
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
-from ratrain.calibrate.windows import CALIBRATE_STATISTIC, DEFAULT_MAX_SPREAD, run_windows
+from ratrain.calibrate.windows import (
+    CALIBRATE_STATISTIC,
+    DEFAULT_MAX_SPREAD,
+    Settled,
+    run_windows,
+    settle_summary,
+)
 from ratrain.errors import RatrainError
 
 __all__ = ["calibrate", "write_platform", "machine_description", "busy_signs", "IDLE_CHECK_S"]
@@ -80,25 +88,26 @@ def calibrate(
     progress: bool = True,
     windows: int | None = None,
     max_spread: float = DEFAULT_MAX_SPREAD,
-    allow_noisy: bool = False,
+    settle_s: float | None = None,
+    on_settle: Callable[[Settled], None] | None = None,
 ) -> dict:
     """Measure this machine; the platform file's data (`ratrain.platforms` schema).
 
     Every kernel and unit figure is the median of `windows` windows (default 3), the
     windows interleaved across quantities (`ratrain.calibrate.windows`); quantities whose
-    windows disagree by more than `max_spread` are measured once more, and those still
-    over are listed in the file's `calibration_warnings`, as is other processes' share of
-    the CPU time when above `OthersLoad.WARN_SHARE`. Unless `allow_noisy`, a machine that
-    other processes keep busy before the measurement starts is refused at once (one line),
-    not after minutes of measuring it."""
+    windows disagree by more than `max_spread` are settled: measured again in further
+    rounds, within `settle_s` seconds (default: `windows.settle_limit_s` of the first
+    pass), and `on_settle` is told what that did. Those still over are listed in the
+    file's `calibration_warnings`, as is other processes' share of the CPU time when above
+    `OthersLoad.WARN_SHARE`. A machine that other processes keep busy before the
+    measurement starts is said so at once (one line on stderr), and measured anyway."""
     from ratrain.calibrate.load import OthersLoad
     from ratrain.calibrate.platform_file import build_platform
     from ratrain.calibrate.timing import Progress
 
     windows = windows if windows is not None else 3
     _check_args(device, nproc, dtypes, windows, max_spread)
-    if not allow_noisy:
-        _check_idle()
+    _note_busy()
     # Seconds per window of one quantity: a window is the mean of its repetitions.
     window_s = budget_s if budget_s is not None else (0.08 if quick else 0.25)
     cores = _cores() if device == "cpu" else 1
@@ -106,10 +115,14 @@ def calibrate(
     bar = Progress(_steps(items, windows, nproc, device), enabled=progress)
     others = OthersLoad()
     try:
-        got, probes_s = _measure_windows(items, device, cores, window_s, windows, max_spread, bar)
+        got, probes_s = _measure_windows(
+            items, device, cores, window_s, windows, max_spread, bar, settle_s
+        )
         sharing, comm, overhead = _measure_ranks(device, nproc, quick, windows, bar)
     finally:
         bar.close()
+    if on_settle is not None:
+        on_settle(settle_summary(got))
     by_label = {_label(item): w for item, w in got.items()}
     busy = others.share()
     warnings = _warnings(by_label, sharing, busy, max_spread)
@@ -152,16 +165,20 @@ keep busy (a build, another job) from an idle one, for a check that costs little
 a calibration's minutes."""
 
 
-def _check_idle() -> None:
+def _note_busy() -> None:
+    """One line on stderr, before minutes of measuring, when other processes already keep
+    the machine busy: its values may disagree between windows and take settling."""
     from ratrain.calibrate.load import OthersLoad, others_share_now
 
     share = others_share_now(IDLE_CHECK_S)
     if share is not None and share > OthersLoad.WARN_SHARE:
-        raise RatrainError(
-            f"other processes are using {share:.0%} of this machine's CPU time (over "
-            f"{IDLE_CHECK_S:g} s, more than {OthersLoad.WARN_SHARE:.0%}): what calibrate would "
-            "measure is their leftovers; run it when the machine is idle, or pass "
-            "--allow-noisy to measure and write it anyway"
+        print(
+            f"ratrain calibrate: note: other processes are using {share:.0%} of this "
+            f"machine's CPU time (over {IDLE_CHECK_S:g} s, more than "
+            f"{OthersLoad.WARN_SHARE:.0%}): measuring anyway; values that do not repeat "
+            "will be re-measured to settle them (this takes longer), and any still noisy "
+            "are named at the end",
+            file=sys.stderr,
         )
 
 
@@ -217,9 +234,9 @@ def _steps(items: list, windows: int, nproc: int, device: str) -> int:
     return n_steps
 
 
-def _measure_windows(items, device, cores, window_s, windows, max_spread, bar):
+def _measure_windows(items, device, cores, window_s, windows, max_spread, bar, settle_s=None):
     """The kernels and units in interleaved windows, one thread, between two speed probes
-    (on CPU): ({item: Windowed}, [probe s])."""
+    (on CPU), noisy ones settled within `settle_s`: ({item: Windowed}, [probe s])."""
     import torch
 
     from ratrain.calibrate import kernels as K
@@ -245,7 +262,7 @@ def _measure_windows(items, device, cores, window_s, windows, max_spread, bar):
         if device == "cpu":
             bar.step("speed probe")
             probes_s.append(probe_s(dev))
-        got = run_windows(items, measure, windows, max_spread, _label, bar)
+        got = run_windows(items, measure, windows, max_spread, _label, bar, settle_s=settle_s)
         if device == "cpu":
             bar.step("speed probe")
             probes_s.append(probe_s(dev))
@@ -288,8 +305,8 @@ def _warnings(by_label: dict, sharing: dict, busy: float | None, max_spread: flo
     from ratrain.calibrate.load import OthersLoad
 
     warnings = [
-        f"{what}: its windows disagree by {w.spread:.0%} (> {max_spread:.0%}) after a "
-        "re-measurement"
+        f"{what}: its windows disagree by {w.spread:.0%} (> {max_spread:.0%}) in the last "
+        f"of {w.rounds} rounds"
         for what, w in by_label.items()
         if w.over
     ]

@@ -1,4 +1,12 @@
-"""`ratrain calibrate`: measure this machine and write a platform file."""
+"""`ratrain calibrate`: measure this machine and write a platform file.
+
+Values that do not repeat are settled while measuring (`ratrain.calibrate.windows`); those
+still noisy after that, or a machine that looked busy, are written anyway, named in the
+file's `calibration_warnings` and its description, with one line on stderr saying what was
+re-measured and what is still noisy: minutes of measuring are never thrown away. `--strict`
+refuses instead (exit 2), having saved the measured data beside the output as
+`<stem>.noisy.yaml` (to `--merge` with a later run).
+"""
 
 from __future__ import annotations
 
@@ -53,21 +61,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=None,
         help="re-measure quantities whose windows disagree by more than this (max/min - 1; "
-        "default 0.15), and warn about those still over",
+        "default 0.15), in rounds within a time limit, and warn about those still over",
     )
     noisy = p.add_mutually_exclusive_group()
     noisy.add_argument(
         "--allow-noisy",
         action="store_true",
-        help="write the file even when values did not repeat or the machine was busy "
-        "(by default that is refused, exit 2); the file then says so in its description "
-        "and calibration_warnings",
+        help="write the file even when values did not repeat or the machine was busy, "
+        "saying so in its description and calibration_warnings: the default now; kept for "
+        "scripts",
     )
     noisy.add_argument(
         "--strict",
         action="store_true",
-        help="refuse to write values that did not repeat or were taken under load (exit 2): "
-        "the default; kept for scripts",
+        help="refuse to write values that did not repeat or were taken under load (exit 2); "
+        "the measured data are saved beside -o as <stem>.noisy.yaml, to --merge later",
     )
     p.add_argument(
         "--dtypes",
@@ -108,6 +116,7 @@ def run(args) -> int:
     if args.merge:
         return _merge(args, out)
     _check_nproc(args.nproc)
+    settling = []  # what settling the noisy values did (calibrate tells it once)
     data = calibrate(
         args.device,
         args.nproc if args.nproc is not None else 4,
@@ -118,29 +127,60 @@ def run(args) -> int:
         progress=not args.no_progress,
         windows=args.windows,
         max_spread=max_spread,
-        allow_noisy=args.allow_noisy,
+        on_settle=settling.append,
     )
     warnings = list(data.get("calibration_warnings", []))
     busy = [b for b in busy_signs(data) if b not in warnings]
-    if (warnings or busy) and not args.allow_noisy:
-        why = " (--strict)" if args.strict else ""
-        raise RatrainError(f"not writing {out}{why}: {_problems(warnings, busy)}; {_HOW}")
     if args.description:
         data["description"] = f"{args.description} {data['description']}"
-    if warnings or busy:
-        _mark_noisy(data, warnings + busy)
-        print(
-            f"ratrain calibrate: warning: writing {out} with --allow-noisy: "
-            f"{_problems(warnings, busy)}; predictions from it may be far off",
-            file=sys.stderr,
+    if not (warnings or busy):
+        return _write(data, out)
+    _mark_noisy(data, warnings + busy)
+    if args.strict:
+        raise RatrainError(
+            f"not writing {out} (--strict): {_problems(warnings, busy)}; {_save_noisy(data, out)}"
         )
-    return _write(data, out)
+    rc = _write(data, out)
+    did = settling[0].text() if settling else ""
+    print(
+        f"ratrain calibrate: warning: wrote {out} with {len(warnings + busy)} calibration "
+        f"warning(s): {_still_noisy(warnings, busy, did)}; `ratrain validate --platform "
+        f"{out}` shows what they cost, and a second run later, merged with this one "
+        "(--merge), improves them",
+        file=sys.stderr,
+    )
+    return rc
 
 
-_HOW = (
-    "run calibrate again when the machine is idle (several runs: --merge their files), or "
-    "pass --allow-noisy to write these values anyway"
-)
+def _still_noisy(warnings: list[str], busy: list[str], did: str) -> str:
+    """What settling did and what is still noisy, in one clause: 're-measured 48 quantities
+    in up to 4 rounds, 36 settled; still noisy: a, b, ... and 8 more; the machine was busy
+    while measured (...)'."""
+    repeat = [w.split(": ", 1)[0] for w in warnings if "disagree" in w]
+    load = [w for w in warnings if "disagree" not in w] + busy
+    parts = [did] if did else []
+    if repeat:
+        parts.append(f"still noisy ({len(repeat)}): {_short(repeat, sep=', ')}")
+    if load:
+        parts.append(f"the machine was busy while measured ({_short(load)})")
+    return "; ".join(parts)
+
+
+def _save_noisy(data: dict, out: Path) -> str:
+    """Save what --strict refuses to write beside it (`<stem>.noisy.yaml`): the clause
+    saying where, or why not."""
+    from ratrain.calibrate import write_platform
+    from ratrain.errors import RatrainError
+
+    kept = out.with_name(f"{out.stem}.noisy.yaml")
+    try:
+        write_platform(data, kept)
+    except RatrainError as e:
+        return f"the measured values could not be saved either ({e})"
+    return (
+        f"the measured values are saved in {kept} (merge it with a later calibration: "
+        f"ratrain calibrate --merge {kept} LATER.yaml -o {out})"
+    )
 
 
 def _problems(warnings: list[str], busy: list[str]) -> str:
@@ -156,11 +196,11 @@ def _problems(warnings: list[str], busy: list[str]) -> str:
 
 
 def _mark_noisy(data: dict, problems: list[str]) -> None:
-    """The note a file written with --allow-noisy carries: in its description (what a
+    """The note a file written with noisy values carries: in its description (what a
     reader sees first) and its calibration_warnings (each problem)."""
     data["calibration_warnings"] = problems
     data["description"] = (
-        f"{data.get('description', '')} WRITTEN WITH --allow-noisy: {len(problems)} value(s) "
+        f"{data.get('description', '')} WRITTEN NOISY: {len(problems)} value(s) "
         "did not repeat or were measured under load (calibration_warnings lists them); "
         "predictions from this file may be far off"
     ).strip()
@@ -206,6 +246,6 @@ def _merge(args, out: Path) -> int:
     return 0
 
 
-def _short(warnings: list[str], n: int = 4) -> str:
-    text = "; ".join(warnings[:n])
-    return text + (f"; and {len(warnings) - n} more" if len(warnings) > n else "")
+def _short(warnings: list[str], n: int = 4, sep: str = "; ") -> str:
+    text = sep.join(warnings[:n])
+    return text + (f"{sep}and {len(warnings) - n} more" if len(warnings) > n else "")
