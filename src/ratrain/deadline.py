@@ -33,6 +33,7 @@ __all__ = [
     "FLOOR_BUDGET_FRACTION",
     "INFEASIBLE_BUDGET_FACTOR",
     "LOOK_APART_AT",
+    "DIVE_GRACE",
     "NO_FIT_BUDGET_FACTOR",
     "Budget",
     "OutOfTime",
@@ -84,6 +85,14 @@ search that only worked through them by their step-time bound answered "no plan 
 time" to jobs that fit (llama2-70b on 64 a100-80g and 128 h100-80g clusters). The look
 takes 0.2-0.8 s on such jobs on the 2-core machine; a search that ranks a plan of its own
 by then does not pay for it."""
+
+DIVE_GRACE = 2.0
+"""assumed: with the plan looked for apart in hand, the search goes on for a plan of its own
+until this many times the soft limit (2.4 s at the default budget; never past the hard
+limit), and answers with the faster of the two. The look's plan takes the most
+memory-saving knobs, so it is often far slower than the search's own first fit: answering
+with it at the soft limit gave llama2-70b on 1024 mt3000 clusters 3,011 tokens/s where the
+search, 0.5 s later, found 4,990 (benchmarks/plan_grid.py --quick)."""
 
 
 def explain_budget_s(budget_s: float, search_s: float) -> float:
@@ -151,6 +160,13 @@ class Budget:
         if self.soft_s is None or self.hard_s is None:
             return False
         return time.perf_counter() > self.start + LOOK_APART_AT * self.soft_s
+
+    def with_grace(self) -> Budget:
+        """This budget with its hard limit brought to `DIVE_GRACE` x the soft one, where that
+        is sooner (a plan looked for apart is in hand: `ratrain.planner.search._dive`)."""
+        if self.soft_s is None or self.hard_s is None:
+            return self
+        return replace(self, hard_s=min(self.hard_s, DIVE_GRACE * self.soft_s))
 
     def over_hard(self) -> bool:
         hard = self.hard

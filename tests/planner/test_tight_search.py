@@ -46,3 +46,14 @@ def test_the_look_apart_starts_a_quarter_into_the_soft_limit():
     # Never without both limits (the exact search, and a soft limit alone).
     assert not Budget(None, None, start=now - 100).look_apart_due()
     assert not Budget(1.2, None, start=now - 100).look_apart_due()
+
+
+def test_with_the_plan_apart_in_hand_the_search_goes_on_to_twice_the_soft_limit():
+    b = Budget(1.2, 6.0)
+    assert b.with_grace().hard_s == pytest.approx(2.4)
+    assert b.with_grace().soft_s == 1.2 and b.with_grace().start == b.start
+    # never past the hard limit, and nothing to bring in without both limits
+    assert Budget(1.2, 2.0).with_grace().hard_s == 2.0
+    unlimited = Budget(None, None)
+    assert unlimited.with_grace() is unlimited
+    assert Budget(1.2, None).with_grace().hard_s is None

@@ -250,6 +250,8 @@ def search(
     tasks, total = _tasks(req, req.families, state)
     report = _reporter(progress, ev, best, len(tasks), t0)
     queue_floor = _work(req, ev, tasks, best, state, prune, report)
+    if state.fallback is not None:
+        best.add(state.fallback)  # beside the search's own plans, if any
     if best.items and not state.stopped:
         best = v_pass(req, ev, best, state)
     if state.floor is not None:
@@ -275,8 +277,9 @@ def _dive(req: Request, ev: Evaluator, state: State) -> Candidate | None:
     ranked by a part of its soft limit (`Budget.look_apart_due`)
     (`ratrain.planner.feasible.find_feasible`: per structure, the most memory-saving knobs
     and the cheapest recompute the memory bound allows, confirmed by the ledger), and
-    simulated, all before the hard limit; None where none is found by then. It becomes the
-    incumbent the search improves on. Where memory is tight, the structures with the
+    simulated, all before the hard limit; None where none is found by then. With it in
+    hand the search goes on for a plan of its own until `Budget.with_grace`'s hard limit,
+    and the faster of them is the answer. Where memory is tight, the structures with the
     smallest step-time bounds are those that do not fit: the search spends its time proving
     it and may not reach one that does within its budget. Not under a pinned V pipeline
     (the look tries one chunk per stage)."""
@@ -311,9 +314,11 @@ def _work(
         if not best.items and not state.dived and state.budget.look_apart_due():
             state.dived = True
             state.fallback = _dive(req, ev, state)
-            if state.fallback is not None:  # the incumbent: cut at the soft limit from now
-                best.add(state.fallback)
+            if state.fallback is not None:
+                # In hand: the search looks for a plan of its own a little longer (its
+                # hard limit brought in), then the faster of the two is the answer.
                 state.first_fit_s = state.budget.elapsed_s()
+                state.budget = state.budget.with_grace()
         entry = heapq.heappop(tasks)
         if _stops_at(tasks, entry, best, state, prune):
             return None
