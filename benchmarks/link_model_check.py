@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -114,8 +115,12 @@ def _measure(case, plan: Plan, mbit: float, steps: int, warmup: int, port: int) 
         argv += ["--schedule", plan.schedule, "--pipeline", plan.pipeline]
         argv += ["--rank-layout", plan.rank_layout, "--steps", str(steps)]
         argv += ["--dtype", "fp32", "--grad-dtype", "fp32", "--clip-grad", "0"]
-        argv += ["--metrics", str(metrics), "--quiet"]
-        r_ = subprocess.run(argv, capture_output=True, text=True, timeout=1000)
+        argv += ["--threads", "1", "--metrics", str(metrics), "--quiet"]
+        # OMP_NUM_THREADS=1 as `ratrain bench cluster` runs its nodes: with `--threads 1`
+        # alone, 4x1 pp=4 steps measured 5.0-6.5 s here, and 1.9 s with it (1.1 s on
+        # loopback): the nodes' shared cores were oversubscribed
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        r_ = subprocess.run(argv, capture_output=True, text=True, timeout=1000, env=env)
         if r_.returncode != 0 or not metrics.exists():
             tail = (r_.stdout + r_.stderr).strip().splitlines()[-3:]
             raise SystemExit(f"{name} at {mbit:g} Mbit/s failed: {' | '.join(tail)}")
