@@ -252,8 +252,8 @@ def search(
     queue_floor = _work(req, ev, tasks, best, state, prune, report)
     if state.fallback is not None:
         best.add(state.fallback)  # beside the search's own plans, if any
-    if best.items and not state.stopped:
-        best = v_pass(req, ev, best, state)
+    if best.items and (not state.stopped or state.fallback is not None):
+        best = v_pass(req, ev, best, state)  # past the budget: counts the V plans untried
     if state.floor is not None:
         tightening = budget.tightening()
         if tightening is not None:
