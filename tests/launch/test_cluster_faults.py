@@ -68,6 +68,33 @@ def test_the_store_out_of_reach_past_the_bound_is_said_as_such():
     assert w.verdict(w.last_ok + 9.5) is None
 
 
+def test_a_fault_before_the_peers_are_known_still_names_the_lost_one():
+    """A collective fails within the job's first beat, before this rank has read where its
+    peers are: the beats `suspects` waits for read that, and the silent peer is named (it
+    answered None at once, and the line said only "a peer rank may have died")."""
+    import threading
+
+    w = PeerWatch(None, 0, 4, WHERE[0], 10.0, report=print, store_addr="10.0.0.1:29500")
+    w.period_s = 0.05
+    assert not w.where
+
+    def beats() -> None:  # what the beat thread does: where, then every counter each beat
+        time.sleep(2 * w.period_s)  # the failure comes first
+        w.where = dict(WHERE)
+        for k in range(1, 20):
+            w._note([k, k, k, 1])  # rank 3 beat once, then stopped
+            w.last_ok = time.monotonic()
+            time.sleep(w.period_s)
+
+    t = threading.Thread(target=beats)
+    t.start()
+    try:
+        said = w.suspects("Connection reset by peer")
+    finally:
+        t.join()
+    assert said == "lost rank 3 (node 1, 10.0.0.2)", said
+
+
 # -- on the emulated cluster --------------------------------------------------------------
 def _netns(prefix: str) -> list[str]:
     r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)

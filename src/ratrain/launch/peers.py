@@ -270,9 +270,9 @@ class PeerWatch:
 
     def suspects(self, error: str = "") -> str | None:
         """After a failed collective: the lost peers (those silent for a few beats, waited
-        for), or the node whose address the error names; None when neither is known."""
-        if not self.where:
-            return None
+        for), or the node whose address the error names; None when neither is known. A
+        fault within the job's first beats may come before this rank has read where its
+        peers are: the beats it waits read that too."""
         end = time.monotonic() + (_SUSPECT_BEATS + 2) * self.period_s
         while True:
             now = time.monotonic()
