@@ -79,8 +79,8 @@ simulation), which shrinks the gap reported."""
 LOOK_APART_AT = 0.25
 """assumed: with no plan ranked by this fraction of the soft limit (0.3 s at the default
 budget), the search looks for a fitting plan apart (`ratrain.planner.search._dive`), and
-that plan, simulated, becomes the incumbent that the search then improves on until the soft
-limit. Where memory is tight the fastest structures are those that do not fit, and a
+that plan, simulated, is kept apart while the search looks on for a faster plan of its own
+(`DIVE_GRACE`); the faster of them is the answer. Where memory is tight the fastest structures are those that do not fit, and a
 search that only worked through them by their step-time bound answered "no plan found in
 time" to jobs that fit (llama2-70b on 64 a100-80g and 128 h100-80g clusters). The look
 takes 0.2-0.8 s on such jobs on the 2-core machine; a search that ranks a plan of its own

@@ -128,7 +128,8 @@ class SearchResult:
     """Seconds from the search's start to its first ranked plan (None: none)."""
     found_apart: bool = False
     """The answer is the plan looked for apart (`ratrain.planner.search._dive`), which the
-    bound-ordered search did not better by its soft limit (cut, with its gap)."""
+    bound-ordered search did not better by its limit (`Budget.with_grace`; cut, with its
+    gap)."""
 
     @property
     def unfinished(self) -> bool:

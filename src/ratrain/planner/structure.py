@@ -105,8 +105,8 @@ class State:
     dived: bool = False
     """Whether the search has looked for a first fitting plan apart (`search._dive`)."""
     fallback: Candidate | None = None
-    """The plan that look found: the incumbent, and the answer if the search does not
-    better it."""
+    """The plan that look found, kept apart until the search ends (then ranked beside the
+    search's own plans): the answer if the search does not better it."""
     first_fit_s: float | None = None
     """When the search first ranked a plan (seconds on its budget's clock)."""
 
