@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import itertools
 
+from ratrain import deadline
 from ratrain.config import V_PIPELINES, Plan
+from ratrain.deadline import Budget, OutOfTime
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.result import Top, candidate_of
 from ratrain.planner.space import Request, family_of
@@ -62,7 +64,16 @@ def _v_try(req: Request, ev: Evaluator, out: Top, state: State, plan: Plan, fami
     budget ends first, before its replay or its simulation."""
     if out.cut_by(state.budget):
         return False
-    if not ev.memory(plan).fits:
+    # With a plan ranked, the replay is cut at the soft limit (a deep V over many
+    # microbatches takes seconds to order); a pinned V with none goes on.
+    budget = state.budget
+    window = Budget(budget.soft_s, budget.soft_s, start=budget.start) if out.items else None
+    try:
+        with deadline.until(window):
+            fits = ev.memory(plan).fits
+    except OutOfTime:
+        return False
+    if not fits:
         return True
     if out.cut_by(state.budget, ev.expected_simulate_s(plan)):
         return False

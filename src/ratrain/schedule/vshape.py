@@ -51,6 +51,7 @@ m + 1 there, GPipe's activation memory, and took seconds at pp=8, m=128.)
 
 from __future__ import annotations
 
+from ratrain import deadline
 from ratrain.config import Plan, v_stage_of_chunk
 from ratrain.models.counts import unit_bwd_flops, unit_fwd_flops
 from ratrain.models.spec import ModelSpec
@@ -99,6 +100,9 @@ def pass_orders(
 
 
 _KIND = {Op.F: 0, Op.B_IN: 1, Op.B: 1, Op.B_W: 2}
+_CHECK_EVERY = 4096
+"""Passes placed between two checks of the planner's deadline: a V of 24 stages over 4096
+microbatches places 590k, about 10 s."""
 
 
 def _list_schedule(
@@ -150,6 +154,8 @@ def _list_schedule(
         return out
 
     while left:
+        if not left % _CHECK_EVERY:
+            deadline.check()  # a planner's deadline (`ratrain.deadline`): deep, long Vs
         best = None  # (decision time, stage, pass)
         for s in range(pp):
             cands = candidates(s)
