@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ratrain.cost.measured import measured_collective_s
 from ratrain.platforms import Link, Platform
@@ -80,8 +81,9 @@ def _group_of(ranks, units_per_node: int) -> Group:
     return Group(n=len(ranks), nodes=len(per_node), local=max(per_node.values()))
 
 
+@lru_cache(maxsize=4096)
 def dp_group(stage: int, pp: int, dp: int, units_per_node: int, layout: str = "pp-inner") -> Group:
-    """The DP group of one pipeline stage."""
+    """The DP group of one pipeline stage (memoised: the planner asks for it per action)."""
     ranks = [rank_of(stage, r, pp, dp, layout) for r in range(dp)]
     return _group_of(ranks, units_per_node)
 

@@ -10,9 +10,11 @@ K blocks), full.
 
 Finding them is exact and cheap: a closed-form lower bound on each stage's peak
 (`MemoryBound`) rules policies out without the ledger (`options`); the search replays the
-cheapest policy it leaves on each stage and moves a stage the ledger finds over the cap on
-to its next one (`per_stage_choices`). A policy is skipped only when its bound or its
-replay overflows. Pure Python.
+policies it leaves and finds, per stage, the cheapest one the ledger fits (`StageFit`). A
+policy is skipped only when its bound or its replay overflows, or the replay of a first:K
+with a larger K overflows (the ledger, like the bound, keeps no more as K grows: more
+blocks recompute, and each keeps less): on the first:K it bisects, one replay serving every
+stage, where a walk one policy at a time took up to a replay per block. Pure Python.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ __all__ = [
     "structure_bound",
     "options",
     "time_bound_s",
-    "per_stage_choices",
+    "StageFit",
     "beaten_by",
 ]
 
@@ -143,11 +145,17 @@ def options(req: Request, st: Structure, kn: Knobs, ut: UnitTimes | None) -> Opt
     limit = usable_bytes(req)
     per_stage, lows, most = [], [], []
     fits: list[set[str]] = []
+    ordered: dict[tuple, tuple[list[str], set[str]]] = {}  # stages alike: one sort
     for s, n in enumerate(st.layer_split):
         ok, low, best = _stage_fit(mb, s, n, limit)
-        ok = sorted(ok, key=lambda o, n=n: (recompute_time_s(o, n, ut) if ut else 0.0, _rank(o)))
-        per_stage.append(ok)
-        fits.append(set(ok))
+        hit = ordered.get((ok, n))
+        if hit is None:
+            by_time = sorted(
+                ok, key=lambda o, n=n: (recompute_time_s(o, n, ut) if ut else 0.0, _rank(o))
+            )
+            hit = ordered[ok, n] = (by_time, set(ok))
+        per_stage.append(list(hit[0]))
+        fits.append(hit[1])
         lows.append(low)
         most.append(best)
 
@@ -234,14 +242,71 @@ def time_bound_s(
     return step_time_lower_bound_s(st.layer_split, m, ut, rec, over, left, pipeline)
 
 
-def per_stage_choices(opts: Options, over_stages: list[int], idx: list[int]) -> bool:
-    """Move each stage the replay found over the cap to its next policy; False if one has
-    none left."""
-    for s in over_stages:
-        idx[s] += 1
-        if idx[s] >= len(opts.per_stage[s]):
+def _depth(opt: str, n_blocks: int) -> int | None:
+    """K of first:K (full: the stage's block count), None for none and selective."""
+    if opt == "full":
+        return n_blocks
+    if opt.startswith("first:"):
+        return min(int(opt.split(":", 1)[1]), n_blocks)
+    return None
+
+
+class StageFit:
+    """The cheapest policy of one stage that the ledger fits, among `policies` (the ones
+    the bound leaves, cheapest first), found from replays of the whole plan: `probe` names
+    the policy to replay next, `learn` takes whether the stage fitted under it.
+
+    The policies the ledger has not ruled out are taken in order; where the next is a
+    first:K, the probe is the midpoint between it and the smallest K known to fit (full if
+    none): a first:K that fits makes every larger K fit, one over the cap every smaller
+    one. So the answer is the one a walk in order finds, in O(log K) replays."""
+
+    def __init__(self, policies: list[str], n_blocks: int) -> None:
+        self.policies = policies
+        self.n = n_blocks
+        self.over_to = -1
+        """Every first:K with K <= over_to is over the cap (full is first:n)."""
+        self.fit_from = n_blocks + 1
+        """Every first:K with K >= fit_from fits."""
+        self.known: dict[str, bool] = {}  # none and selective
+
+    def _fits(self, opt: str) -> bool | None:
+        k = _depth(opt, self.n)
+        if k is None:
+            return self.known.get(opt)
+        if k <= self.over_to:
             return False
-    return True
+        return True if k >= self.fit_from else None
+
+    def lowest(self) -> str | None:
+        """The cheapest policy not known to be over the cap (None: none is left)."""
+        for opt in self.policies:
+            if self._fits(opt) is not False:
+                return opt
+        return None
+
+    def answer(self) -> str | None:
+        """The cheapest policy that fits, once known (None while not)."""
+        opt = self.lowest()
+        return opt if opt is not None and self._fits(opt) else None
+
+    def probe(self) -> str | None:
+        """The policy to replay next (None: none is left)."""
+        opt = self.lowest()
+        k = _depth(opt, self.n) if opt is not None else None
+        if k is None or self._fits(opt):
+            return opt
+        mid = (k + min(self.fit_from, self.n)) // 2
+        return "full" if mid >= self.n else f"first:{mid}"
+
+    def learn(self, opt: str, fits: bool) -> None:
+        k = _depth(opt, self.n)
+        if k is None:
+            self.known[opt] = fits
+        elif fits:
+            self.fit_from = min(self.fit_from, k)
+        else:
+            self.over_to = max(self.over_to, k)
 
 
 def beaten_by(times_of, opt: str, found: list[str]) -> bool:

@@ -27,6 +27,7 @@ the result types `ratrain.planner.result`. Pure Python.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from collections.abc import Callable
@@ -53,15 +54,18 @@ from ratrain.planner.structure import (
     Queued,
     State,
     bound_knobs,
+    forced_bound_s,
     losses_of,
     memory_pass,
     run_queue,
     states_lower_bound_bytes,
     states_overflow,
+    sync_floor_s,
     unit_times_of,
     zb_pipelines,
 )
 from ratrain.planner.time_bound import (
+    Overheads,
     UnitTimes,
     lowest_unit_times,
     peak_unit_times,
@@ -192,12 +196,18 @@ def _tasks(req: Request, families: tuple[str, ...], state: State) -> tuple[list[
     return out, total
 
 
-def _structure_bound_s(st: Structure, m: int, ut: UnitTimes, zb: tuple[str, ...]) -> float:
-    """A structure's step-time bound with no recompute and no overheads, below every
-    pipeline its knobs try: the smallest of 1F1B's and the zero-bubble ones they try."""
-    lb = step_time_lower_bound_s(st.layer_split, m, ut)
+def _structure_bound_s(
+    st: Structure, m: int, ut: UnitTimes, zb: tuple[str, ...], sync_s: tuple[float, ...] = ()
+) -> float:
+    """A structure's step-time bound with no recompute and no overheads but the gradient
+    syncs its knobs make at least (`sync_floor_s`, where given), below every pipeline its
+    knobs try: the smallest of 1F1B's and the zero-bubble ones they try. Without the syncs
+    a structure whose knob combinations all wait for a wide DP group's syncs would be
+    refined, one at a time, before any was run."""
+    over = dataclasses.replace(Overheads.none(st.pp), sync_s=sync_s) if sync_s else None
+    lb = step_time_lower_bound_s(st.layer_split, m, ut, over=over)
     for pipe in zb:
-        lb = min(lb, step_time_lower_bound_s(st.layer_split, m, ut, pipeline=pipe))
+        lb = min(lb, step_time_lower_bound_s(st.layer_split, m, ut, over=over, pipeline=pipe))
     return lb
 
 
@@ -323,8 +333,16 @@ def _work(
         if _stops_at(tasks, entry, best, state, prune):
             return None
         if entry.level != _KNOBS:
-            _refine(req, tasks, entry, state)
-            continue
+            if best.items or entry.level == _PEAK:
+                _refine(req, tasks, entry, state)
+                continue
+            # No plan ranked yet: a structure past the memory pass with the smallest bound
+            # is taken down to its knob queue and run now. Refined one level at a time, a
+            # bound that rises at the knobs (the syncs, fetches and offload they add) would
+            # send the search through every structure's knob bounds before it ran any.
+            entry = _deepen(req, entry, state)
+            if entry is None:
+                continue
         run_queue(ev, req, entry.st, entry.fam, entry.queue or [], best, state, prune)
         if best.items and state.first_fit_s is None:
             state.first_fit_s = state.budget.elapsed_s()
@@ -339,6 +357,18 @@ def _work(
             return queue_floor
         report()
     return None
+
+
+def _deepen(req: Request, entry: _Entry, state: State) -> _Entry | None:
+    """`entry` refined down to its knob queue (`_KNOBS`), or None where no knob
+    combination of it is left."""
+    while entry.level != _KNOBS:
+        out: list[_Entry] = []
+        _refine(req, out, entry, state)
+        if not out:
+            return None
+        entry = out[0]
+    return entry
 
 
 def _stops_at(tasks: list[_Entry], entry: _Entry, best: Top, state: State, prune: bool) -> bool:
@@ -362,19 +392,36 @@ def _stops_at(tasks: list[_Entry], entry: _Entry, best: Top, state: State, prune
     return False
 
 
-def _refine(req: Request, tasks: list[_Entry], entry: _Entry, state: State) -> None:
+def _refine(
+    req: Request, tasks: list[_Entry], entry: _Entry, state: State, forced: bool = False
+) -> None:
     """Refine a popped structure's bound one level and push it back (unless no knobs are
-    left): at `_PEAK`, the memory pass (no kernel model), then the kernel model's times;
-    at `_KERNELS`, per knob combination with the recomputation the memory bound forces and
-    the overheads."""
+    left): at `_PEAK`, the memory pass (no kernel model), then the kernel model's times
+    (`forced`: and the recomputation the memory bound forces under the structure's most
+    memory-saving knobs, `forced_bound_s`); at `_KERNELS`, per knob combination with the
+    recomputation the memory bound forces and the overheads.
+
+    The search proper refines without `forced`: a structure it pops goes on to its knob
+    queue anyway, and the forced bound (a memory bound per stage and policy) would double
+    that work where it does not prune. Tightening the floor after a cut (`_tighten`) uses
+    it: there it lifts most structures past the best plan's step without their knobs."""
     st, fam, kns = entry.st, entry.fam, entry.kns
     if entry.level == _PEAK:
         if not entry.passed:
             kns = memory_pass(req, st, fam, kns, state)
-        if kns:
+        if not kns:
+            return
+        if forced:
+            lb = forced_bound_s(req, st, fam, kns)
+            if lb == float("inf"):  # no combination fits: the knob queue records the misses
+                _refine(req, tasks, entry._replace(level=_KERNELS, kns=kns), state)
+                return
+            lb = max(entry.lb, lb)  # both bound every combination: the larger
+        else:
             ut = lowest_unit_times([unit_times_of(req, st, loss) for loss in losses_of(kns)])
-            lb = _structure_bound_s(st, st.microbatches(req.global_batch), ut, zb_pipelines(kns))
-            heapq.heappush(tasks, _Entry(lb, entry.order, entry.seq, _KERNELS, st, fam, kns))
+            m, zb = st.microbatches(req.global_batch), zb_pipelines(kns)
+            lb = _structure_bound_s(st, m, ut, zb, sync_floor_s(req, st, kns))
+        heapq.heappush(tasks, _Entry(lb, entry.order, entry.seq, _KERNELS, st, fam, kns))
         return
     queue = bound_knobs(req, st, fam, kns, state)
     if queue:
@@ -449,5 +496,5 @@ def _tighten(req: Request, tasks: list[_Entry], budget: Budget) -> float | None:
         losses = losses_of(head.kns)
         if head.level == _PEAK and not all(unit_times_known(*args, loss) for loss in losses):
             break
-        _refine(req, tasks, heapq.heappop(tasks), scratch)
+        _refine(req, tasks, heapq.heappop(tasks), scratch, forced=True)
     return tasks[0].lb if tasks else None

@@ -7,6 +7,7 @@ was counted, the misses, and where it stopped. Pure Python.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -18,12 +19,12 @@ from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.families import Family
 from ratrain.planner.fit import (
     Options,
+    StageFit,
     beaten_by,
     first_overflow_bytes,
     least_bounds,
     memory_bound,
     options,
-    per_stage_choices,
     time_bound_s,
 )
 from ratrain.planner.memory_bound import persistent_bound_of
@@ -41,6 +42,7 @@ from ratrain.planner.space import Knobs, Request, Structure, make_plan
 from ratrain.planner.time_bound import (
     Overheads,
     UnitTimes,
+    grad_sync_s,
     overheads,
     recompute_time_s,
     step_time_lower_bound_s,
@@ -55,11 +57,13 @@ __all__ = [
     "State",
     "Tried",
     "bound_knobs",
+    "forced_bound_s",
     "losses_of",
     "memory_pass",
     "ruled_out",
     "run_queue",
     "states_lower_bound_bytes",
+    "sync_floor_s",
     "unit_times_of",
     "zb_pipelines",
 ]
@@ -213,6 +217,67 @@ def memory_pass(
     return out
 
 
+_SYNCS: dict[tuple, tuple[object, tuple[float, ...]]] = {}
+"""`grad_sync_s` by split, DP width and sync knobs, with the platform it was costed on (a
+platform is not hashable: held and compared by identity)."""
+
+
+def sync_floor_s(req: Request, st: Structure, kns: list[Knobs]) -> tuple[float, ...]:
+    """Per stage, the least gradient sync of all its units over the knob combinations (the
+    `Overheads.sync_s` of every one of them is no smaller), or () where none syncs. A sync
+    reads the combination's DP group and gradient bytes only: one cost per distinct
+    (sharding, gradient dtype, rank layout), memoised per split and DP width."""
+    if st.dp == 1:
+        return ()
+    out: tuple[float, ...] | None = None
+    seen = set()
+    for kn in kns:
+        key = (kn.shard_optimizer, kn.grad_dtype, kn.compute_dtype, kn.rank_layout)
+        if key in seen:
+            continue
+        seen.add(key)
+        memo_key = (req.spec, id(req.platform), st.layer_split, st.dp, key)
+        hit = _SYNCS.get(memo_key)
+        if hit is None or hit[0] is not req.platform:
+            if len(_SYNCS) > 4096:
+                _SYNCS.clear()
+            plan = make_plan(req, st, kn, ("none",) * st.pp)
+            hit = _SYNCS[memo_key] = (req.platform, grad_sync_s(req.spec, plan, req.platform))
+        syncs = hit[1]
+        out = syncs if out is None else tuple(map(min, out, syncs))
+    return out if out and any(out) else ()
+
+
+def forced_bound_s(req: Request, st: Structure, fam: Family, kns: list[Knobs]) -> float:
+    """A step-time bound below every knob combination of a structure, with the
+    recomputation the memory bound forces (no overheads): the smallest over its groups by
+    loss and pass order of the bound under the group's most memory-saving combination
+    (`dominant_of`). That combination's bound is no larger than any other's of the group
+    on every stage and policy, so the policies it leaves each stage are a superset of
+    theirs, and its cheapest recomputation no dearer (`bound_knobs` bounds each
+    combination under its own, with its overheads: no smaller). A group with no such
+    combination is bounded with no recomputation. Cheap next to `bound_knobs`: one
+    `options` per group, not one per combination."""
+    m = st.microbatches(req.global_batch)
+    groups: dict[tuple, list[Knobs]] = {}
+    for kn in kns:
+        groups.setdefault((kn.loss_chunk_tokens, kn.pipeline), []).append(kn)
+    none = dataclasses.replace(Overheads.none(st.pp), sync_s=sync_floor_s(req, st, kns))
+    out = float("inf")
+    for (loss, pipe), group in groups.items():
+        ut = unit_times_of(req, st, loss)
+        lead = dominant_of(tuple(group))
+        if lead is None:
+            lb = step_time_lower_bound_s(st.layer_split, m, ut, pipeline=pipe)
+        else:
+            opts = options(req, st, lead, ut)
+            if not opts.feasible(fam.per_stage_recompute):
+                continue  # no combination of the group fits: `bound_knobs` drops them all
+            lb = time_bound_s(fam, st, m, ut, opts, none, pipe)
+        out = min(out, lb)
+    return out
+
+
 def states_overflow(
     req: Request, st: Structure, fam: Family, kn: Knobs, limit: int, state: State
 ) -> bool:
@@ -362,6 +427,29 @@ class _Ctx:
     lb: float
     """The knob combination's step-time bound: no policy of it is faster."""
 
+    def replay(self, rec: tuple[str, ...], lowest: tuple[str, ...]):
+        """The ledger's replay of `rec` (a `MemoryReport`; an overflow is recorded as a near
+        miss), or None where the search stops first: out of time, or no plan left is
+        faster than the best ranked (`lowest`: per stage the cheapest policy left)."""
+        state, budget = self.state, self.state.budget
+        if self.best.cut_by(budget):
+            state.cut_at(self.lb)
+            return None
+        if budget.over_hard() and not self.best.items:
+            state.stopped = True
+            return None
+        lb = step_time_lower_bound_s(
+            self.st.layer_split, self.m, self.ut, lowest, self.over, pipeline=self.kn.pipeline
+        )
+        if self.prune and self.best.beaten(lb):
+            return None
+        plan = make_plan(self.req, self.st, self.kn, rec)
+        rep = self.ev.memory(plan)
+        if any(p > rep.limit_bytes for p in rep.peak_bytes):
+            near = Near(plan, self.fam.name, rep.peak_bytes, rep.limit_bytes, rep.breakdown)
+            state.near = closer(state.near, near)
+        return rep
+
     def try_policy(self, rec: tuple[str, ...] | None) -> Outcome:
         """Simulate `rec` unless its bound cannot place (`Tried`)."""
         if rec is None:
@@ -416,14 +504,28 @@ class _Ctx:
 
 
 def _per_stage(ctx: _Ctx, opts: Options) -> None:
-    """The cheapest policy per stage that the bound allows; a stage the full replay finds
-    over the cap moves to its next one."""
-    idx = [0] * ctx.st.pp
+    """The cheapest policy per stage that the ledger fits (`StageFit`, one replay serving
+    every stage), then that plan simulated; a stage its simulation finds over the cap is
+    moved on, as a replay's would be."""
+    fits = [StageFit(o, n) for o, n in zip(opts.per_stage, ctx.st.layer_split, strict=True)]
     while True:
-        rec = tuple(o[i] for o, i in zip(opts.per_stage, idx, strict=True))
-        got = ctx.try_policy(rec)
-        if got.kind is not Tried.OVER or not per_stage_choices(opts, list(got.over), idx):
+        lowest = tuple(f.lowest() for f in fits)
+        if None in lowest:
+            return  # a stage fits under none of its policies
+        answers = tuple(f.answer() for f in fits)
+        if None not in answers:
+            got = ctx.try_policy(answers)
+            if got.kind is not Tried.OVER:
+                return
+            for s in got.over:
+                fits[s].learn(answers[s], False)
+            continue
+        probe = tuple(f.probe() for f in fits)
+        rep = ctx.replay(probe, lowest)
+        if rep is None:
             return
+        for s, (f, p) in enumerate(zip(fits, probe, strict=True)):
+            f.learn(p, rep.peak_bytes[s] <= rep.limit_bytes)
 
 
 def _uniform(ctx: _Ctx, opts: Options) -> None:

@@ -13,8 +13,11 @@ p_f / p_b the boundary sends forward / backward and u the optimizer step, for ev
 
 and after stage 0's last backward (the embedding's) its gradient sync still runs, then the
 optimizer step that waits for it: with global checks (clipping, fp16 overflow) every
-stage's UPDATE waits for them, so for all of its units. Views, offload, the other
-collectives and any contention only add. `tests/planner/test_search.py` checks the bound against
+stage's UPDATE waits for them, so for all of its units. Every stage's own gradient syncs
+(and the gathers refreshing a sharded optimizer's views) follow its last backward pass, one
+at a time on the DP network (`Overheads.sync_s`); an offloading stage's compute waits for
+RELOADs its walk issues late (`OffloadWalk`). Views, the other collectives and any
+contention only add. `tests/planner/test_search.py` checks the bound against
 the simulator and that pruning with it never drops the plan exhaustive search picks.
 
 Here: the per-microbatch unit times (`UnitTimes`: `unit_times`, `peak_unit_times`,
@@ -30,15 +33,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ratrain.config import SPLIT_PIPELINES, Plan
+from ratrain.cost.comm import dp_group, p2p_link
 from ratrain.cost.model import CostModel
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
 from ratrain.planner.cache import Memo
 from ratrain.platforms import Platform
 from ratrain.schedule.ir import Action, Op, Resource
-from ratrain.schedule.lowering import offloaded_mbs
+from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS, offloaded_mbs
+from ratrain.schedule.onef1b import pass_order
 from ratrain.schedule.passes import global_checks
 from ratrain.schedule.views import transient_views_of
+from ratrain.schedule.zerobubble import pass_order as zb_pass_order
 from ratrain.schedule.zerobubble import warmup
 from ratrain.sizes.states import view_bytes_per_param
 
@@ -53,6 +59,7 @@ __all__ = [
     "step_time_lower_bound_s",
     "Overheads",
     "StageLoad",
+    "grad_sync_s",
     "overheads",
 ]
 
@@ -258,6 +265,14 @@ class Overheads:
     """Per stage (or empty): work the step surely puts on its non-compute resources
     (`StageLoad`). A resource runs its actions one at a time, so the step lasts at least
     as long as its busiest one is busy."""
+    sync_s: tuple[float, ...] = ()
+    """Per stage (or empty): one gradient sync of all its units at once, no longer than its
+    syncs one by one (a collective's time is affine in its bytes, with a latency no less
+    than zero: the sum of several is no less than one of them all), and where the views
+    are refreshed by an all-gather after the update, one such gather of them all. Every
+    sync of a unit waits for that unit's last backward (its last B_W under a split
+    backward), in the stage's last backward pass, each refresh for its unit's sync, and
+    they run one at a time on the DP network."""
 
     @staticmethod
     def none(pp: int) -> Overheads:
@@ -270,11 +285,10 @@ def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
     # that the UPDATE times stay bounds where the simulator shares cores.
     cm = CostModel(spec, plan, platform, speed="peak")
     units = [tuple(plan.stage_units(spec, s)) for s in range(plan.pp)]
-    upd = tuple(cm.time_s(Action(Op.UPDATE, s, units[s])) for s in range(plan.pp))
-    send_f = tuple(cm.time_s(Action(Op.SEND_F, s, (units[s][-1],), 0)) for s in range(plan.pp - 1))
-    send_b = tuple(
-        cm.time_s(Action(Op.SEND_B, s + 1, (units[s + 1][0],), 0)) for s in range(plan.pp - 1)
-    )
+    stage_s = _alike_stages(spec, plan, cm)
+    upd = tuple(stage_s(Op.UPDATE, s, units[s]) for s in range(plan.pp))
+    send_f = tuple(stage_s(Op.SEND_F, s, (units[s][-1],)) for s in range(plan.pp - 1))
+    send_b = tuple(stage_s(Op.SEND_B, s + 1, (units[s + 1][0],)) for s in range(plan.pp - 1))
     # Stage 0's last sync covers the embedding: alone (ratrain), in the last bucket
     # (gpu-style: no less than alone), or with the whole stage (baseline).
     last_sync = units[0] if plan.schedule == "baseline" else (0,)
@@ -296,10 +310,65 @@ def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
     # (without resharding, fsdp-pp gathers a view once per step).
     per_use = plan.view_policy == "transient" and plan.schedule in ("ratrain", "fsdp-pp")
     fwd = (
-        _fetched_forward_s(spec, plan, cm, units) if per_use and view_bytes_per_param(plan) else ()
+        _fetched_forward_s(spec, plan, stage_s, units)
+        if per_use and view_bytes_per_param(plan)
+        else ()
     )
     load = _stage_loads(spec, plan, platform, cm, units, fwd)
-    return Overheads(upd, send_f, send_b, sync + after, start, fwd, load)
+    syncs = tuple(stage_s(Op.GRAD_SYNC, s, units[s]) for s in range(plan.pp))
+    if _refreshes_over_dp(plan):
+        # Each unit's refreshed view is gathered after its update, on the DP network too.
+        syncs = tuple(t + stage_s(Op.VIEW_FETCH, s, units[s]) for s, t in enumerate(syncs))
+    return Overheads(
+        upd, send_f, send_b, sync + after, start, fwd, load, syncs if any(syncs) else ()
+    )
+
+
+def grad_sync_s(spec: ModelSpec, plan: Plan, platform: Platform) -> tuple[float, ...]:
+    """Per stage, one gradient sync of all its units (`Overheads.sync_s` without the
+    refreshing gathers): what a structure's cheapest knobs sync at least."""
+    cm = CostModel(spec, plan, platform, speed="peak")
+    stage_s = _alike_stages(spec, plan, cm)
+    return tuple(stage_s(Op.GRAD_SYNC, s, tuple(plan.stage_units(spec, s))) for s in range(plan.pp))
+
+
+def _alike_stages(spec: ModelSpec, plan: Plan, cm: CostModel):
+    """`cm.time_s` of an action of stage `s` on `units` (microbatch 0 where it has one),
+    memoised over stages alike: the same blocks by size, the same edge units, and the same
+    DP group (UPDATE, GRAD_SYNC, VIEW_FETCH) or link to the peer (SEND_F, SEND_B): what
+    their cost reads of the stage. Deep pipelines have dozens of such stages."""
+    memo: dict[tuple, float] = {}
+    pp, dp, upn, layout = plan.pp, plan.dp, cm.platform.units_per_node, cm.rank_layout
+
+    def time_s(op: Op, s: int, units: tuple[int, ...]) -> float:
+        shape = tuple(
+            ("block", counts.unit_params(spec, u)) if counts.is_block(spec, u) else u for u in units
+        )
+        if op is Op.SEND_F or op is Op.SEND_B:
+            peer = s + 1 if op is Op.SEND_F else s - 1
+            where = p2p_link(s, peer, pp, dp, cm.platform, layout) is cm.platform.inter_node
+            key = (op, shape, where)
+            mb = 0
+        else:
+            key = (op, shape, dp_group(s, pp, dp, upn, layout))
+            mb = None
+        t = memo.get(key)
+        if t is None:
+            t = memo[key] = cm.time_s(Action(op, s, units, mb))
+        return t
+
+    return time_s
+
+
+def _refreshes_over_dp(plan: Plan) -> bool:
+    """Whether the lowering ends the step with a VIEW_FETCH refreshing the views after the
+    update that is an all-gather over DP (`lowering._stage_tail`, `lower_ratrain`): views
+    kept between steps (not fsdp-pp's), gathered because the optimizer is sharded."""
+    if not plan.shard_optimizer or not view_bytes_per_param(plan):
+        return False
+    if plan.schedule == "ratrain":
+        return plan.view_policy == "persistent"
+    return plan.schedule in ("baseline", "gpu-style")
 
 
 @lru_cache(maxsize=4096)
@@ -323,6 +392,8 @@ class StageLoad:
     n_blocks: int
     fetch_copy_s: float
     fetch_other_s: float
+    walk: OffloadWalk | None = None
+    """With offload: what the stage's walk makes its compute wait for (`OffloadWalk`)."""
 
     def blocks_s(self, policy: str) -> float:
         t = dict(self.block_s)
@@ -340,6 +411,119 @@ class StageLoad:
         return max(off + self.fetch_copy_s, self.fetch_other_s)
 
 
+@dataclass(frozen=True)
+class OffloadWalk:
+    """An offloading stage's reloads, as its walk issues them (`lowering._add_offload`):
+    each unit of an offloaded microbatch goes OFFLOAD after its F and RELOAD before the
+    backward work `RELOAD_AHEAD_UNITS` units ahead of it (the pass's start for the last
+    ones), on the copy engine in issue order, and that unit's RECOMPUTE or B waits for it.
+    The walk issues an action only once the compute before it has ended, so in a backward
+    pass a RELOAD starts no earlier than the end of the work it is placed behind, and the
+    work after it waits for the RELOAD: where a unit's RELOAD takes longer than the work it
+    overlaps, the stage's compute idles. Right after an offloaded microbatch's forward pass
+    (`pairs`), the pass's RELOADs also queue behind that pass's OFFLOADs, and the last of
+    those starts only when the forward ends.
+
+    `idle_s` is the compute's idle time in such a pass at least (its span, from the
+    pass's start, or the forward's, less their compute), from durations that are lower
+    bounds: the span is no shorter for longer ones, and each pass's span is its own
+    interval of the stage's time, so the stage lasts at least its fill, all its compute and
+    these idles."""
+
+    kinds: tuple[str, ...]
+    """The stage's units in order: "emb", "block" or "head"."""
+    block_copy: tuple[tuple[str, float, float], ...]
+    """A block's OFFLOAD and RELOAD seconds per policy (none, selective, full)."""
+    edge_copy: tuple[tuple[float, float], ...]
+    """The same for each unit that is not a block, in order."""
+    pairs: int
+    """Offloaded backward passes right after an offloaded microbatch's forward pass."""
+    solos: int
+    """The other offloaded backward passes."""
+
+    def idle_s(self, policy: str, ut: UnitTimes, zb: bool) -> float:
+        """The compute's idle seconds over the step, at least, under `policy`."""
+        return _walk_idle_s(self, policy, ut, zb)
+
+
+@lru_cache(maxsize=8192)
+def _walk_idle_s(walk: OffloadWalk, policy: str, ut: UnitTimes, zb: bool) -> float:
+    n_blocks = walk.kinds.count("block")
+    k_full = n_blocks if policy == "full" else 0
+    if policy.startswith("first:"):
+        k_full = min(int(policy.split(":", 1)[1]), n_blocks)
+    copy = {p: (o, r) for p, o, r in walk.block_copy}
+    f, w, off, rel = [], [], [], []
+    i = e = 0
+    for kind in walk.kinds:
+        if kind == "block":
+            if i < k_full:
+                pol, rc = "full", ut.rc_full
+            elif policy == "selective":
+                pol, rc = "selective", ut.rc_selective
+            else:
+                pol, rc = "none", 0.0
+            o, r = copy[pol]
+            f.append(ut.f_block)
+            w.append(rc + (ut.bi_block if zb else ut.b_block))
+            i += 1
+        else:
+            o, r = walk.edge_copy[e]
+            e += 1
+            emb = kind == "emb"
+            f.append(ut.f_emb if emb else ut.f_head)
+            if zb:
+                w.append(ut.bi_emb if emb else ut.bi_head)
+            else:
+                w.append(ut.b_emb if emb else ut.b_head)
+        off.append(o)
+        rel.append(r)
+
+    def span(after_forward: bool) -> float:
+        n = len(w)
+        t0 = copy_free = 0.0
+        if after_forward:  # the forward from 0, its units back to back, OFFLOADs behind
+            for u in range(n):
+                t0 += f[u]
+                copy_free = max(copy_free, t0) + off[u]
+        ends = [0.0] * n
+        for u in range(n - 1, -1, -1):
+            ahead = u + RELOAD_AHEAD_UNITS
+            issued = t0 if ahead >= n - 1 else ends[ahead + 1]
+            copy_free = max(issued, copy_free) + rel[u]
+            ends[u] = max(t0 if u == n - 1 else ends[u + 1], copy_free) + w[u]
+        return ends[0] - (t0 + sum(w))
+
+    idle = 0.0
+    if walk.pairs:
+        idle += walk.pairs * span(True)
+    if walk.solos:
+        idle += walk.solos * span(False)
+    return idle
+
+
+@lru_cache(maxsize=4096)
+def _offload_passes(pp: int, m: int, s: int, pipeline: str) -> tuple[int, int]:
+    """(`OffloadWalk.pairs`, `OffloadWalk.solos`) of stage `s`: its offloaded backward
+    passes (B, or B_IN under a split backward) right after an offloaded forward pass in
+    its pass order, and the others."""
+    moved = offloaded_mbs(pp, m, s, pipeline)
+    if pipeline in SPLIT_PIPELINES:
+        order = zb_pass_order(pp, m, s, pipeline)
+    else:
+        order = pass_order(pp, m, s)
+    pairs = solos = 0
+    prev = None
+    for op, mb in order:
+        if op in (Op.B, Op.B_IN) and mb in moved:
+            if prev is not None and prev[0] is Op.F and prev[1] in moved:
+                pairs += 1
+            else:
+                solos += 1
+        prev = (op, mb)
+    return pairs, solos
+
+
 def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> tuple:
     if not plan.offload_activations and not fetched:
         return ()
@@ -349,6 +533,17 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
         for pol in (("none", "selective", "full") if plan.offload_activations else ())
     }
     out = []
+    trips: dict[
+        tuple, tuple[float, float]
+    ] = {}  # a block's, by policy and size: alike on every stage
+
+    def block_trip(pol: str, c: CostModel, s: int, u: int) -> tuple[float, float]:
+        key = (pol, counts.unit_params(spec, u))
+        t = trips.get(key)
+        if t is None:
+            t = trips[key] = _one_way_s(c, s, u)
+        return t
+
     for s in range(plan.pp):
         copy_s = other_s = 0.0
         if fetched and fetched[s]:
@@ -359,25 +554,39 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
                 other_s = m * fetched[s]
         blocks = [u for u in units[s] if counts.is_block(spec, u)]
         others = [u for u in units[s] if not counts.is_block(spec, u)]
+        walk = None
         if models:
             n_off = _offloaded_count(plan.pp, m, s, plan.pipeline)
-            other_units = sum(_round_trip_s(models["none"], s, u) for u in others)
+            edge = tuple(_one_way_s(models["none"], s, u) for u in others)
+            other_units = sum(o + r for o, r in edge)
             alike = {counts.unit_params(spec, u): u for u in blocks}
-            block = tuple(
-                (pol, min((_round_trip_s(c, s, u) for u in alike.values()), default=0.0))
+            one_way = tuple(
+                (pol, *min((block_trip(pol, c, s, u) for u in alike.values()), key=sum))
                 for pol, c in models.items()
+                if alike
             )
+            block = tuple((pol, o + r) for pol, o, r in one_way) or tuple(
+                (pol, 0.0) for pol in models
+            )
+            if n_off:
+                kinds = tuple(
+                    "block" if counts.is_block(spec, u) else "emb" if u == 0 else "head"
+                    for u in units[s]
+                )
+                pairs, solos = _offload_passes(plan.pp, m, s, plan.pipeline)
+                walk = OffloadWalk(kinds, one_way, edge, pairs, solos)
         else:
             n_off, other_units, block = 0, 0.0, ()
-        out.append(StageLoad(n_off, other_units, block, len(blocks), copy_s, other_s))
+        out.append(StageLoad(n_off, other_units, block, len(blocks), copy_s, other_s, walk))
     return tuple(out)
 
 
-def _round_trip_s(cm: CostModel, s: int, u: int) -> float:
-    return cm.time_s(Action(Op.OFFLOAD, s, (u,), 0)) + cm.time_s(Action(Op.RELOAD, s, (u,), 0))
+def _one_way_s(cm: CostModel, s: int, u: int) -> tuple[float, float]:
+    """(OFFLOAD, RELOAD) seconds of unit `u` of one microbatch."""
+    return cm.time_s(Action(Op.OFFLOAD, s, (u,), 0)), cm.time_s(Action(Op.RELOAD, s, (u,), 0))
 
 
-def _fetched_forward_s(spec: ModelSpec, plan: Plan, cm: CostModel, units) -> tuple[float, ...]:
+def _fetched_forward_s(spec: ModelSpec, plan: Plan, stage_s, units) -> tuple[float, ...]:
     """Per stage, fetch seconds within one forward pass: the pass's span (from its first
     F's start to its last F's end) is at least these plus one block's F, when views are
     fetched per use, `view_lookahead` (L) uses ahead
@@ -402,7 +611,7 @@ def _fetched_forward_s(spec: ModelSpec, plan: Plan, cm: CostModel, units) -> tup
             continue
         # A fetch's time depends on the unit through its parameter count only.
         alike = {counts.unit_params(spec, u): u for u in blocks}
-        fetch = min(cm.time_s(Action(Op.VIEW_FETCH, s, (u,))) for u in alike.values())
+        fetch = min(stage_s(Op.VIEW_FETCH, s, (u,)) for u in alike.values())
         out.append(c * fetch)
     return tuple(out)
 
@@ -438,6 +647,7 @@ def step_time_lower_bound_s(
     if zb:
         ins, ws = _split_times(split, ut)
         fb = [(f, bi + bw) for (f, _), bi, bw in zip(fb, ins, ws, strict=True)]
+    plain = fb  # the compute alone: the offload idles are counted apart from fetch waits
     if over.forward_pass_s:  # a pass that waits for its fetches lasts longer than its F's
         fb = [
             (max(f, x + ut.f_block) if x else f, b)
@@ -472,7 +682,24 @@ def step_time_lower_bound_s(
             last_b0 = max(last_b0, last_in + drain)
         else:
             last_b0 = max(last_b0, end_b + drain)
+        walk = over.loads[s].walk if over.loads else None
+        if walk is not None and (load_policies or recompute):
+            # The idles the walk forces on an offloading stage, under the policies left.
+            pols = load_policies[s] if load_policies else (recompute[s],)
+            f0, b0 = plain[s]
+            extra = min(
+                m * recompute_time_s(p, split[s], ut) + walk.idle_s(p, ut, zb) for p in pols
+            )
+            best = max(best, fill + m * (f0 + b0) + extra + over.update_s[s])
         best = max(best, end_b + over.update_s[s])
+        if over.sync_s:
+            # The stage's last pass (B, or B_W under a split backward, of the last
+            # microbatch) starts no earlier than its chain less the pass; the syncs follow.
+            last = ws[s] if zb else b + r
+            best = max(best, end_b - last + over.sync_s[s])
+            # On the DP network with the fetches the forward passes surely make there.
+            fetched = over.loads[s].fetch_other_s if over.loads else 0.0
+            best = max(best, fetched + over.sync_s[s])
         if over.loads:
             pols = load_policies[s] if load_policies else (recompute[s] if recompute else "full",)
             best = max(best, over.loads[s].busiest_s(pols))
