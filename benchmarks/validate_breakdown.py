@@ -26,21 +26,19 @@ import sys
 
 from ratrain.platforms import load
 from ratrain.sim import simulate
-from ratrain.train.job import run_job
 from ratrain.validate.breakdown import merge, step_breakdown
 from ratrain.validate.grid import default_grid, load_grid
-from ratrain.validate.run import _job
+from ratrain.validate.run import _timing
 from ratrain.validate.stats import kendall_tau
 
 MAIN = ("F.block", "B.block", "F.head", "B.head", "UPD", "NORM", "idle")
 
 
 def measure(g, steps: int, warmup: int) -> dict:
-    """The plan's measured step (median after warm-up, slowest rank) and last step's trace."""
-    kind = g.plan.schedule
-    ranks = run_job(_job(g, warmup + steps, trace_steps=(warmup + steps - 1,)))
-    measured = max(statistics.median(r.runs[kind].step_times_s[warmup:]) for r in ranks)
-    trace = [rec for r in ranks for rec in r.runs[kind].trace]
+    """The plan's measured step (median after warm-up, slowest rank) and last step's trace
+    (`ratrain validate`'s own timing run)."""
+    times, trace = _timing(g, steps, warmup)
+    measured = max(statistics.median(t[warmup:]) for t in times)
     return {"name": g.name, "measured_s": measured, "trace": trace}
 
 
