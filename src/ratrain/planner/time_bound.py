@@ -371,12 +371,6 @@ def _refreshes_over_dp(plan: Plan) -> bool:
     return plan.schedule in ("baseline", "gpu-style")
 
 
-@lru_cache(maxsize=4096)
-def _offloaded_count(pp: int, m: int, s: int, pipeline: str) -> int:
-    """Microbatches stage `s` offloads: the lowering's own choice."""
-    return len(offloaded_mbs(pp, m, s, pipeline))
-
-
 @dataclass(frozen=True)
 class StageLoad:
     """One stage's non-compute work that its recompute policy leaves (seconds): with
@@ -556,7 +550,8 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
         others = [u for u in units[s] if not counts.is_block(spec, u)]
         walk = None
         if models:
-            n_off = _offloaded_count(plan.pp, m, s, plan.pipeline)
+            pairs, solos = _offload_passes(plan.pp, m, s, plan.pipeline)
+            n_off = pairs + solos  # every offloaded microbatch has one backward pass
             edge = tuple(_one_way_s(models["none"], s, u) for u in others)
             other_units = sum(o + r for o, r in edge)
             alike = {counts.unit_params(spec, u): u for u in blocks}
@@ -573,7 +568,6 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
                     "block" if counts.is_block(spec, u) else "emb" if u == 0 else "head"
                     for u in units[s]
                 )
-                pairs, solos = _offload_passes(plan.pp, m, s, plan.pipeline)
                 walk = OffloadWalk(kinds, one_way, edge, pairs, solos)
         else:
             n_off, other_units, block = 0, 0.0, ()
