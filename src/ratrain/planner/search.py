@@ -7,7 +7,9 @@
    shorter than the `top`-th best step cannot place, and neither can any after it: stop.
    A bound is refined before its structure is worked on, and pushed back: from kernel times
    at peak to the kernel model's times, then per knob combination with the recomputation
-   the memory bound forces and the communication and update overheads.
+   the memory bound forces and the communication and update overheads. Until a plan is
+   ranked, a structure popped past the memory pass goes down to its knob queue and is run
+   at once (`_deepen`).
 3. For each knob combination that can still place: the cheapest recompute policy per stage
    the memory bound allows (`ratrain.planner.fit`) is replayed by the ledger; a stage over
    the cap moves to its next policy; what fits is simulated.
