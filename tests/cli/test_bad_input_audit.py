@@ -9,28 +9,15 @@ checkpoint (about 15 s to train one) are marked slow."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("tokenizers")
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bad_input_audit.py"
+from _audit import AUDIT_PATH, load_audit  # noqa: E402
 
-
-def _audit():
-    name = "bad_input_audit"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, _PATH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while it loads
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-audit = _audit()
+audit = load_audit()
 FAST = [c for c in audit.CASES if not c.needs]
 WITH_CKPT = [c for c in audit.CASES if c.needs]
 
@@ -141,7 +128,7 @@ def test_no_command_doc_or_test_uses_an_abbreviated_flag():
 
     for c in COMMANDS:
         collect(_build_parser([c])[0])
-    repo = _PATH.parents[1]
+    repo = AUDIT_PATH.parents[1]
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
         cwd=repo,
