@@ -108,9 +108,10 @@ _FACTORS = {"fwd": 1.25, "bwd": 1.1, "bin": 1.3, "bw": 0.9}
 """Synthetic: the factor each direction's timings are built to give."""
 
 
-def _synthetic_units(split: float = 1.0, halves: bool = True):
+def _synthetic_units(split: float = 1.0, halves: bool = True, fixed: dict | None = None):
     """Raw unit rows whose timings are the cost model's kernel sums (on the shipped
-    cpu-local platform) times `_FACTORS`, plus a fixed dispatch time."""
+    cpu-local platform) times `_FACTORS`, plus a fixed dispatch time, plus `fixed[d]`
+    seconds per shape beyond the tiny one's where given."""
     data = yaml.safe_load((PRESETS_DIR / "cpu-local.yaml").read_text())
     data["compute"].pop("unit_time_factor", None)
     plat = parse_platform(data, "test")
@@ -131,7 +132,7 @@ def _synthetic_units(split: float = 1.0, halves: bool = True):
             for d, f in _FACTORS.items():
                 k0 = k(tiny_spec, kind, d, tiny_mb, tiny_seq)
                 t0[d] = dispatch + k0
-                t[d] = t0[d] + f * (k(spec, kind, d, mb, seq) - k0)
+                t[d] = t0[d] + f * (k(spec, kind, d, mb, seq) - k0) + (fixed or {}).get(d, 0.0)
             row = (spec.to_dict(), mb, seq, kind, t["fwd"], t["bwd"], t0["fwd"], t0["bwd"])
             if halves:
                 row += (t["bin"], t["bw"], t0["bin"], t0["bw"], split)
@@ -140,7 +141,38 @@ def _synthetic_units(split: float = 1.0, halves: bool = True):
 
 
 def _factors(data, units, windows=None):
-    return _unit_factors(data, units, "mean of runs", "today, here", {"windows": windows})
+    return _unit_factors(data, units, "mean of runs", "today, here", {"windows": windows})[0]
+
+
+def test_a_units_fixed_time_is_fitted_beside_its_factor():
+    """Timings of factor x kernels + a fixed time per shape give back both, per direction
+    (`fit_unit_time`, least relative squares over the 3 shapes); without a fixed time the
+    factor is the median over the shapes, as before, and no fixed time is written."""
+    fixed = {"fwd": 9e-4, "bwd": 1.3e-3, "bin": 1.5e-3, "bw": 6e-4}
+    data, units = _synthetic_units(fixed=fixed)
+    factors, fixed_s = _unit_factors(data, units, "mean of runs", "today, here", {})
+    for kind in ("block", "head"):
+        for d, f in _FACTORS.items():
+            key = f"{kind}.{d}.fp32"
+            assert factors[key]["value"] == pytest.approx(f, rel=1e-3), key
+            assert fixed_s[key]["value"] == pytest.approx(fixed[d], rel=1e-3), key
+            assert "fitted as factor x kernels + fixed over 3 shapes" in factors[key]["note"]
+            assert fixed_s[key]["note"].startswith("measured")
+    data, units = _synthetic_units()
+    factors, fixed_s = _unit_factors(data, units, "mean of runs", "today, here", {})
+    assert fixed_s == {} and "median of 3 shapes" in factors["block.fwd.fp32"]["note"]
+
+
+def test_fit_unit_time_falls_back_to_the_median_where_it_cannot_separate():
+    from ratrain.calibrate.platform_file import fit_unit_time
+
+    assert fit_unit_time([(1e-3, 2e-3)]) == (2.0, 0.0)  # one shape
+    assert fit_unit_time([(1e-3, 2e-3), (1e-3, 2.2e-3)]) == (pytest.approx(2.1), 0.0)
+    # a negative fixed time (time grows faster than the kernels): the median factor
+    f, c = fit_unit_time([(1e-3, 0.5e-3), (4e-3, 4e-3)])
+    assert c == 0.0 and f == pytest.approx((0.5 + 1.0) / 2)
+    f, c = fit_unit_time([(1e-3, 1.5e-3), (2e-3, 2.5e-3), (4e-3, 4.5e-3)])
+    assert (f, c) == (pytest.approx(1.0), pytest.approx(5e-4))
 
 
 def test_factors_of_the_split_backward_from_its_timings():

@@ -273,6 +273,38 @@ def test_the_fused_head_takes_its_own_factors_else_the_plain_heads(tmp_path):
     assert kernels_s(new, Op.F, 1) == pytest.approx(1.1 * kernels_s(one, Op.F, 1))
 
 
+def test_a_units_fixed_time_is_charged_per_action_at_the_ranks_speed(tmp_path):
+    """`unit_fixed_s` adds its seconds / the rank's speed to every F, B, B_IN and B_W of a
+    block or the head (keyed as the factors, halves falling back to "bwd"), not to the
+    embedding; a full recomputation pays the forward's, a selective one none."""
+    fixed = {"block.fwd.fp32": 2e-3, "block.bwd.fp32": 3e-3, "head.fwd.fp32": 1e-3}
+    head = TINY.n_layers + 1
+    for pipeline in ("1f1b", "zb-h1"):
+        plan = Plan(pp=1, global_batch=4, seq=64, compute_dtype="fp32", pipeline=pipeline)
+        one = CostModel(TINY, plan, _with(tmp_path))
+        more = CostModel(TINY, plan, _with(tmp_path, unit_fixed_s=fixed))
+        ops = (Op.F, Op.B) if pipeline == "1f1b" else (Op.F, Op.B_IN, Op.B_W)
+        for op in ops:
+            for unit, kind in ((0, None), (1, "block"), (head, "head")):
+                a = Action(op, 0, (unit,), 0)
+                d = "fwd" if op is Op.F else "bwd"
+                want = fixed.get(f"{kind}.{d}.fp32", 0.0) if kind else 0.0
+                got = more.time_s(a) - one.time_s(a)
+                assert got == pytest.approx(want / one.speed, abs=1e-15), (op, unit)
+    for policy, want in (("full", 2e-3), ("selective", 0.0)):
+        plan = Plan(pp=1, global_batch=4, seq=64, compute_dtype="fp32", recompute=policy)
+        one = CostModel(TINY, plan, _with(tmp_path))
+        more = CostModel(TINY, plan, _with(tmp_path, unit_fixed_s=fixed))
+        rc = Action(Op.RECOMPUTE, 0, (1,), 0)
+        assert more.time_s(rc) - one.time_s(rc) == pytest.approx(want / one.speed, abs=1e-15)
+
+
+def test_unit_fixed_s_loads_zero_and_refuses_negative(tmp_path):
+    assert _with(tmp_path, unit_fixed_s={"block.fwd.fp32": 0}).unit_fixed_s == {"block.fwd.fp32": 0}
+    with pytest.raises(RatrainError, match="unit_fixed_s.block.fwd.fp32"):
+        _with(tmp_path, unit_fixed_s={"block.fwd.fp32": -1e-3})
+
+
 @pytest.mark.parametrize("name", ["cpu-local", "a100-80g", "mt3000"])
 def test_shipped_platform_files_cost_as_before(tmp_path, name):
     """A platform file as shipped (no "bin"/"bw" factors) loads, and every action of a 1F1B

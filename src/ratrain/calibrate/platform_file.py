@@ -87,7 +87,10 @@ def build_platform(name: str, raw: dict, ctx: dict) -> dict:
         )
     data["compute"].update(_sharing(raw.get("sharing") or {}, on))
     if raw.get("units"):
-        data["compute"]["unit_time_factor"] = _unit_factors(data, raw["units"], timer, on, ctx)
+        factors, fixed = _unit_factors(data, raw["units"], timer, on, ctx)
+        data["compute"]["unit_time_factor"] = factors
+        if fixed:
+            data["compute"]["unit_fixed_s"] = fixed
     _raise_peaks(data["compute"], speedup)
     return data
 
@@ -432,11 +435,12 @@ _HOW = {
 """How each direction was timed, as its note says."""
 
 
-def _unit_factors(data: dict, units: dict, timer: str, on: str, ctx: dict) -> dict:
-    """`compute.unit_time_factor` from the whole-unit timings (`ratrain.calibrate.units`):
-    per kind, direction and dtype, the median over shapes of the measured time beyond the
-    tiny shape's over the cost model's kernel sum beyond the tiny shape's, on the platform
-    built from this calibration's own kernel measurements. Directions "fwd" and "bwd" from
+def _unit_factors(data: dict, units: dict, timer: str, on: str, ctx: dict) -> tuple[dict, dict]:
+    """`compute.unit_time_factor` and `compute.unit_fixed_s` from the whole-unit timings
+    (`ratrain.calibrate.units`): per kind, direction and dtype, the measured time beyond the
+    tiny shape's against the cost model's kernel sum beyond the tiny shape's (on the
+    platform built from this calibration's own kernel measurements), fitted over the shapes
+    as factor x kernels + fixed (`fit_unit_time`). Directions "fwd" and "bwd" from
     the forward and the unsplit backward; "bin" and "bw" from the split backward's B_IN and
     B_W, over the cost model's B_IN and B_W kernels, where the rows carry them (older raw
     measurements do not) and the runtime split the unit (where it did not, B_IN ran the
@@ -452,7 +456,7 @@ def _unit_factors(data: dict, units: dict, timer: str, on: str, ctx: dict) -> di
         ks = unit_kernels(spec, unit, mb, seq, group, dtype=dt, loss_chunk_tokens=chunk)
         return kernels_time_s(ks, dt, plat)[0]
 
-    ratios: dict[str, list[float]] = {}
+    points: dict[str, list[tuple[float, float]]] = {}
     shapes: dict[str, list[str]] = {}
     for dt, rows in units.items():
         for fields, mb, seq, kind, t_f, t_b, tiny_f, tiny_b, *halves in rows:
@@ -468,16 +472,54 @@ def _unit_factors(data: dict, units: dict, timer: str, on: str, ctx: dict) -> di
                 k0 = kernel_s(tiny_spec, kind, direction, tiny_mb, tiny_seq, dt)
                 if k > k0 and t > t0:
                     key = f"{kind}.{direction}.{dt}"
-                    ratios.setdefault(key, []).append((t - t0) / (k - k0))
+                    points.setdefault(key, []).append((k - k0, t - t0))
                     shapes[key] = shapes.get(key, []) + [f"h{spec.hidden} b{mb} s{seq}"]
-    out = {}
-    for key, r in sorted(ratios.items()):
+    factors, fixed = {}, {}
+    for key, pts in sorted(points.items()):
         kind, direction, dt = key.split(".")
-        out[key] = _v(
-            float(f"{statistics.median(r):.4g}"),
+        f, c = fit_unit_time(pts)
+        how = (
+            f"fitted as factor x kernels + fixed over {len(pts)} shapes "
+            f"({', '.join(shapes[key])}), least relative squares"
+            if c > 0
+            else f"median of {len(pts)} shapes ({', '.join(shapes[key])})"
+        )
+        measured = (
             f"measured: the model's {kind} unit {direction} ({_HOW[direction]}), one thread, "
             f"{timer}, minus the tiny shape's, over the cost model's kernel sum for it minus "
-            f"the tiny shape's; median of {len(r)} shapes ({', '.join(shapes[key])}), {on}"
-            + _win(ctx, f"units {dt} ", split=direction in ("bin", "bw")),
+            f"the tiny shape's; {how}, {on}"
+            + _win(ctx, f"units {dt} ", split=direction in ("bin", "bw"))
         )
-    return out
+        factors[key] = _v(float(f"{f:.4g}"), measured)
+        if c > 0:
+            fixed[key] = _v(
+                float(f"{c:.4g}"),
+                f"{measured}; the unit's seconds beyond factor x kernels at any size (one thread)",
+            )
+    return factors, fixed
+
+
+def fit_unit_time(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(factor, fixed seconds) with time = factor x kernels + fixed over `points`
+    [(kernel seconds, measured seconds), ...], each shape weighted by its own time (least
+    squares of the relative error: a 128-token shape counts as much as a 512-token one).
+    Falls back to the median of time / kernels with no fixed time where the points cannot
+    separate the two (fewer than two, or one kernel time), where the fit's factor is not
+    positive, or where its fixed time is under 1% of the fastest shape's time (no more
+    than the windows' own noise; a time proportional to the kernels' fits ~0): one
+    factor, as before the fixed time was fitted."""
+    median = (statistics.median(t / k for k, t in points), 0.0)
+    if len(points) < 2:
+        return median
+    # minimise sum((f k + c - t) / t)^2: rows (k / t, 1 / t) against 1
+    saa = sum((k / t) ** 2 for k, t in points)
+    sab = sum(k / t**2 for k, t in points)
+    sbb = sum(1 / t**2 for k, t in points)
+    sa = sum(k / t for k, t in points)
+    sb = sum(1 / t for k, t in points)
+    det = saa * sbb - sab * sab
+    if det <= 1e-12 * saa * sbb:
+        return median
+    f = (sa * sbb - sb * sab) / det
+    c = (saa * sb - sab * sa) / det
+    return (f, c) if f > 0 and c > 0.01 * min(t for _, t in points) else median

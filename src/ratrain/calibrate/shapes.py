@@ -9,6 +9,7 @@ probe in its note, without torch.
 
 from __future__ import annotations
 
+from ratrain.cost.measured import FUSED_HEAD
 from ratrain.models.spec import ModelSpec
 
 __all__ = ["TINY_SPEC", "UNIT_SHAPES", "TINY_SHAPE", "PROBE_SHAPE", "PROBE_WHAT", "FUSED"]
@@ -32,7 +33,7 @@ PROBE_SHAPE = UNIT_SHAPES[2]
 PROBE_WHAT = "the model's Block forward+backward (fp32, hidden 448, 2x128 tokens), one thread"
 """The speed probe (`ratrain.calibrate.probe`) as the platform file's note names it."""
 
-FUSED = "head-fused"
+FUSED = FUSED_HEAD
 """The unit kind of the head under the fused chunked loss (`Plan.loss_chunk_tokens`, at
 `ratrain.config.DEFAULT_LOSS_CHUNK_TOKENS`), measured beside "block" and "head": its
 forward runs the loss's gradient GEMMs too, its backward only scales

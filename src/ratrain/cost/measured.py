@@ -34,6 +34,7 @@ __all__ = [
     "threads_per_rank",
     "measured_collective_s",
     "unit_factor",
+    "unit_fixed_s",
     "UNIT_DIRECTIONS",
 ]
 
@@ -162,6 +163,39 @@ UNIT_DIRECTIONS = {"F": "fwd", "B": "bwd", "BI": "bin", "BW": "bw"}
 recomputation is charged as a forward)."""
 
 
+def _unit_key(spec, unit: int, direction: str, fused_loss: bool) -> tuple[str, str] | None:
+    """(unit kind, direction) under which the platform keys a unit's measured terms, or
+    None for the embedding (a gather, no GEMM). See `unit_factor`."""
+    if unit == 0:
+        return None
+    kind = "head" if unit == spec.n_layers + 1 else "block"
+    if kind == "head" and fused_loss:
+        kind = FUSED_HEAD
+        direction = "bwd" if direction in ("bin", "bw") else direction
+    return kind, direction
+
+
+def _unit_term(table: dict, spec, unit: int, direction: str, dtype: str, fused: bool):
+    """The unit's entry of `table` (`Platform.unit_time_factor` or `.unit_fixed_s`) with
+    `unit_factor`'s fallbacks: the fused head to the plain head's, a split backward's half
+    to the whole backward's; None where the platform has none."""
+    key = _unit_key(spec, unit, direction, fused)
+    if key is None or not table:
+        return None
+    kind, direction = key
+    got = table.get(f"{kind}.{direction}.{dtype}")
+    if got is None and kind == FUSED_HEAD:
+        kind, direction = "head", direction
+        got = table.get(f"{kind}.{direction}.{dtype}")
+    if got is None and direction in ("bin", "bw"):
+        got = table.get(f"{kind}.bwd.{dtype}")
+    return got
+
+
+FUSED_HEAD = "head-fused"
+"""The head's unit kind under the fused chunked loss (`ratrain.calibrate.shapes.FUSED`)."""
+
+
 def unit_factor(
     platform: Platform, spec, unit: int, direction: str, dtype: str, fused_loss: bool = False
 ) -> float:
@@ -180,16 +214,21 @@ def unit_factor(
     before the halves were measured, or whose runtime could not split the unit) gives it
     the unit's "bwd" factor, the one both halves took before: assumed, B_IN's and B_W's
     kernels run as much slower inside the unit as the whole backward's do."""
-    if not platform.unit_time_factor or unit == 0:
-        return 1.0
-    kind = "head" if unit == spec.n_layers + 1 else "block"
-    factors = platform.unit_time_factor
-    if kind == "head" and fused_loss:
-        direction = "bwd" if direction in ("bin", "bw") else direction
-        got = factors.get(f"head-fused.{direction}.{dtype}")
-        if got is not None:
-            return got
-    got = factors.get(f"{kind}.{direction}.{dtype}")
-    if got is None and direction in ("bin", "bw"):
-        got = factors.get(f"{kind}.bwd.{dtype}")
+    got = _unit_term(platform.unit_time_factor, spec, unit, direction, dtype, fused_loss)
     return 1.0 if got is None else got
+
+
+def unit_fixed_s(
+    platform: Platform, spec, unit: int, direction: str, dtype: str, fused_loss: bool = False
+) -> float:
+    """Seconds a unit's action takes beyond its kernels x `unit_factor` whatever its size
+    (`Platform.unit_fixed_s`, one thread; the cost model divides it by the rank's speed as
+    it does the kernels): keyed and looked up as `unit_factor`, 0 where not measured.
+
+    `ratrain calibrate` fits time = factor x kernels + fixed over its unit shapes
+    (`ratrain.calibrate.platform_file._unit_factors`): on the 2-core machine a block's
+    forward at 128 tokens took ~0.9 ms more than a factor alone, fitted at 512 tokens,
+    would charge, so that a plan of many small microbatches measured slower than one
+    factor predicted (docs/validation.md)."""
+    got = _unit_term(platform.unit_fixed_s, spec, unit, direction, dtype, fused_loss)
+    return 0.0 if got is None else got

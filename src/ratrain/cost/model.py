@@ -40,7 +40,9 @@ compute actions, UPDATE and casts run at the speed the node's shared cores leave
 rank (`ratrain.cost.measured.compute_speed`), and a block's or the head's kernels take
 the measured factor a whole unit takes over their sum timed apart
 (`Platform.unit_time_factor`, `ratrain.cost.measured.unit_factor`; a recomputation is
-a forward). A split backward's B_IN and B_W take the factors measured for them through
+a forward), plus the fixed time the unit's action was measured to take beyond that
+whatever its size (`Platform.unit_fixed_s`; a full recomputation pays the forward's, a
+selective one none), both at the rank's speed. A split backward's B_IN and B_W take the factors measured for them through
 the runtime's own split backward ("bin", "bw"), or where the platform has none (older
 files, units the runtime ran unsplit when calibrated), the whole backward's ("bwd").
 
@@ -67,6 +69,7 @@ from ratrain.cost.measured import (
     compute_speed,
     memory_bound_time_s,
     unit_factor,
+    unit_fixed_s,
 )
 from ratrain.cost.sharing import peak_speed
 from ratrain.errors import RatrainError
@@ -310,7 +313,11 @@ class CostModel:
         if a.op is Op.RECOMPUTE:
             ks = self.kernels(a)
             t, bound = kernels_time_s(ks, dt, self.platform)
-            t *= unit_factor(self.platform, self.spec, a.units[0], "fwd", dt) / self.speed
+            t *= unit_factor(self.platform, self.spec, a.units[0], "fwd", dt)
+            if self.plan.recompute_of(self.spec, a.stage, a.units[0]) != "selective":
+                # a whole forward again: each unit's fixed time too (selective: one kernel)
+                t += sum(unit_fixed_s(self.platform, self.spec, u, "fwd", dt) for u in a.units)
+            t /= self.speed
             return ActionCost(t, "recompute", bound, flops=sum(k.flops for k in ks))
         total, flops, bound, best = 0.0, 0, None, -1.0
         fused = bool(self.plan.loss_chunk_tokens)
@@ -318,7 +325,9 @@ class CostModel:
             ks = self.kernels(Action(a.op, a.stage, (u,), a.mb))
             t, b = kernels_time_s(ks, dt, self.platform)
             direction = UNIT_DIRECTIONS[a.op.value]
-            t *= unit_factor(self.platform, self.spec, u, direction, dt, fused) / self.speed
+            t *= unit_factor(self.platform, self.spec, u, direction, dt, fused)
+            t += unit_fixed_s(self.platform, self.spec, u, direction, dt, fused)
+            t /= self.speed
             total += t * self.scale["compute" if counts.is_block(self.spec, u) else "edge"]
             flops += sum(k.flops for k in ks)
             if t > best:

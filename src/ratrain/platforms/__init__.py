@@ -42,6 +42,8 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       unit_time_factor:       # a unit's kernels inside the unit vs timed apart
         block.fwd.fp32: {value, note}     # also block.bwd.*, head.fwd.*, head.bwd.*, and a
                                           # split backward's halves block/head.bin/bw.*
+      unit_fixed_s:           # seconds a unit's action takes beyond factor x kernels
+        block.fwd.fp32: {value, note}     # keyed as unit_time_factor (one thread)
       rank_speed: {value: [[k, speed], ...], note}   # one of k ranks sharing the node
       shared_rank_speed: {value: [[w, b, speed], ...], note}  # b of w computing, w - b waiting
       collective_compute_s_per_byte: {value, note}   # compute a collective's CPU work takes
@@ -121,6 +123,10 @@ class Platform:
     direction and dtype ("block.fwd.fp32", "head.bwd.bf16"; `ratrain.calibrate.units`);
     directions "bin" and "bw" are a split backward's B_IN and B_W (absent: "bwd"'s,
     `ratrain.cost.measured.unit_factor`); absent: 1."""
+    unit_fixed_s: dict[str, float] = field(default_factory=dict)
+    """Seconds a unit's action takes beyond `unit_time_factor` x its kernels whatever its
+    size, keyed as `unit_time_factor` (one thread: the cost model divides it by the rank's
+    speed with the kernels; `ratrain.cost.measured.unit_fixed_s`); absent: 0."""
     cores_per_node: int | None = None
     """Cores shared by the compute of a node's ranks; None: each unit has its own."""
     units_sharing_cores: int | None = None

@@ -217,6 +217,7 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
     }
     out["memory_bound_bytes_per_s"] = r.entries(compute, "memory_bound_bytes_per_s", "compute.")
     out["unit_time_factor"] = r.entries(compute, "unit_time_factor", "compute.")
+    out["unit_fixed_s"] = r.entries(compute, "unit_fixed_s", "compute.", zero=True)
     if "collective_compute_s_per_byte" in compute:
         out["collective_compute_s_per_byte"] = r.number(
             compute, "collective_compute_s_per_byte", "compute.", zero=True
