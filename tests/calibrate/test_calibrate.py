@@ -76,10 +76,11 @@ def test_calibrate_quick_writes_a_loadable_measured_platform(tmp_path, capsys, m
     assert all(f > 0 for f in p.unit_time_factor.values())
     assert [k for k, _ in p.rank_speed] == [1, 2] and all(v > 0 for _, v in p.rank_speed)
     # Core lending is measured: 1 of 2 ranks computing while the other waits in a receive,
-    # the busy rank changing after each short (forward) or long (forward+backward) burst.
-    assert [(w, b) for w, b, *_ in p.shared_rank_speed] == [(2, 1), (2, 1)]
-    short, long = (row[3] for row in p.shared_rank_speed)
-    assert 0 < short < long and all(row[2] > 0 for row in p.shared_rank_speed)
+    # the busy rank changing after each shortest (a quarter of the tokens' forward), short
+    # (forward) or long (forward+backward) burst.
+    assert [(w, b) for w, b, *_ in p.shared_rank_speed] == [(2, 1)] * 3
+    shortest, short, long = (row[3] for row in p.shared_rank_speed)
+    assert 0 < shortest < short < long and all(row[2] > 0 for row in p.shared_rank_speed)
     assert p.waiting_ranks_lend_cores
     # Ranks of two threads: their speed per microbatch size, 128 to 512 tokens.
     assert [(k, n) for k, n, _ in p.rank_speed_tokens] == [

@@ -2,8 +2,8 @@
 
 (And, for each k >= 2 and b < k, how fast the b ranks that compute go while the other
 k - b wait in a blocked gloo receive, the way the executor's walk waits, with the busy set
-moving on after each burst of computing as a pipeline's does, for a short and a long
-burst: `compute.shared_rank_speed`, read by processor sharing instead of its formula. And,
+moving on after each burst of computing as a pipeline's does, for a shortest, a short and
+a long burst: `compute.shared_rank_speed`, read by processor sharing instead of its formula. And,
 for the rank counts whose ranks run several threads, the speed at 128 and 512 tokens per
 microbatch as well: `compute.rank_speed_tokens`.)
 
@@ -108,9 +108,18 @@ def _forward(block, x):
     block(x)  # autograd records the graph, as the runtime's F does; dropped at once
 
 
-_KINDS = {"F": _forward, "FB": _iteration}
-"""What a busy rank runs between waits in the ring windows: a short burst (the forward) and
-a long one (forward and backward), about 1:3 in length."""
+def _forward_quarter(block, x):
+    block(x[:, : x.shape[1] // 4])  # a quarter of the tokens: a small microbatch's forward
+
+
+_KINDS = {"Fq": _forward_quarter, "F": _forward, "FB": _iteration}
+"""What a busy rank runs between waits in the ring windows: a shortest burst (the forward of
+a quarter of the tokens, ~4 ms on one thread of the 2-core machine: a block's action at a
+small microbatch), a short one (the forward, ~15 ms) and a long one (forward and backward,
+~40 ms). Speeds fall with the burst (4 ranks on 2 cores, one computing: 0.77, 0.88 and
+0.98 of one thread alone at these three, 3 windows each); below the shortest measured
+burst the table is held (`ratrain.cost.sharing`), so it reaches down to what plans of
+small microbatches run."""
 
 
 def _loop_s(fn, block, x, window_s: float, sync: bool = False) -> float:
