@@ -93,3 +93,22 @@ def test_rescore_bad_file_is_one_line(tmp_path, capsys, mutate, message):
 def test_rescore_missing_file(tmp_path, capsys):
     rc = main(["validate", "--rescore", str(tmp_path / "no.json"), "--platform", "cpu-local"])
     assert rc == 2 and "cannot read" in capsys.readouterr().err
+
+
+def test_the_planner_pick_is_judged_within_its_compute_dtype():
+    """The planner's search is pinned to the grid's compute dtype: a plan of another dtype
+    measured faster is named beside the verdict, not judged against the pick."""
+    from ratrain.validate.results import PlanResult, summarize
+
+    def row(name, dtype, measured):
+        plan = {"compute_dtype": dtype}
+        return PlanResult(name, "m", plan, measured, measured, [1], [[1]])
+
+    results = [row("a", "fp32", 1.0), row("pick", "fp32", 1.02), row("half", "bf16", 0.7)]
+    verdict = summarize(results, {"m": "pick"})["planner_pick"]["m"]
+    assert verdict["measured_fastest"] == "a" and verdict["within_5pct"]
+    assert verdict["slower_than_fastest"] == pytest.approx(0.02)
+    assert verdict["measured_fastest_other_dtype"] == "half"
+    slow = [row("a", "fp32", 1.0), row("pick", "fp32", 1.2)]
+    verdict = summarize(slow, {"m": "pick"})["planner_pick"]["m"]
+    assert not verdict["within_5pct"] and "measured_fastest_other_dtype" not in verdict
