@@ -80,3 +80,22 @@ def test_the_lazy_order_confirms_the_eager_orders_plan(job, monkeypatch):
     assert len(counted) <= len(eager_count)
     if job == JOBS[0]:  # 54 of 344 on the issue's 70B job
         assert 4 * len(counted) < len(eager_count)
+
+
+@pytest.mark.timeout(300)
+def test_relax_keeps_a_fitting_plan_with_knobs_that_save_no_more():
+    """The look's plan takes the most memory-saving knobs; `relax` trades them for the
+    structure's most relaxed combination the bound allows and the ledger confirms (here:
+    llama2-70b on 128 h100-80g clusters, the look's offload is dropped), and with no
+    replays left, or no fit given knobs, returns the plan it was given."""
+    req = Request(get_preset("llama2-70b"), load("h100-80g"), 128, 1024, 4096)
+    ev = Evaluator(req)
+    fit = feasible.find_feasible(req, ev, fastest_first=True)
+    assert fit is not None and fit.kn is not None and fit.plan.offload_activations
+    got = feasible.relax(ev, req, fit, Budget())
+    assert got.plan != fit.plan and got.st == fit.st
+    assert feasible.saves(fit.kn, got.kn) and ev.memory(got.plan).fits
+    assert not got.plan.offload_activations
+    assert feasible.relax(ev, req, fit, Budget(), replays=0) is fit
+    unknown = fit._replace(kn=None)
+    assert feasible.relax(ev, req, unknown, Budget()) is unknown

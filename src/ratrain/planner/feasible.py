@@ -11,7 +11,7 @@ import time
 from typing import NamedTuple
 
 from ratrain.config import Plan
-from ratrain.deadline import Budget, Rate
+from ratrain.deadline import Budget, OutOfTime, Rate
 from ratrain.planner.evaluate import Evaluator, MemoryReport, usable_bytes
 from ratrain.planner.fit import first_overflow_bytes, options
 from ratrain.planner.saving import saves, saving_order
@@ -39,6 +39,9 @@ class Fit(NamedTuple):
     plan: Plan
     report: MemoryReport | None
     family: str
+    st: Structure | None = None
+    """Its structure and knobs (`relax` reads them)."""
+    kn: Knobs | None = None
 
 
 def find_feasible(
@@ -112,7 +115,7 @@ def find_feasible(
         budget.check()
         found = _confirm(ev, req, st, kn, opts, fam.per_stage_recompute, budget)
         if found is not None:
-            return Fit(*found, fam.name)
+            return Fit(*found, fam.name, st, kn)
         rejected += 1
         if max_replays is not None and rejected >= max_replays:
             return None
@@ -154,11 +157,57 @@ def _fastest_fit(ev, req, allowed, ruled, budget: Budget, max_replays: int | Non
             continue
         found = _confirm(ev, req, st, kn, opts, fam.per_stage_recompute, budget)
         if found is not None:
-            return Fit(*found, fam.name)
+            return Fit(*found, fam.name, st, kn)
         rejected += 1
         if max_replays is not None and rejected >= max_replays:
             return None
     return None
+
+
+RELAX_REPLAYS = 2
+"""assumed: ledger replays `relax` may spend (each 0.1-0.4 s on 70B-405B plans on the 2-core
+machine), on the relaxations the memory bound allows, most relaxed first."""
+
+
+def relax(ev, req: Request, fit: Fit, budget: Budget, replays: int = RELAX_REPLAYS) -> Fit:
+    """`fit` with its knobs relaxed where the ledger finds the plan still fits: the look's
+    plan takes its structure's most memory-saving knobs, and those that cost the most time
+    (activation offload, transient views) often save memory the plan does not need
+    (llama3-405b on 1000 h100-80g clusters: pp=31 with offload and transient views peaked
+    at 53 of 70 GB and simulated at 393 s/step, 147 s without them). The structure's other
+    combinations that save no more than `fit`'s (`saves`), the most relaxed first (most
+    fields changed), each with the most memory-saving recompute its memory bound allows:
+    the first the bound allows and the ledger confirms, within `replays` replays; else
+    `fit`. Out of time (`OutOfTime` past `budget`'s soft limit): `fit`."""
+    if fit.st is None or fit.kn is None:
+        return fit
+    fam = family_of(fit.family)
+    st, kn0 = fit.st, fit.kn
+    kns = [
+        kn
+        for kn in knob_combos(req, fam, st)
+        if kn != kn0
+        and saves(kn0, kn)
+        and (kn.pipeline, kn.rank_layout) == (kn0.pipeline, kn0.rank_layout)
+    ]
+    try:
+        # the most relaxed first: the largest memory ranks in all (`saving_order`)
+        for kn in sorted(kns, key=lambda k: (-sum(saving_order(k)), saving_order(k))):
+            if replays <= 0:
+                break
+            budget.check()
+            if max(states_lower_bound_bytes(req, st, kn)) > usable_bytes(req):
+                continue
+            opts = _opts(req, st, kn)
+            if opts is None:
+                continue
+            replays -= 1
+            found = _confirm(ev, req, st, kn, opts, fam.per_stage_recompute, budget)
+            if found is not None:
+                return Fit(*found, fam.name, st, kn)
+    except OutOfTime:
+        pass
+    return fit
 
 
 def _bound_s(req: Request, st: Structure, kn: Knobs, opts, fam) -> float:

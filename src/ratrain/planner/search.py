@@ -40,7 +40,7 @@ from ratrain.config import V_PIPELINES
 from ratrain.deadline import Budget, OutOfTime
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.families import Family
-from ratrain.planner.feasible import find_feasible
+from ratrain.planner.feasible import find_feasible, relax
 from ratrain.planner.result import Candidate, Near, SearchResult, Top, Untimed, candidate_of
 from ratrain.planner.saving import dominant
 from ratrain.planner.space import (
@@ -303,6 +303,7 @@ def _dive(req: Request, ev: Evaluator, state: State) -> Candidate | None:
         fit = find_feasible(req, ev, budget=window, fastest_first=True)
         if fit is None:
             return None
+        fit = relax(ev, req, fit, window)
         with deadline.until(budget):
             res = ev.simulate(fit.plan)
     except OutOfTime:
