@@ -173,12 +173,13 @@ def relax(ev, req: Request, fit: Fit, budget: Budget, replays: int = RELAX_REPLA
     """`fit` with its knobs relaxed where the ledger finds the plan still fits: the look's
     plan takes its structure's most memory-saving knobs, and those that cost the most time
     (activation offload, transient views) often save memory the plan does not need
-    (llama3-405b on 1000 h100-80g clusters: pp=31 with offload and transient views peaked
-    at 53 of 70 GB and simulated at 393 s/step, 147 s without them). The structure's other
-    combinations that save no more than `fit`'s (`saves`), the most relaxed first (most
-    fields changed), each with the most memory-saving recompute its memory bound allows:
-    the first the bound allows and the ledger confirms, within `replays` replays; else
-    `fit`. Out of time (`OutOfTime` past `budget`'s soft limit): `fit`."""
+    (llama3-405b on 1000 h100-80g clusters: pp=31 with offload peaked at 53 of 70 GB and
+    simulated at 393 s/step; without it, views fetched two ahead, 68 GB and 349 s). The
+    structure's other combinations that save no more than `fit`'s (`saves`; the same pass
+    order and rank layout), the most relaxed first (the largest memory ranks in all), each
+    with the most memory-saving recompute its memory bound allows: the first the bound
+    allows and the ledger confirms, within `replays` replays; else `fit`. Out of time
+    (`OutOfTime` past `budget`'s soft limit): `fit`."""
     if fit.st is None or fit.kn is None:
         return fit
     fam = family_of(fit.family)
