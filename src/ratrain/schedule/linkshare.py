@@ -26,11 +26,9 @@ class LinkShare:
     def __init__(self, holds, count: int, dur, push) -> None:
         self.holds = holds
         """Per action id, the link ids it holds (an empty tuple: none)."""
-        self.on = [0] * count  # actions running on each link
         self.members: list[dict[int, None]] = [{} for _ in range(count)]
         """Per link, the ids of the actions running on it."""
         self.changed: set[int] = set()  # links whose count changed since the last rebalance
-        self.running: dict[int, None] = {}
         n = len(holds)
         self.left = [0.0] * n  # remaining time at the full rate
         self.rate = [0.0] * n  # 0: not rated yet
@@ -42,10 +40,8 @@ class LinkShare:
     def begin(self, i: int, now: float) -> None:
         """i starts now; its end is queued by this instant's `rebalance`."""
         for k in self.holds[i]:
-            self.on[k] += 1
             self.members[k][i] = None
         self.changed.update(self.holds[i])
-        self.running[i] = None
         self.left[i], self.rate[i], self.since[i] = self.dur[i], 0.0, now
         self.dirty = True
 
@@ -55,10 +51,8 @@ class LinkShare:
 
     def finish(self, i: int) -> None:
         for k in self.holds[i]:
-            self.on[k] -= 1
             del self.members[k][i]
         self.changed.update(self.holds[i])
-        del self.running[i]
         self.valid[i] = -1
         self.dirty = True
 
@@ -68,14 +62,14 @@ class LinkShare:
         of id, as all running actions would be (the others keep their rate and their
         queued end)."""
         self.dirty = False
-        on, holds, left, rate, since = self.on, self.holds, self.left, self.rate, self.since
+        holds, left, rate, since = self.holds, self.left, self.rate, self.since
         members = self.members
         affected: set[int] = set()
         for k in self.changed:
             affected.update(members[k])
         self.changed.clear()
         for i in sorted(affected):
-            r = 1.0 / max(on[k] for k in holds[i])
+            r = 1.0 / max(len(members[k]) for k in holds[i])
             if r == rate[i]:
                 continue
             if rate[i]:
