@@ -163,6 +163,10 @@ UNIT_DIRECTIONS = {"F": "fwd", "B": "bwd", "BI": "bin", "BW": "bw"}
 recomputation is charged as a forward)."""
 
 
+FUSED_HEAD = "head-fused"
+"""The head's unit kind under the fused chunked loss (`ratrain.calibrate.shapes.FUSED`)."""
+
+
 def _unit_key(spec, unit: int, direction: str, fused_loss: bool) -> tuple[str, str] | None:
     """(unit kind, direction) under which the platform keys a unit's measured terms, or
     None for the embedding (a gather, no GEMM). See `unit_factor`."""
@@ -185,15 +189,11 @@ def _unit_term(table: dict, spec, unit: int, direction: str, dtype: str, fused: 
     kind, direction = key
     got = table.get(f"{kind}.{direction}.{dtype}")
     if got is None and kind == FUSED_HEAD:
-        kind, direction = "head", direction
+        kind = "head"
         got = table.get(f"{kind}.{direction}.{dtype}")
     if got is None and direction in ("bin", "bw"):
         got = table.get(f"{kind}.bwd.{dtype}")
     return got
-
-
-FUSED_HEAD = "head-fused"
-"""The head's unit kind under the fused chunked loss (`ratrain.calibrate.shapes.FUSED`)."""
 
 
 def unit_factor(

@@ -146,7 +146,7 @@ def _fastest_fit(ev, req, allowed, ruled, budget: Budget, max_replays: int | Non
     while heap:
         budget.check()
         key, n, refined, st, kn, fam, opts = heapq.heappop(heap)
-        if any(saves(o, kn) for o in ruled.get(st, ()) if o is not kn):
+        if any(saves(o, kn) for o in ruled.get(st, ())):
             continue  # a family's knobs that save no less were ruled out meanwhile
         if not refined:
             opts = _opts(req, st, kn)
