@@ -25,6 +25,7 @@ import sys
 
 import torch
 
+from ratrain.calibrate.platform_file import _KERNEL_GROUP as _GROUP
 from ratrain.calibrate.platform_file import fit_unit_time
 from ratrain.calibrate.shapes import TINY_SHAPE, UNIT_SHAPES
 from ratrain.calibrate.timing import Timer
@@ -32,8 +33,6 @@ from ratrain.calibrate.units import _time_split, _time_unit
 from ratrain.cost.compute import kernels_time_s, unit_kernels
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import load
-
-_GROUP = {"fwd": "F", "bwd": "B", "bin": "BI", "bw": "BW"}
 
 
 def _spec(hidden: int, ffn: int, heads: int) -> ModelSpec:
