@@ -21,6 +21,7 @@ from ratrain.planner.space import (
     structures,
 )
 from ratrain.planner.time_bound import (
+    first_unit_times,
     overheads,
     peak_unit_times,
     step_time_lower_bound_s,
@@ -97,6 +98,23 @@ def test_step_bound_never_exceeds_the_simulation(platform):
         assert step_time_lower_bound_s(split, plan.microbatches, peak) <= lb
         tight += lb > 0.9 * res.step_time_s
     assert tight > 0
+
+
+def test_first_bounds_take_the_kernel_model_where_it_is_cheap():
+    """A structure's first bound: the kernel model's times on a flat-efficiency platform
+    (h100-80g: twice the peak's at its 0.5), those at peak under mt3000's tile model until
+    its kernel times are known."""
+    spec = get_preset("llama2-7b")
+    h100 = load("h100-80g")
+    assert first_unit_times(spec, h100, 3, 4096, "bf16") == unit_times(spec, h100, 3, 4096, "bf16")
+    assert unit_times(spec, h100, 3, 4096, "bf16").f_block == pytest.approx(
+        2 * peak_unit_times(spec, h100, 3, 4096, "bf16").f_block
+    )
+    mt = load("mt3000")
+    args = (spec, mt, 3, 1000, "fp32")  # a shape no other test computes
+    assert first_unit_times(*args) == peak_unit_times(*args)
+    known = unit_times(*args)
+    assert first_unit_times(*args) == known != peak_unit_times(*args)
 
 
 @pytest.mark.parametrize("platform", ["a100-80g", "h100-80g"])

@@ -45,6 +45,7 @@ __all__ = [
     "memory_pass_time_s",
     "unit_kernels",
     "kernels_time_s",
+    "kernel_model_is_cheap",
 ]
 
 
@@ -83,6 +84,14 @@ def _tiled(platform: Platform):
     if tm is None or not hasattr(tm, "applies") or not tm.applies(platform):
         return None
     return tm
+
+
+def kernel_model_is_cheap(platform: Platform) -> bool:
+    """Whether a unit's kernel times cost a few arithmetic steps per kernel: no tile model
+    applies (flat efficiency, curves or measured tables). measured: under 1 ms per
+    micro-batch shape (llama2-7b on a100-80g, llama3.2-1b on cpu-local) against 150-190 ms
+    for llama2-70b under mt3000's tile model, on the 2-core machine."""
+    return _tiled(platform) is None
 
 
 def flat_time_s(flops: float, dtype: str, platform: Platform) -> float:

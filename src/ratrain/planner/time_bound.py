@@ -34,6 +34,7 @@ from functools import lru_cache
 
 from ratrain.config import SPLIT_PIPELINES, Plan
 from ratrain.cost.comm import dp_group, p2p_link
+from ratrain.cost.compute import kernel_model_is_cheap
 from ratrain.cost.model import CostModel
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
@@ -52,6 +53,8 @@ __all__ = [
     "UnitTimes",
     "unit_times",
     "unit_times_known",
+    "unit_times_cheap",
+    "first_unit_times",
     "lowest_unit_times",
     "peak_unit_times",
     "stage_times",
@@ -124,6 +127,37 @@ def unit_times_known(
     """Whether `unit_times` has these in its cache (no kernel model to run)."""
     hit = _UNIT_TIMES.get((spec, id(platform), micro_batch, seq, dtype, loss_chunk_tokens))
     return hit is not None and hit[0] is platform
+
+
+def unit_times_cheap(
+    spec: ModelSpec,
+    platform: Platform,
+    micro_batch: int,
+    seq: int,
+    dtype: str,
+    loss_chunk_tokens: int | None = None,
+) -> bool:
+    """Whether `unit_times` costs no kernel-model work worth putting off: known already, or
+    the platform's kernel model is cheap (`ratrain.cost.compute.kernel_model_is_cheap`)."""
+    if kernel_model_is_cheap(platform):
+        return True
+    return unit_times_known(spec, platform, micro_batch, seq, dtype, loss_chunk_tokens)
+
+
+def first_unit_times(
+    spec: ModelSpec,
+    platform: Platform,
+    micro_batch: int,
+    seq: int,
+    dtype: str,
+    loss_chunk_tokens: int | None = None,
+) -> UnitTimes:
+    """The times a structure's first step-time bound is computed with: the kernel model's
+    where `unit_times_cheap`, else those at the dtype's peak (`peak_unit_times`: no larger,
+    at no kernel-model cost). At the peak, a flat efficiency of 0.5 (h100-80g) halves every
+    compute term of the bound, and the floor a cut search certifies with it."""
+    args = (spec, platform, micro_batch, seq, dtype, loss_chunk_tokens)
+    return unit_times(*args) if unit_times_cheap(*args) else peak_unit_times(*args)
 
 
 def lowest_unit_times(times: list[UnitTimes]) -> UnitTimes:
