@@ -34,6 +34,7 @@ __all__ = [
     "INFEASIBLE_BUDGET_FACTOR",
     "LOOK_APART_AT",
     "DIVE_GRACE",
+    "WALK_SHARE",
     "NO_FIT_BUDGET_FACTOR",
     "Budget",
     "OutOfTime",
@@ -93,6 +94,15 @@ limit), and answers with the faster of the two. The look's plan takes the most
 memory-saving knobs, so it is often far slower than the search's own first fit: answering
 with it at the soft limit gave llama2-70b on 1024 mt3000 clusters 3,011 tokens/s where the
 search, 0.5 s later, found 4,990 (benchmarks/plan_grid.py --quick)."""
+
+WALK_SHARE = 0.5
+"""assumed: with the look's plan in hand, the share of the time left to `DIVE_GRACE` x the
+soft limit that the walk of its structure's knob queue takes (`ratrain.planner.search.
+_walk`); the search goes on for a plan of its own in the rest. Each wins jobs the other
+loses on the 2-core machine: given all of it, the walk took llama2-70b on 1000 h100-80g
+clusters from 69 s per step to 18.5 s, but left qwen2.5-32b on 1000 mt3000 clusters at
+248 s where the search had found 179 s in that time, and llama2-7b on 24 mt3000 clusters at
+5,685 s where it had found 4,337 s."""
 
 
 def explain_budget_s(budget_s: float, search_s: float) -> float:
@@ -167,6 +177,15 @@ class Budget:
         if self.soft_s is None or self.hard_s is None:
             return self
         return replace(self, hard_s=min(self.hard_s, DIVE_GRACE * self.soft_s))
+
+    def share_of_grace(self, share: float) -> Budget:
+        """From now, `share` of the time left to `with_grace`'s hard limit, as both limits
+        (this budget where it has no soft limit)."""
+        grace = self.with_grace()
+        if grace.hard_s is None:
+            return self
+        left = max(0.0, grace.hard_s - self.elapsed_s())
+        return Budget(share * left, share * left)
 
     def over_hard(self) -> bool:
         hard = self.hard

@@ -70,3 +70,38 @@ def test_every_cut_floor_bounds_the_optimum(platform):
                 assert cut.floor_step_s <= exact.best.step_time_s * (1 + 1e-12)
                 cases += 1
     assert cases
+
+
+def test_knob_bounds_stop_at_the_budget_and_leave_the_heap_as_it_was(monkeypatch):
+    """A deep structure's knob bounds take up to a second: past the soft limit they raise
+    `OutOfTime`, and tightening the floor puts the structure back with its bound."""
+    import heapq
+    import importlib
+
+    from ratrain.deadline import Budget, OutOfTime
+    from ratrain.planner.space import family_of, knob_combos, structures
+    from ratrain.planner.structure import State, bound_knobs
+
+    sm = importlib.import_module("ratrain.planner.search")
+    req = Request(get_preset("llama2-7b"), load("a100-80g"), 16, 64, 4096)
+    fam = family_of("ratrain")
+    st = next(iter(structures(req, fam)))
+    kns = knob_combos(req, fam, st)
+    with pytest.raises(OutOfTime):
+        bound_knobs(req, st, fam, kns, State(), budget=Budget(0.0))
+    assert bound_knobs(req, st, fam, kns, State(), budget=Budget(60.0))
+    tasks, _ = sm._tasks(req, req.families, State())
+    entry = heapq.heappop(tasks)
+    heapq.heappush(tasks, entry._replace(level=sm._KERNELS))  # its knob bounds come next
+    before = sorted(tasks)
+
+    calls = []
+
+    def out_of_time(*args, budget=None):
+        calls.append(budget)
+        raise OutOfTime
+
+    monkeypatch.setattr(sm, "bound_knobs", out_of_time)
+    tightening = Budget(60.0)
+    assert sm._tighten(req, tasks, tightening) == before[0].lb
+    assert sorted(tasks) == before and calls == [tightening]

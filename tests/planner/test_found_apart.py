@@ -17,7 +17,9 @@ from ratrain import deadline
 from ratrain.cli import main
 from ratrain.deadline import Budget
 from ratrain.planner import Request, search
-from ratrain.planner.evaluate import Evaluator
+from ratrain.planner.evaluate import Evaluator, usable_bytes
+from ratrain.planner.feasible import find_feasible, relax
+from ratrain.planner.result import candidate_of
 from ratrain.platforms.load import PRESETS_DIR
 
 search_mod = importlib.import_module("ratrain.planner.search")
@@ -98,3 +100,54 @@ def test_plan_says_the_plan_was_found_apart(monkeypatch, capsys, tmp_path):
     assert main([*args, "--time-budget", "1", "--quiet", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["feasible"] and doc["found_apart"] and doc["cut"] and doc["gap"] >= 0
+
+
+def _look(req, ev):
+    """The look's plan, relaxed, and its candidate (as `search._dive` makes them)."""
+    fit = relax(ev, req, find_feasible(req, ev, fastest_first=True), Budget())
+    return fit, candidate_of(ev.simulate(fit.plan), fit.plan, fit.family, usable_bytes(req))
+
+
+@pytest.mark.parametrize("platform", ["mt3000", "a100-80g"])
+def test_the_look_is_bettered_on_its_own_structure(platform):
+    """The look's plan takes its structure's most memory-saving knobs and recompute; the
+    walk of that structure's knob queue (`search._walk`) finds the structure's fastest plan
+    that fits: the one the exact search pinned to the structure and family ranks first."""
+    req = Request(TINY, small_cap(platform=platform), 8, 16, 128)
+    ev = Evaluator(req)
+    fit, look = _look(req, ev)
+    walked = search_mod._walk(req, ev, fit, look, Budget())
+    assert ev.memory(walked.plan).fits
+    assert walked.step_time_s < look.step_time_s  # the look's recompute is more than needed
+    st = fit.st
+    pins = {"pp": st.pp, "dp": st.dp, "micro_batch": st.micro_batch, "layer_split": st.layer_split}
+    pinned = search(req.with_(pins=pins, families=(fit.family,)), top=1)
+    assert walked.step_time_s == pytest.approx(pinned.best.step_time_s, rel=1e-12)
+
+
+def test_the_answer_found_apart_is_the_walks(tight, monkeypatch):
+    """With the bound-ordered search ranking nothing, the answer found apart is the walk's
+    plan, not the look's own."""
+
+    def walk_only(ev, req, st, fam, queue, best, state, prune):
+        if best.k != 1:  # the search's own structures (the walk keeps the fastest only)
+            return _never_ranks(ev, req, st, fam, queue, best, state, prune)
+        return real_run_queue(ev, req, st, fam, queue, best, state, prune)
+
+    monkeypatch.setattr(search_mod, "run_queue", walk_only)
+    res = search(tight, budget=Budget(10.0, 30.0))  # the walk: half of the 20 s grace
+    ev = Evaluator(tight)
+    fit, look = _look(tight, ev)
+    walked = search_mod._walk(tight, ev, fit, look, Budget())
+    assert res.found_apart and res.ranked[0].plan == walked.plan
+    assert res.ranked[0].step_time_s < look.step_time_s
+
+
+def test_a_walk_that_betters_nothing_answers_the_look(tight, monkeypatch):
+    """The walk ranks nothing faster in its time (at a soft limit of 0, it has none): the
+    answer is the look's plan, relaxed, as before the walk."""
+    monkeypatch.setattr(search_mod, "run_queue", _never_ranks)
+    res = search(tight, budget=Budget(0.0, 30.0))
+    assert res.found_apart and len(res.ranked) == 1
+    _, look = _look(tight, Evaluator(tight))
+    assert res.ranked[0].plan == look.plan

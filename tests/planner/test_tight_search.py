@@ -57,3 +57,14 @@ def test_with_the_plan_apart_in_hand_the_search_goes_on_to_twice_the_soft_limit(
     unlimited = Budget(None, None)
     assert unlimited.with_grace() is unlimited
     assert Budget(1.2, None).with_grace().hard_s is None
+
+
+def test_the_walk_takes_its_share_of_the_grace_left():
+    now = time.perf_counter()
+    b = Budget(1.2, 6.0, start=now - 1.0)  # 1.4 s left to the grace's 2.4 s
+    walk = b.share_of_grace(0.5)
+    assert walk.soft_s == walk.hard_s and 0.6 < walk.soft_s <= 0.7
+    assert walk.start >= now
+    assert Budget(1.2, 6.0, start=now - 5.0).share_of_grace(0.5).soft_s == 0.0  # past it
+    unlimited = Budget(None, None)
+    assert unlimited.share_of_grace(0.5) is unlimited

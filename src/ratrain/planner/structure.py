@@ -323,15 +323,24 @@ class Queued(NamedTuple):
 
 
 def bound_knobs(
-    req: Request, st: Structure, fam: Family, kns: list[Knobs], state: State
+    req: Request,
+    st: Structure,
+    fam: Family,
+    kns: list[Knobs],
+    state: State,
+    budget: Budget | None = None,
 ) -> list[Queued]:
     """Each knob combination of a structure that the memory bound lets fit (`memory_pass`
     kept), with its step-time bound (recomputation the bound forces, and the overheads),
-    fastest first."""
+    fastest first. `budget`: raises `OutOfTime` past its soft limit (a combination's memory
+    bounds take 10-20 ms on a deep pipeline: 144 of them, 2.4 s, for llama2-70b at pp=48
+    on mt3000)."""
     m = st.microbatches(req.global_batch)
     queue: list[Queued] = []
     limit = usable_bytes(req)
     for kn in kns:
+        if budget is not None:
+            budget.check()
         ut = unit_times_of(req, st, kn.loss_chunk_tokens)
         opts = options(req, st, kn, ut)
         if not opts.feasible(fam.per_stage_recompute):  # no one policy fits every stage
