@@ -327,9 +327,9 @@ def _walk(req: Request, ev: Evaluator, fit: Fit, look: Candidate, budget: Budget
     while its bound can still beat the best so far), with `look` ranked, for
     `deadline.WALK_SHARE` of the time left to `Budget.with_grace`'s hard limit; a
     simulation is not started, or is given up after its short steps, where expected to end
-    past that. The look's plan takes the structure's most
-    memory-saving knobs and recompute, which the job seldom needs all of: on the 2-core
-    machine the walk took llama2-70b on 1000 h100-80g clusters (global batch 8192 x 2048)
+    past that. The look's plan takes the structure's most memory-saving knobs and
+    recompute, which the job seldom needs all of: on the 2-core machine, given the whole
+    queue, the walk took llama2-70b on 1000 h100-80g clusters (global batch 8192 x 2048)
     from the look's 69 s per step to 18.5 s (the exact search's best, on another
     structure: 18.1 s), and qwen2.5-32b there from 22.4 s to 8.3 s."""
     if fit.st is None:
