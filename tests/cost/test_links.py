@@ -18,7 +18,7 @@ from ratrain.schedule import build_schedule, dry_run
 from ratrain.schedule.ir import Op
 from ratrain.sim import simulate
 from ratrain.sim.engine import replay
-from ratrain.sim.flat import graph, run_plain, sends_recvs
+from ratrain.sim.flat import graph, run_plain
 
 TINY = get_preset("tiny")
 
@@ -36,19 +36,23 @@ def _plan(pp: int, dp: int, m: int = 8, **kw) -> Plan:
     return Plan(pp=pp, dp=dp, micro_batch=1, global_batch=m * dp, seq=32, **kw)
 
 
-def _holds(plan: Plan, platform):
+def _holds(plan: Plan, platform, posted_ahead: int | None = None):
+    """(schedule, graph, links held); `posted_ahead`: that stage posts all its receives
+    first (a transfer runs once both ends have posted it, `ratrain.schedule.rendezvous`:
+    so its receives can overlap)."""
     sch = build_schedule(TINY, plan)
+    if posted_ahead is not None:
+        acts = sch.stages[posted_ahead]
+        recvs = [a for a in acts if a.op in (Op.RECV_F, Op.RECV_B)]
+        sch.stages[posted_ahead] = recvs + [a for a in acts if a not in recvs]
     g = graph(sch)
-    peers = [-1] * len(g.acts)
-    for i, j in sends_recvs(sch, g.first):
-        peers[i] = g.stage[j]
-    return sch, g, link_use(CostModel(TINY, plan, platform), g.acts, peers)
+    return sch, g, link_use(CostModel(TINY, plan, platform), g.acts, g.peer)
 
 
-def _times(plan: Plan, platform, with_links: bool = True):
+def _times(plan: Plan, platform, with_links: bool = True, posted_ahead: int | None = None):
     """The flat engine's (graph, durations, (issue, start, end)) on `plan`'s costs, with
     its links held or, to compare, none."""
-    _, g, use = _holds(plan, platform)
+    _, g, use = _holds(plan, platform, posted_ahead)
     cost = CostModel(TINY, plan, platform)
     dur = [cost.time_s(a) for a in g.acts]
     res = [cost.resource(a) for a in g.acts]
@@ -78,12 +82,13 @@ def _into(stage: int):
 
 @pytest.mark.parametrize("pipeline", ["1f1b", "zb-h2"])
 def test_a_middle_stage_receives_through_one_ingress(pipeline):
-    """pp=3, a node per stage: the activations from stage 0 and the gradients from stage 2
-    both arrive through stage 1's ingress and share it: never more than one link's worth
-    at once; with no link held they overlap at full rate each, and the step is shorter."""
+    """pp=3, a node per stage, stage 1 posting its receives ahead: the activations from
+    stage 0 and the gradients from stage 2 both arrive through stage 1's ingress and share
+    it: never more than one link's worth at once; with no link held they overlap at full
+    rate each, and the step is shorter."""
     plan = _plan(3, 1, pipeline=pipeline)
     platform = _platform(1)
-    _, g, use = _holds(plan, platform)
+    _, g, use = _holds(plan, platform, posted_ahead=1)
     for a, h in zip(g.acts, use.holds, strict=True):
         if a.op is Op.SEND_F:
             assert h == (egress(a.stage), ingress(a.stage + 1))
@@ -91,10 +96,10 @@ def test_a_middle_stage_receives_through_one_ingress(pipeline):
             assert h == (egress(a.stage), ingress(a.stage - 1))
         else:
             assert h == ()
-    g, dur, shared = _times(plan, platform)
+    g, dur, shared = _times(plan, platform, posted_ahead=1)
     alone, busy = _on_link(g, dur, shared, _into(1))
     assert alone <= busy * (1 + 1e-9)
-    g, dur, free = _times(plan, platform, with_links=False)
+    g, dur, free = _times(plan, platform, with_links=False, posted_ahead=1)
     alone0, busy0 = _on_link(g, dur, free, _into(1))
     assert alone0 == alone and alone0 > busy0 * 1.01  # they did overlap
     assert max(shared[2]) > max(free[2])
@@ -174,6 +179,7 @@ def _mixed(a):
     return 1 + (3 * a.stage + (a.mb or 0) + 7 * sum(a.units) + len(a.op.value)) % 5
 
 
+@pytest.mark.parametrize("queue_s", [0.0, 2.5, 1e9])
 @pytest.mark.parametrize(
     "pp, dp, upn, kw",
     [
@@ -182,16 +188,20 @@ def _mixed(a):
         (2, 2, 1, {"schedule": "ratrain"}),
         (4, 2, 1, {"schedule": "ratrain", "shard_optimizer": True}),
         (3, 2, 2, {"schedule": "baseline", "rank_layout": "dp-inner"}),
+        (3, 1, 1, {"pipeline": "zb-h2"}),
     ],
 )
-def test_the_engines_and_the_dry_run_agree_with_links(pp, dp, upn, kw):
+def test_the_engines_and_the_dry_run_agree_with_links(pp, dp, upn, kw, queue_s):
     """The flat engine, the reference engine and the checker's dry run hold the same links
-    by the same rule, and give the same step length."""
+    by the same rule, with the receives' notices waiting behind their egress (all of what
+    runs there, what ends within 2.5 time units) or not, and give the same step length."""
+    queues = queue_s > 0
     from ratrain.sim.engine import _Engine
 
     plan = _plan(pp, dp, m=5, **kw)
-    sch, g, use = _holds(plan, _platform(upn))
+    sch, g, use = _holds(plan, _platform(upn, link_notice_queue_s=queue_s))
     assert use is not None
+    assert (use.notice is not None) == queues
     acts = g.acts
     dur = [float(_mixed(a)) for a in acts]
     res = [a.resource for a in acts]
@@ -200,7 +210,9 @@ def test_the_engines_and_the_dry_run_agree_with_links(pp, dp, upn, kw):
     eng.run()
     assert eng.end == end
     by_action = {a: h for a, h in zip(acts, use.holds, strict=True) if h}
-    assert max(end) == dry_run(sch, _mixed, by_action)
+    notice = {a: h for a, h in zip(acts, use.notice or [()] * len(acts), strict=True) if h}
+    assert bool(notice) == queues
+    assert max(end) == dry_run(sch, _mixed, by_action, notice, use.queue_s)
     plain = max(t.end_s for st in replay(sch, _mixed) for t in st)
     assert plain == dry_run(sch, _mixed)
     assert max(end) >= plain

@@ -149,9 +149,9 @@ def test_offloaded_activation_read_without_reload():
     assert "0B0@1 reads offloaded activations without a RELOAD" in problems(sch, plan)
 
 
-def test_deadlock_two_stages_waiting_to_receive_first():
-    # stage 0 posts its RECV_B before its SEND_F: the receive heads the p2p queue and
-    # waits for stage 1's gradient, which needs the activation queued behind it
+def test_a_receive_posted_before_a_send_runs_beside_it():
+    # stage 0 posts its RECV_B before its SEND_F: an irecv runs beside an isend, so the
+    # activation goes out while the receive waits (`ratrain.schedule.rendezvous`)
     plan = plan_of(pp=2, m=1, schedule="baseline", clip_grad=None)
     sch = built(plan)
     acts = sch.stages[0]
@@ -159,10 +159,23 @@ def test_deadlock_two_stages_waiting_to_receive_first():
     recv = parse_action("0RECV_B0@3")
     acts.remove(recv)
     acts.insert(acts.index(send), recv)
+    check_schedule(sch, TINY, plan)
+    assert dry_run(sch) > 0
+
+
+def test_deadlock_a_send_whose_receive_is_never_posted_in_time():
+    # stage 1 posts its RECV_F after the F that needs it: the activation never moves (a
+    # transfer runs once both ends have posted it), and stage 0 waits for the gradient
+    plan = plan_of(pp=2, m=1, schedule="baseline", clip_grad=None)
+    sch = built(plan)
+    acts = sch.stages[1]
+    recv = parse_action("1RECV_F0@2")
+    acts.remove(recv)
+    acts.insert(acts.index(parse_action("1F0@3")) + 1, recv)
     msg = problems(sch, plan)
     assert "deadlock" in msg
-    assert "stage 0 p2p queue stuck at 0RECV_B0@3, waiting for 1SEND_B0@3" in msg
     assert "stage 1 waits at 1F0@3 for 1RECV_F0@2" in msg
+    assert "stage 0 send to stage 1 queue" not in msg  # the send was never queued
     with pytest.raises(ScheduleError, match="deadlock"):
         dry_run(sch)
 

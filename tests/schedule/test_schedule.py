@@ -67,8 +67,9 @@ def test_forward_and_backward_passes_follow_the_units():
     plan = plan_of(2, 2, schedule="baseline")
     sch = build_schedule(TINY, plan)
     s1 = [format_action(a) for a in sch.stages[1]]
-    # stage 1 owns units 3..5 (blocks 3, 4 and the head); no warmup on the last stage
-    assert s1[:8] == [
+    # stage 1 owns units 3..5 (blocks 3, 4 and the head); no warmup on the last stage;
+    # the next pass's receive is posted before this pass's send (`post_receives_first`)
+    assert s1[:9] == [
         "1RECV_F0@2",
         "1F0@3",
         "1F0@4",
@@ -76,10 +77,11 @@ def test_forward_and_backward_passes_follow_the_units():
         "1B0@5",
         "1B0@4",
         "1B0@3",
+        "1RECV_F1@2",
         "1SEND_B0@3",
     ]
     s0 = [format_action(a) for a in sch.stages[0]]
-    assert s0[:8] == [
+    assert s0[:9] == [
         "0F0@0",
         "0F0@1",
         "0F0@2",
@@ -87,6 +89,7 @@ def test_forward_and_backward_passes_follow_the_units():
         "0F1@0",
         "0F1@1",
         "0F1@2",
+        "0RECV_B0@3",
         "0SEND_F1@2",
     ]
     recv = parse_action("1RECV_F0@2")

@@ -31,7 +31,13 @@ while the other ranks wait, each case timed from one barrier to each flow's arri
 - `fan_in`: A -> B and C -> B at once, each flow's arrival (a middle stage's two receives:
   do they share B's ingress, and fairly or one after the other?);
 - `beside_all_reduce`: C -> B (A -> B with 2 nodes) while A and B all-reduce
-  `CONTENTION_BYTES` (fp32), the flow's and the all-reduce's times, and the all-reduce alone.
+  `CONTENTION_BYTES` (fp32), the flow's and the all-reduce's times, and the all-reduce alone;
+- `notice`: how long a receive's ready notice waits behind its own node's sends
+  (`ratrain.schedule.rendezvous`). A posts a send of `NOTICE_BYTES` to B; B posts a
+  receive for it and times the arrival from that post: alone (`small_alone`); right after
+  B posts a send of `NOTICE_BYTES` to C (A with 2 nodes: `behind_message`); and a
+  quarter of the way into B's send of `CONTENTION_BYTES` there (`behind_flow`: the
+  standing queue of a long flow).
 
 `link_fields` turns them into the platform file's `network.links` block.
 """
@@ -51,6 +57,9 @@ SIZES = (64 * 1024, 512 * 1024, 2 * 2**20, 8 * 2**20)
 CONTENTION_BYTES = 4 * 2**20
 """Bytes per flow of the contention cases: bandwidth-bound (0.34 s at 100 Mbit/s), so a
 flow's latency and the barrier's skew (milliseconds) are a few percent of it at most."""
+NOTICE_BYTES = 128 * 1024
+"""Bytes of the notice case's messages: a pipeline's activation at a small micro-batch
+(bench-256, 128 tokens, fp32)."""
 
 
 def _probe(ranks_per_node: int, reps: int, sizes: tuple[int, ...]) -> dict:
@@ -129,6 +138,39 @@ def _flows(flows, nbytes: int, reps: int, beside=None) -> list[float]:
     return [statistics.median(r[k] for r in rows) for k in range(len(flows) + 1)]
 
 
+def _notice_wait(a: int, b: int, x: int, ahead: int, delay_s: float, reps: int) -> float:
+    """Median over `reps` of the time on B from posting a receive of `NOTICE_BYTES` from A
+    (whose send is posted first) to its arrival, B having posted a send of `ahead` bytes to
+    x (none if 0) `delay_s` before."""
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    small = torch.zeros(NOTICE_BYTES // 4)
+    got = []
+    for _ in range(reps):
+        dist.barrier()
+        works = []
+        if rank == a:
+            works.append(dist.isend(small, b))
+        if rank == x and ahead:
+            works.append(dist.irecv(torch.empty(ahead // 4), b))
+        row = torch.zeros(1, dtype=torch.float64)
+        if rank == b:
+            time.sleep(0.005)  # A's send is posted first
+            if ahead:
+                works.append(dist.isend(torch.zeros(ahead // 4), x))
+            time.sleep(delay_s)
+            t0 = time.perf_counter()
+            dist.irecv(torch.empty(NOTICE_BYTES // 4), a).wait()
+            row[0] = time.perf_counter() - t0
+        for w in works:
+            w.wait()
+        dist.all_reduce(row, op=dist.ReduceOp.MAX)
+        got.append(float(row[0]))
+    return statistics.median(got)
+
+
 def _contention(ranks_per_node: int, reps: int, nbytes: int) -> dict:
     """The contention cases of the module's docstring, on local rank 0 of nodes 0..2."""
     import torch.distributed as dist
@@ -149,6 +191,15 @@ def _contention(ranks_per_node: int, reps: int, nbytes: int) -> dict:
     out["all_reduce_alone"] = _flows([], nbytes, reps, beside=(pair, (a, b)))[-1]
     got = _flows([(src, b)], nbytes, reps, beside=(pair, (a, b)))
     out["beside_all_reduce"] = {"flow": got[0], "all_reduce": got[1], "from": src}
+    x = a if c is None else c
+    msg_alone = _flows([(b, x)], NOTICE_BYTES, reps)[0]
+    out["notice"] = {
+        "bytes": NOTICE_BYTES,
+        "message_alone": msg_alone,
+        "small_alone": _notice_wait(a, b, x, 0, 0.0, reps),
+        "behind_message": _notice_wait(a, b, x, NOTICE_BYTES, 0.0, reps),
+        "behind_flow": _notice_wait(a, b, x, nbytes, out["alone"] / 4, reps),
+    }
     return out
 
 
@@ -214,7 +265,32 @@ def link_fields(probe: dict, on: str) -> dict | None:
         round(side["all_reduce"] / got["all_reduce_alone"], 3),
         "measured: that all-reduce's time over its time alone; " + how,
     )
+    if "notice" in got:
+        out.update(_notice_fields(got["notice"], on, got["reps"]))
     return out
+
+
+def _notice_fields(n: dict, on: str, reps: int) -> dict:
+    """`notice_queue_s` (`Platform.link_notice_queue_s`): what a receive's notice waits
+    behind a long flow of its own node (the link's standing queue), and the figures it
+    comes from. Behind one message its wait is, measured, that message's time alone when
+    its bytes stand whole in the queue."""
+    how = f"{n['bytes']} B messages, median of {reps}, one rank per node, {on}"
+    behind_flow = max(n["behind_flow"] - n["small_alone"], 0.0)
+    behind_message = max(n["behind_message"] - n["small_alone"], 0.0)
+    return {
+        "notice_queue_s": {
+            "value": float(f"{behind_flow:.3g}"),
+            "note": "measured: a receive posted a quarter into its node's long send waits "
+            "this much longer for a message than when posted alone; " + how,
+        },
+        "notice_behind_message_ratio": {
+            "value": round(behind_message / n["message_alone"], 3),
+            "note": "measured: a receive posted right after its node's send of one message "
+            "waits longer by this share of that message's time alone (1: its notice queued "
+            "behind the whole message); " + how,
+        },
+    }
 
 
 def fit(points: list[list[float]]) -> tuple[float, float]:

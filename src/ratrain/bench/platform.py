@@ -88,11 +88,19 @@ def _with_link(
     )
 
 
+NOTICE_QUEUE_BYTES = 1.16e5
+"""assumed: the standing queue of a shaped link, in bytes: `ratrain link-probe`'s notice
+case measured 18.5 ms at 50 Mbit/s on the emulated network (4 nodes x 1 rank, tbf, the
+2-core machine, 2026-12-06), 116 kB; held in bytes at other rates (TCP's window, not the
+shaper's 50 ms limit, set it)."""
+
+
 def link_platform(base: dict, nodes: int, r: int, link_mbit: float) -> dict:
     """`base` made into an emulated network's whose links of `link_mbit` Mbit/s are not
     measured but assumed: each of a node's `r` rank pairs across the link gets 1/r of it
     (as measured on the shaped links: `ratrain.bench.link_probe`), at the base platform's
-    inter-node latency."""
+    inter-node latency, with a standing queue of `NOTICE_QUEUE_BYTES` that a receive's
+    notice waits behind (`ratrain.schedule.rendezvous`)."""
     out = copy.deepcopy(base)
     out["name"] = f"whatif-{nodes}x{r}-{link_mbit:g}mbit"
     out["description"] = (
@@ -112,5 +120,11 @@ def link_platform(base: dict, nodes: int, r: int, link_mbit: float) -> dict:
         "the link (the shaped links measured 26.4 and 101.8 Mbit/s per pair for 2 pairs at "
         "50 and 200 Mbit/s)",
         f"assumed: {base.get('name')}'s inter-node latency (no latency is emulated)",
+    )
+    queue_s = NOTICE_QUEUE_BYTES / (link_mbit * 1e6 / 8)
+    out["network"].setdefault("links", {})["notice_queue_s"] = _v(
+        float(f"{queue_s:.4g}"),
+        f"assumed: {NOTICE_QUEUE_BYTES:.3g} B at {link_mbit:g} Mbit/s (NOTICE_QUEUE_BYTES, "
+        "ratrain.bench.platform)",
     )
     return out

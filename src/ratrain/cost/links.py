@@ -16,7 +16,14 @@ by `ratrain link-probe`), and:
   step, so a DP sync and a pipeline transfer through the same rank's link contend;
 - a transfer or collective within a node holds no link (its own path: the intra-node
   link, costed as before), nor does a receive (its send holds the link), nor a scalar
-  global reduction (latency only).
+  global reduction (latency only);
+- a transfer runs once both ends have posted it (`ratrain.schedule.rendezvous`): the
+  receive's ready notice travels back to the sender. Where the platform's links hold a
+  standing queue (`Platform.link_notice_queue_s` > 0, measured by `ratrain link-probe`),
+  a receive between nodes names its stage's egress as the notice's way out
+  (`LinkUse.notice`): the notice waits there behind the transfers already running on it
+  whose remaining time is within the queue (`LinkUse.queue_s`: their bytes stand in the
+  queue whole; a longer one's standing queue, at most that long, is left out).
 
 The simulator replays one pipeline, replica 0: the links named are its ranks', stage s's
 `egress(s)` and `ingress(s)`; every other replica's ranks hold their own links the same
@@ -44,10 +51,14 @@ __all__ = ["LinkUse", "link_use", "crosses_nodes", "egress", "ingress"]
 
 
 class LinkUse(NamedTuple):
-    """Per action, the link ids it holds (an empty tuple: none); and the number of links."""
+    """Per action, the link ids it holds (an empty tuple: none); the number of links; per
+    action, the links a receive's ready notice waits on (empty: none), or None where no
+    notice waits; and the standing queue's seconds a notice waits behind (see above)."""
 
     holds: list[tuple[int, ...]]
     count: int
+    notice: list[tuple[int, ...]] | None = None
+    queue_s: float = 0.0
 
 
 def egress(stage: int, full_duplex: bool = True) -> int:
@@ -92,22 +103,32 @@ def crosses_nodes(cost) -> bool:
 def link_use(cost, acts: list[Action], peers: list[int]) -> LinkUse | None:
     """The links each of `acts` holds under `cost` (a `CostModel`: its plan, platform and
     rank layout), or None when none holds any (every transfer within a node): the engine's
-    plain path. `peers[i]`: the stage of the receive matching send i (-1 for any other
-    action); a V pipeline sends its second chunk's activations backwards."""
+    plain path. `peers[i]`: the stage of the receive matching send i, or of the send
+    matching receive i (-1 for any other action); a V pipeline sends its second chunk's
+    activations backwards."""
     fd = cost.platform.link_full_duplex
+    queue_s = cost.platform.link_notice_queue_s
+    queues = queue_s > 0
     coll = _collective_links(cost, fd)
     cross: dict[tuple[int, int], bool] = {}
     none: tuple[int, ...] = ()
-    holds = []
+    holds, notice = [], []
     for a, t in zip(acts, peers, strict=True):
         s = a.stage
-        if t >= 0:
-            if t != s and cross.setdefault((s, t), _crosses(s, t, cost)):
-                holds.append((egress(s, fd), ingress(t, fd)) if fd else (s, t))
-            else:
-                holds.append(none)
+        crossing = t >= 0 and t != s and cross.setdefault((s, t), _crosses(s, t, cost))
+        if a.op in _RECVS:
+            holds.append(none)
+            notice.append((egress(s, fd),) if crossing and queues else none)
+        elif t >= 0:
+            holds.append(((egress(s, fd), ingress(t, fd)) if fd else (s, t)) if crossing else none)
+            notice.append(none)
         else:
             holds.append(coll.get((a.op, s), none))
+            notice.append(none)
     if not any(holds):
         return None
-    return LinkUse(holds, 2 * cost.plan.pp if fd else cost.plan.pp)
+    count = 2 * cost.plan.pp if fd else cost.plan.pp
+    return LinkUse(holds, count, notice if queues else None, queue_s)
+
+
+_RECVS = (Op.RECV_F, Op.RECV_B)

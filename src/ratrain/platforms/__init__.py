@@ -31,6 +31,7 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
         all_reduce: {value: [[n, alpha_s, bytes_per_s], ...], note: "measured: ..."}
       links:          # optional (ratrain.cost.links; ratrain link-probe writes it)
         full_duplex: {value: true, note}  # each direction its own resource (default true)
+        notice_queue_s: {value: 0.05, note}  # a receive's notice waits behind its egress
         one_flow_bytes_per_s: {value, note}   # and the probe's other figures, for the record
     # Optional sections, written by `ratrain calibrate` (absent: not charged):
     compute:
@@ -205,6 +206,12 @@ class Platform:
     link_full_duplex: bool = True
     """Each direction of a rank's inter-node link is its own resource (`network.links`,
     `ratrain.cost.links`); False: both directions share one."""
+    link_notice_queue_s: float = 0.0
+    """How long a standing queue of sends a node's link holds, in seconds of its rate
+    (`network.links.notice_queue_s`, measured by `ratrain link-probe`): a receive's ready
+    notice to its sender leaves through the receiver's egress behind what is queued there
+    (`ratrain.schedule.rendezvous`). 0 (the default, assumed for the presets): the notice
+    is not held up."""
     link_measured: dict[str, float] = field(default_factory=dict)
     """What `ratrain link-probe` measured of the links (`network.links`), for the record."""
     measured_on: dict | None = None

@@ -290,8 +290,9 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
 
 
 def _links(r: _Reader, net: dict) -> dict:
-    """network.links (optional, `ratrain.cost.links`): `full_duplex` (true/false) and what
-    `ratrain link-probe` measured (numbers, kept for the record)."""
+    """network.links (optional, `ratrain.cost.links`): `full_duplex` (true/false),
+    `notice_queue_s` (seconds, >= 0) and what `ratrain link-probe` measured (numbers, kept
+    for the record)."""
     if "links" not in net:
         return {}
     sec = r.section(net, "links", "network.")
@@ -302,6 +303,10 @@ def _links(r: _Reader, net: dict) -> dict:
             if not isinstance(value, bool):
                 raise r.fail(f"network.links.full_duplex must be true or false, got {value!r}")
             out["link_full_duplex"] = value
+        elif key == "notice_queue_s":
+            out["link_notice_queue_s"] = r.check_number(
+                value, "network.links.notice_queue_s", zero=True
+            )
         else:
             out["link_measured"][str(key)] = r.check_number(value, f"network.links.{key}")
     return out

@@ -30,6 +30,7 @@ found; `find_problems` returns them. The checks:
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import Counter, deque
 
 from ratrain.config import Plan
@@ -39,6 +40,7 @@ from ratrain.schedule.eval import FORWARD_OPS
 from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Resource, Schedule, format_action
 from ratrain.schedule.linkshare import LinkShare
 from ratrain.schedule.passes import global_checks, reads_view
+from ratrain.schedule.rendezvous import notice_wait_s, p2p_queue, sends_recvs
 
 __all__ = ["ScheduleError", "check_schedule", "find_problems", "dry_run"]
 
@@ -371,14 +373,18 @@ def _gradients(sch: Schedule, spec: ModelSpec, plan: Plan) -> list[str]:
     return out
 
 
-def dry_run(sch: Schedule, duration=None, links=None) -> int:
+def dry_run(sch: Schedule, duration=None, links=None, notice=None, queue_s=0.0) -> int:
     """Execute the schedule in the semantics of `ratrain.schedule.ir` with unit durations
     (VIEW_DROP takes 0). Returns the step's length in those units; raises `ScheduleError`
     naming the stuck actions if it deadlocks.
 
     `links` (action -> the ids of the links between nodes it holds, `ratrain.cost.links`):
     those actions share their links fairly (`ratrain.schedule.linkshare`, the simulator's
-    rule); the length may then be fractional."""
+    rule); the length may then be fractional. A SEND is queued only once its RECV is
+    issued, and transfers queue per peer (`ratrain.schedule.rendezvous`, the simulator's
+    rule); `notice` (a RECV -> the link ids its ready notice waits on, `LinkUse.notice`):
+    its SEND is queued `notice_wait_s` after the RECV's issue (what runs there drains,
+    `queue_s` at most)."""
     dur = duration or (lambda a: 0 if a.resource is Resource.NONE else 1)
     acts_all = [a for st in sch.stages for a in st]
     gid = {a: i for i, a in enumerate(acts_all)} if links else {}
@@ -393,11 +399,44 @@ def dry_run(sch: Schedule, duration=None, links=None) -> int:
         remaining[a] = len(deps)
         for d in deps:
             dependents.setdefault(d, []).append(a)
+    first = list(itertools.accumulate((len(st) for st in sch.stages), initial=0))
+    gate: dict[Action, Action] = {}  # a RECV -> its SEND, queued once both are issued
+    key_of: dict[Action, tuple | None] = {}  # a transfer's queue (a RECV's: none)
+    recv_of: dict[Action, Action] = {}
+    for i, j in sends_recvs(sch, first):
+        send, recv = acts_all[i], acts_all[j]
+        gate[recv], recv_of[send] = send, recv
+        key_of[send] = p2p_queue(stage_of[i], stage_of[j])
+        key_of[recv] = None
+    issued: set[Action] = set()
+    recv_waits: list[list[Action]] = [[] for _ in range(pp)]  # issued RECVs, not yet started
+
+    def enqueue(s: int, a: Action) -> None:
+        queues[s].setdefault(key_of.get(a, a.resource), deque()).append(a)
+
+    opened: set[Action] = set()  # RECVs whose notice is out
+
+    def open_(recv: Action) -> None:
+        opened.add(recv)
+        send = gate[recv]
+        if send in issued:
+            enqueue(key_of[send][1], send)
+
+    def notify(recv: Action) -> None:
+        nonlocal seq
+        links_of = notice.get(recv, ()) if notice else ()
+        wait = notice_wait_s(share, links_of, t, queue_s)
+        if wait > 0:  # an event of stage -1: the notice is out
+            seq += 1
+            heapq.heappush(events, (t + wait, seq, -1, recv))
+        else:
+            open_(recv)
+
     n_global = Counter(a.op for a in remaining if a.op in _GLOBAL)
     pc = [0] * pp
     running: list[Action | None] = [None] * pp  # compute action in progress
-    queues = [{r: deque() for r in Resource if r is not Resource.COMPUTE} for _ in range(pp)]
-    busy: list[dict[Resource, Action | None]] = [dict.fromkeys(q) for q in queues]
+    queues: list[dict] = [{} for _ in range(pp)]  # per stage, by Resource or transfer queue
+    busy: list[dict] = [{} for _ in range(pp)]
     ready: dict[Op, set[int]] = {op: set() for op in _GLOBAL}
     events: list[tuple[int, int, int, Action]] = []  # (time, seq, stage, action)
     t, seq = 0, 0
@@ -424,6 +463,29 @@ def dry_run(sch: Schedule, duration=None, links=None) -> int:
         i = gid.get(entry[3])
         return i is not None and share.stale(i, entry[1])
 
+    def scan(s: int) -> bool:
+        """Start what stage s's queues can start now; whether anything started."""
+        started = False
+        for r, q in queues[s].items():
+            if busy[s].get(r) is not None or not q or remaining[q[0]]:
+                continue
+            a = q[0]
+            if a.op in _GLOBAL:
+                ready[a.op].add(s)
+                if len(ready[a.op]) < n_global[a.op]:
+                    continue
+                for s2 in ready.pop(a.op):  # the whole collective starts at once
+                    g = queues[s2][r].popleft()
+                    busy[s2][r] = g
+                    start(s2, g)
+                ready[a.op] = set()
+            else:
+                q.popleft()
+                busy[s][r] = a
+                start(s, a)
+            started = True
+        return started
+
     while True:
         progressed = True
         while progressed:
@@ -439,27 +501,20 @@ def dry_run(sch: Schedule, duration=None, links=None) -> int:
                             pc[s] += 1
                             progressed = True
                         break
-                    queues[s][a.resource].append(a)
+                    issued.add(a)
+                    if a in gate:  # a RECV: no queue; its notice goes to its SEND
+                        recv_waits[s].append(a)
+                        scan(s)  # what the walk queued before it is running (the engines')
+                        notify(a)
+                    elif a not in recv_of or recv_of[a] in opened:
+                        enqueue(s, a)
                     pc[s] += 1
                     progressed = True
-                for r, q in queues[s].items():
-                    if busy[s][r] is not None or not q or remaining[q[0]]:
-                        continue
-                    a = q[0]
-                    if a.op in _GLOBAL:
-                        ready[a.op].add(s)
-                        if len(ready[a.op]) < n_global[a.op]:
-                            continue
-                        for s2 in ready.pop(a.op):  # the whole collective starts at once
-                            g = queues[s2][r].popleft()
-                            busy[s2][r] = g
-                            start(s2, g)
-                        ready[a.op] = set()
-                    else:
-                        q.popleft()
-                        busy[s][r] = a
-                        start(s, a)
+                for a in [r for r in recv_waits[s] if not remaining[r]]:
+                    recv_waits[s].remove(a)
+                    start(s, a)
                     progressed = True
+                progressed = scan(s) or progressed
         while events and stale(events[0]):
             heapq.heappop(events)
         if share.dirty and (not events or events[0][0] > t):
@@ -473,11 +528,14 @@ def dry_run(sch: Schedule, duration=None, links=None) -> int:
             if stale(entry):
                 continue
             _, _, s, a = entry
+            if s < 0:  # a RECV's notice is out
+                open_(a)
+                continue
             completed.add(a)
             if a.resource is Resource.COMPUTE:
                 running[s] = None
             else:
-                busy[s][a.resource] = None
+                busy[s][key_of.get(a, a.resource)] = None
                 if gid.get(a) is not None and holds[gid[a]]:
                     share.finish(gid[a])
             for b in dependents.get(a, ()):
@@ -490,6 +548,8 @@ def dry_run(sch: Schedule, duration=None, links=None) -> int:
 def _stuck(sch: Schedule, completed: set[Action], pc: list[int], queues, t: int) -> list[str]:
     def waits(a: Action) -> str:
         deps = [_f(d) for d in sch.deps_of(a) if d not in completed]
+        if a.op in (Op.SEND_F, Op.SEND_B):
+            deps.append("its receive to be posted")
         return ", ".join(deps) or "the other stages to join the collective"
 
     out = [f"deadlock at t={t}"]
@@ -499,6 +559,15 @@ def _stuck(sch: Schedule, completed: set[Action], pc: list[int], queues, t: int)
         for r, q in queues[s].items():
             if q:
                 out.append(
-                    f"stage {s} {r.value} queue stuck at {_f(q[0])}, waiting for {waits(q[0])}"
+                    f"stage {s} {_queue_name(r)} queue stuck at {_f(q[0])}, "
+                    f"waiting for {waits(q[0])}"
                 )
     return out
+
+
+def _queue_name(key) -> str:
+    """A dry-run queue's name: its resource, or a transfer queue's peer and direction."""
+    if isinstance(key, Resource):
+        return key.value
+    _, peer, send = key
+    return f"{'send to' if send else 'receive from'} stage {peer}"

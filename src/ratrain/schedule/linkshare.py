@@ -49,6 +49,19 @@ class LinkShare:
         """Whether the heap entry (seq, i) was superseded (only actions holding links)."""
         return bool(self.holds[i]) and self.valid[i] != seq
 
+    def drain_s(self, links, now: float) -> float:
+        """Seconds until the actions running on `links` now have all ended, at their
+        current rates (an action not rated yet: its time alone); 0 if none runs there
+        (`ratrain.schedule.rendezvous`: a receive's notice waits behind them)."""
+        left, rate, since = self.left, self.rate, self.since
+        out = 0.0
+        for link in links:
+            for k in self.members[link]:
+                r = rate[k]
+                rest = left[k] if not r else max(left[k] - (now - since[k]) * r, 0.0) / r
+                out = max(out, rest)
+        return out
+
     def finish(self, i: int) -> None:
         for k in self.holds[i]:
             del self.members[k][i]

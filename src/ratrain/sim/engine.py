@@ -4,7 +4,8 @@ semantics (the docstring of `ratrain.schedule.ir`):
 - each stage walks its list with one issuing thread; a COMPUTE action blocks the walk, and
   starts once its deps have completed;
 - any other action is issued when the walk reaches it and runs on its (stage, resource) in
-  issue order, starting once the resource is free and its deps have completed; where it
+  issue order (a transfer: on its queue per peer, `ratrain.schedule.rendezvous`), starting
+  once the resource is free and its deps have completed; where it
   holds links between nodes (`ratrain.cost.links`) it shares them fairly with the actions
   running on them (`ratrain.schedule.linkshare`);
 - a global reduction (NORM, OVF) starts on every stage at once, when every stage's instance
@@ -12,7 +13,8 @@ semantics (the docstring of `ratrain.schedule.ir`):
 
 A receive cannot complete before its matching send: a RECV_F pairs with the SEND_F of the
 same unit and microbatch (RECV_B with SEND_B), as the runtime tags its messages by both,
-and the pair becomes a dependency if the schedule did not state it.
+and the pair becomes a dependency if the schedule did not state it; a send starts only
+once its receive has been issued (`ratrain.schedule.rendezvous`).
 
 Time advances through a heap of (time, sequence, action) completion events; every start
 happens at the time of the event that enabled it, so the result does not depend on the
@@ -31,6 +33,7 @@ from ratrain.errors import RatrainError
 from ratrain.gcpause import gc_paused
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
 from ratrain.schedule.linkshare import LinkShare
+from ratrain.schedule.rendezvous import notice_wait_s, p2p_queue
 from ratrain.sim.flat import graph, run_plain, sends_recvs
 
 __all__ = ["Timing", "replay", "run_flat", "p2p_pairs"]
@@ -80,14 +83,26 @@ class _Engine:
         self.dur = durations
         self.deps, self.rdeps = g.deps, g.rdeps
         self.pending = [len(d) for d in g.deps]
+        # A transfer's queue (`ratrain.schedule.rendezvous`): a SEND's per peer, entered
+        # once it and its RECV are issued (`held`: None until the RECV is issued, True if
+        # the SEND came first); a RECV queues for nothing (None).
+        self.gate = g.gate
+        self.held: list = [False] * n
+        for m in g.gate:
+            if m >= 0:
+                self.held[m] = None
+        self.key = [
+            (s, r) if other < 0 else (None if gate >= 0 else p2p_queue(s, other))
+            for s, r, other, gate in zip(g.stage, resources, g.peer, g.gate, strict=True)
+        ]
         self._globals()
         self.issue = [-1.0] * n
         self.start = [-1.0] * n
         self.end = [-1.0] * n
         self.walk = [0] * schedule.pp
         self.walk_busy = [False] * schedule.pp
-        self.queues: dict[tuple[int, Resource], deque[int]] = {}
-        self.busy: dict[tuple[int, Resource], bool] = {}
+        self.queues: dict[tuple, deque[int]] = {}
+        self.busy: dict[tuple, bool] = {}
         self.heap: list[tuple[float, int, int]] = []
         self.seq = 0
         self.now = 0.0
@@ -95,6 +110,10 @@ class _Engine:
         self.holds = links.holds if links is not None else [()] * n
         self.valid = [-1] * n  # sequence number of an action's live heap entry
         self.links = LinkShare(self.holds, links.count if links else 0, durations, self._push)
+        # a RECV's ready notice: the links it waits on (`LinkUse.notice`); a heap entry of
+        # id -(r + 1) is RECV r's notice leaving
+        self.notice = (links.notice if links is not None else None) or [()] * n
+        self.queue_s = links.queue_s if links is not None else 0.0
 
     def _globals(self) -> None:
         """Instances of one global reduction: same op, units and mb, one per stage."""
@@ -118,13 +137,16 @@ class _Engine:
             if self._stale(seq, i):
                 continue  # superseded by a re-queue at a new rate
             self.now = t
-            self._complete(i)
+            if i < 0:
+                self._open(-i - 1)  # a RECV's notice is out
+            else:
+                self._complete(i)
             if self._instant_done():
                 self._share_links()
         self._check_done()
 
     def _stale(self, seq: int, i: int) -> bool:
-        return bool(self.holds[i]) and seq != self.valid[i]
+        return i >= 0 and bool(self.holds[i]) and seq != self.valid[i]
 
     def _instant_done(self) -> bool:
         """Every event of this instant is in (stale heap entries dropped from the top)."""
@@ -168,11 +190,40 @@ class _Engine:
                 return
             self.issue[i] = self.now
             self.walk[s] += 1
-            key = (s, self.res[i])
-            self.queues.setdefault(key, deque()).append(i)
-            self._try_queue(key)
+            key = self.key[i]
+            if key is None:  # a RECV: done once its SEND is
+                if not self.pending[i]:
+                    self._start(i)
+            elif self.held[i] is None:  # a SEND before its RECV: queued at its issue
+                self.held[i] = True
+            else:
+                self._enqueue(i)
+            if self.gate[i] >= 0:  # a RECV: its notice reaches the SEND
+                self._notify(i)
 
-    def _try_queue(self, key: tuple[int, Resource]) -> None:
+    def _notify(self, i: int) -> None:
+        """RECV i was issued: its SEND may be queued once the notice is out, behind what
+        runs on the links it waits on (`ratrain.schedule.rendezvous.notice_wait_s`)."""
+        wait = notice_wait_s(self.links, self.notice[i], self.now, self.queue_s)
+        if wait > 0:
+            heapq.heappush(self.heap, (self.now + wait, self.seq, -(i + 1)))
+            self.seq += 1
+        else:
+            self._open(i)
+
+    def _open(self, i: int) -> None:
+        """RECV i's notice is out: its SEND, if issued, is queued now."""
+        m = self.gate[i]
+        if self.held[m]:
+            self._enqueue(m)
+        self.held[m] = False
+
+    def _enqueue(self, i: int) -> None:
+        key = self.key[i]
+        self.queues.setdefault(key, deque()).append(i)
+        self._try_queue(key)
+
+    def _try_queue(self, key: tuple) -> None:
         q = self.queues.get(key)
         if not q or self.busy.get(key):
             return
@@ -188,7 +239,7 @@ class _Engine:
             if len(ready) < len(self.members[gkey]):
                 return
             for j in self.members[gkey]:
-                jkey = (self.stage[j], self.res[j])
+                jkey = self.key[j]
                 assert self.queues[jkey][0] == j
                 self.queues[jkey].popleft()
                 self.busy[jkey] = True
@@ -204,10 +255,11 @@ class _Engine:
         if self.compute[i]:
             self.walk_busy[s] = False
         else:
-            self.busy[(s, self.res[i])] = False
             if self.holds[i]:
                 self.links.finish(i)
-            self._try_queue((s, self.res[i]))
+            if self.key[i] is not None:
+                self.busy[self.key[i]] = False
+                self._try_queue(self.key[i])
         for j in self.rdeps[i]:
             self.pending[j] -= 1
             if self.pending[j]:
@@ -218,7 +270,10 @@ class _Engine:
                 if self.walk[sj] < len(ids) and ids[self.walk[sj]] == j:
                     self._advance(sj)
             elif self.issue[j] >= 0:
-                self._try_queue((sj, self.res[j]))
+                if self.key[j] is None:  # a RECV, issued
+                    self._start(j)
+                else:
+                    self._try_queue(self.key[j])
         if self.compute[i]:
             self._advance(s)
 

@@ -20,11 +20,11 @@ from typing import NamedTuple
 from ratrain.errors import RatrainError
 from ratrain.schedule.ir import _RESOURCE, Op, Resource, Schedule
 from ratrain.schedule.linkshare import LinkShare
+from ratrain.schedule.rendezvous import issue_gates, notice_wait_s, p2p_queue, sends_recvs
 
 __all__ = ["Graph", "graph", "run_plain", "sends_recvs"]
 
 _GLOBAL = (Op.GRAD_NORM, Op.OVERFLOW)
-_PAIRS = ((Op.SEND_F, Op.RECV_F), (Op.SEND_B, Op.RECV_B))
 # `Action.resource` by op, for a membership test by identity hash in the hot paths.
 _COMPUTE_OPS = frozenset(op for op, r in _RESOURCE.items() if r is Resource.COMPUTE)
 
@@ -41,41 +41,11 @@ class Graph(NamedTuple):
     """Per action: the distinct actions it waits for (stated deps, then the p2p pairing)."""
     rdeps: list[list[int]]
     """Per action: the actions that wait for it, in increasing id."""
-
-
-def sends_recvs(schedule: Schedule, first: list[int]) -> list[tuple[int, int]]:
-    """(send, recv) global ids (`first[s]`: stage s's first id): a send and the receive
-    that name the same unit and microbatch (the runtime tags each message by both), on
-    whichever stages they are. Every send needs a matching receive and every receive a
-    send."""
-    recvs: dict[tuple, int] = {}
-    recv_ops = {recv_op: send_op for send_op, recv_op in _PAIRS}
-    send_ops = {send_op: recv_op for send_op, recv_op in _PAIRS}
-    sends = []
-    for s, lst in enumerate(schedule.stages):
-        base = first[s]
-        for k, a in enumerate(lst):
-            op = a.op
-            if op in recv_ops:
-                recvs[(op, a.units, a.mb)] = base + k
-            elif op in send_ops:
-                sends.append((base + k, a))
-    out = []
-    for i, a in sends:
-        j = recvs.pop((send_ops[a.op], a.units, a.mb), None)
-        if j is None:
-            raise RatrainError(
-                f"schedule: {a} has no {send_ops[a.op].value} of its unit and microbatch; "
-                "every send needs a matching receive"
-            )
-        out.append((i, j))
-    if recvs:
-        op, units, mb = next(iter(recvs))
-        raise RatrainError(
-            f"schedule: {op.value} of unit {units} microbatch {mb} has no "
-            f"{recv_ops[op].value}; every receive needs a matching send"
-        )
-    return out
+    gate: list[int]
+    """Per action: the SEND that waits for it to be issued (a RECV's), or -1
+    (`ratrain.schedule.rendezvous`)."""
+    peer: list[int]
+    """Per action: the stage at the other end of a transfer (SEND or RECV), or -1."""
 
 
 def graph(schedule: Schedule) -> Graph:
@@ -113,15 +83,18 @@ def graph(schedule: Schedule) -> Graph:
                 if j is None:
                     raise RatrainError(f"schedule: {a} depends on {d}, which is in no stage's list")
         deps[i] = lst
-    for send, recv in sends_recvs(schedule, first):
+    pairs = sends_recvs(schedule, first)
+    peer = [-1] * n
+    for send, recv in pairs:
         deps[recv] = [*deps[recv], send]
+        peer[send], peer[recv] = stage[recv], stage[send]
     rdeps: list[list[int]] = [[] for _ in range(n)]
     for i, lst in enumerate(deps):
         if len(lst) > 1 and len(set(lst)) < len(lst):
             lst = deps[i] = list(dict.fromkeys(lst))  # distinct, as a set of deps
         for d in lst:
             rdeps[d].append(i)
-    return Graph(acts, first, stage, deps, rdeps)
+    return Graph(acts, first, stage, deps, rdeps, issue_gates(pairs, n), peer)
 
 
 def run_plain(
@@ -132,13 +105,21 @@ def run_plain(
 
     `links` (a `ratrain.cost.links.LinkUse`, or None): the link ids each action holds
     besides its queue, shared fairly by the actions running on them
-    (`ratrain.schedule.linkshare`)."""
+    (`ratrain.schedule.linkshare`). A SEND starts only once its RECV is issued, and
+    transfers queue per peer (`ratrain.schedule.rendezvous`)."""
     n, pp, stage = len(g.acts), len(g.first) - 1, g.stage
     rdeps = g.rdeps
     pending = list(map(len, g.deps))
+    gate = g.gate
+    # Per SEND: None until its RECV is issued, True if issued before it (then queued at
+    # the RECV's issue), False once the RECV is issued.
+    held: list = [False] * n
+    for j in gate:
+        if j >= 0:
+            held[j] = None
     # Compute or not by the IR's resource (as `_Engine`), whatever queue `resources` names.
     compute = [a.op in _COMPUTE_OPS for a in g.acts]
-    qid, n_queues = _queue_ids(stage, resources, pp)
+    qid, n_queues = _queue_ids(stage, resources, pp, g.peer, gate)
     queues = [deque() for _ in range(n_queues)]
     busy = [False] * n_queues
     issue, start, end = [-1.0] * n, [-1.0] * n, [-1.0] * n
@@ -158,6 +139,7 @@ def run_plain(
     try_queue = _queue_starter(
         g.acts, qid, queues, busy, pending, durations, start, heap, seq, share
     )
+    notice = _Notice(gate, held, qid, queues, busy, try_queue, share, links, heap, seq)
     advance = _stage_walker(
         g.first,
         compute,
@@ -172,16 +154,17 @@ def run_plain(
         walk,
         walk_busy,
         try_queue,
+        (gate, held, notice.issued),
     )
     for s in range(pp):
         advance(s, 0.0)
     ctx = (heap, end, compute, stage, qid, busy, queues, try_queue, rdeps, pending)
-    walks = (walk, walk_busy, advance, issue)
+    walks = (walk, walk_busy, advance, issue, start, durations, seq)
     if share is None:
         _loop(ctx, walks)
     else:
         share.rebalance(0.0)
-        _loop_shared(ctx, walks, share)
+        _loop_shared(ctx, walks, share, notice.timer)
     if min(end, default=0.0) < 0:
         return None
     return issue, start, end
@@ -191,8 +174,8 @@ def _loop(ctx, walks) -> None:
     """The event loop: each completion frees its queue or its stage's walk and wakes what
     waited for it."""
     heap, end, compute, stage, qid, busy, queues, try_queue, rdeps, pending = ctx
-    walk, walk_busy, advance, issue = walks
-    pop = heapq.heappop
+    walk, walk_busy, advance, issue, start, dur, seq = walks
+    pop, push = heapq.heappop, heapq.heappush
     while heap:
         now, _, i = pop(heap)
         end[i] = now
@@ -201,9 +184,10 @@ def _loop(ctx, walks) -> None:
             walk_busy[stage[i]] = False
         else:
             q = qid[i]
-            busy[q] = False
-            if queues[q]:
-                try_queue(q, now)
+            if q >= 0:
+                busy[q] = False
+                if queues[q]:
+                    try_queue(q, now)
         for j in rdeps[i]:
             p = pending[j] - 1
             pending[j] = p
@@ -213,60 +197,93 @@ def _loop(ctx, walks) -> None:
                 sj = stage[j]
                 if walk[sj] == j:
                     advance(sj, now)
-            elif issue[j] >= 0 and not busy[qid[j]]:
-                try_queue(qid[j], now)
+            elif issue[j] >= 0:
+                q = qid[j]
+                if q < 0:  # a RECV, issued: done when its SEND is
+                    start[j] = now
+                    push(heap, (now + dur[j], seq(), j))
+                elif not busy[q]:
+                    try_queue(q, now)
         if ci:
             advance(stage[i], now)
 
 
-def _loop_shared(ctx, walks, share: LinkShare) -> None:
+def _loop_shared(ctx, walks, share: LinkShare, timer=None) -> None:
     """`_loop` with links shared (`LinkShare`): stale ends skipped, rates settled once
-    every event of an instant is in."""
+    every event of an instant is in; an entry of a negative id -(r + 1) is RECV r's notice
+    leaving (`_Notice.timer`)."""
     heap, end, compute, stage, qid, busy, queues, try_queue, rdeps, pending = ctx
-    walk, walk_busy, advance, issue = walks
-    pop = heapq.heappop
+    walk, walk_busy, advance, issue, start, dur, seq = walks
+    pop, push = heapq.heappop, heapq.heappush
     holds, valid = share.holds, share.valid
     while heap:
         now, k, i = pop(heap)
-        if holds[i]:
-            if valid[i] != k:
-                continue  # superseded by a re-queue at a new rate
-            share.finish(i)
-        end[i] = now
-        ci = compute[i]
-        if ci:
-            walk_busy[stage[i]] = False
+        if i < 0:
+            timer(-i - 1, now)
         else:
-            q = qid[i]
-            busy[q] = False
-            if queues[q]:
-                try_queue(q, now)
-        for j in rdeps[i]:
-            p = pending[j] - 1
-            pending[j] = p
-            if p:
-                continue
-            if compute[j]:
-                sj = stage[j]
-                if walk[sj] == j:
-                    advance(sj, now)
-            elif issue[j] >= 0 and not busy[qid[j]]:
-                try_queue(qid[j], now)
-        if ci:
-            advance(stage[i], now)
+            if holds[i]:
+                if valid[i] != k:
+                    continue  # superseded by a re-queue at a new rate
+                share.finish(i)
+            end[i] = now
+            ci = compute[i]
+            if ci:
+                walk_busy[stage[i]] = False
+            else:
+                q = qid[i]
+                if q >= 0:
+                    busy[q] = False
+                    if queues[q]:
+                        try_queue(q, now)
+            for j in rdeps[i]:
+                p = pending[j] - 1
+                pending[j] = p
+                if p:
+                    continue
+                if compute[j]:
+                    sj = stage[j]
+                    if walk[sj] == j:
+                        advance(sj, now)
+                elif issue[j] >= 0:
+                    q = qid[j]
+                    if q < 0:  # a RECV, issued: done when its SEND is
+                        start[j] = now
+                        push(heap, (now + dur[j], seq(), j))
+                    elif not busy[q]:
+                        try_queue(q, now)
+            if ci:
+                advance(stage[i], now)
         if share.dirty:
-            while heap and holds[heap[0][2]] and valid[heap[0][2]] != heap[0][1]:
+            while (
+                heap and heap[0][2] >= 0 and holds[heap[0][2]] and valid[heap[0][2]] != heap[0][1]
+            ):
                 pop(heap)  # stale: not an event of this instant
             if not heap or heap[0][0] > now:
                 share.rebalance(now)  # every event of this instant is in
 
 
-def _queue_ids(stage: list[int], resources: list[Resource], pp: int) -> tuple[list[int], int]:
-    """Per action, its FIFO's integer id, one FIFO per (stage, resource); and their count."""
+def _queue_ids(
+    stage: list[int], resources: list[Resource], pp: int, peer: list[int], gate: list[int]
+) -> tuple[list[int], int]:
+    """Per action, its FIFO's integer id, one FIFO per (stage, resource), a transfer's per
+    `ratrain.schedule.rendezvous.p2p_queue` (-1 for a RECV: it queues for nothing); and
+    their count."""
     rid = {r.value: k for k, r in enumerate(Resource)}  # by value: no enum hash per action
     nr = len(rid)
     qid = [s * nr + rid[r._value_] for s, r in zip(stage, resources, strict=True)]
-    return qid, pp * nr
+    n_queues = pp * nr
+    p2p: dict[tuple, int] = {}
+    for i, other in enumerate(peer):
+        if other >= 0:
+            if gate[i] >= 0:  # a RECV (it gates its SEND)
+                qid[i] = -1
+                continue
+            key = p2p_queue(stage[i], other)
+            k = p2p.get(key)
+            if k is None:
+                k = p2p[key] = n_queues + len(p2p)
+            qid[i] = k
+    return qid, n_queues + len(p2p)
 
 
 def _global_groups(acts: list) -> tuple[list[int], list[list[int]]]:
@@ -283,6 +300,40 @@ def _global_groups(acts: list) -> tuple[list[int], list[list[int]]]:
             members[k].append(i)
             group[i] = k
     return group, members
+
+
+class _Notice:
+    """A RECV's ready notice to its SEND (`ratrain.schedule.rendezvous`): out at once, or,
+    where the RECV names links its notice waits on (`LinkUse.notice`), `notice_wait_s`
+    later (an entry of id -(r + 1) on the heap); then its SEND, if issued, is queued."""
+
+    def __init__(self, gate, held, qid, queues, busy, try_queue, share, links, heap, seq):
+        self.gate, self.held, self.qid, self.queues = gate, held, qid, queues
+        self.busy, self.try_queue = busy, try_queue
+        notice = links.notice if links is not None else None
+        self.notice = notice if notice is not None and any(notice) else None
+        self.share, self.heap, self.seq = share, heap, seq
+        self.queue_s = links.queue_s if links is not None else 0.0
+
+    def issued(self, i: int, now: float) -> None:
+        if self.notice is not None and self.notice[i]:
+            wait = notice_wait_s(self.share, self.notice[i], now, self.queue_s)
+            if wait > 0:
+                heapq.heappush(self.heap, (now + wait, self.seq(), -(i + 1)))
+                return
+        self.open(i, now)
+
+    def timer(self, i: int, now: float) -> None:
+        self.open(i, now)
+
+    def open(self, i: int, now: float) -> None:
+        m = self.gate[i]
+        if self.held[m]:
+            q = self.qid[m]
+            self.queues[q].append(m)
+            if not self.busy[q]:
+                self.try_queue(q, now)
+        self.held[m] = False
 
 
 def _queue_starter(acts, qid, queues, busy, pending, dur, start, heap, seq, share=None):
@@ -330,12 +381,29 @@ def _queue_starter(acts, qid, queues, busy, pending, dur, start, heap, seq, shar
 
 
 def _stage_walker(
-    first, compute, qid, queues, busy, pending, dur, times, heap, seq, walk, walk_busy, try_queue
+    first,
+    compute,
+    qid,
+    queues,
+    busy,
+    pending,
+    dur,
+    times,
+    heap,
+    seq,
+    walk,
+    walk_busy,
+    try_queue,
+    gates,
 ):
     """`advance(s, now)`: walk stage s's list from where it stopped, queueing each
     non-compute action and starting the next compute one once its deps are done (the walk
-    then waits for it to end). `times`: the (issue, start) lists it fills."""
+    then waits for it to end). A SEND is queued once it and its RECV are both issued
+    (`gates`: per action the SEND a RECV frees, whether a SEND waits for its RECV, and
+    `_Notice.issued`, called with a RECV once issued); a RECV queues for nothing. `times`:
+    the (issue, start) lists it fills."""
     issue, start = times
+    gate, held, notify = gates
     stop = first[1:]
     push = heapq.heappush
 
@@ -356,11 +424,21 @@ def _stage_walker(
                 return
             issue[i] = now
             q = qid[i]
-            queues[q].append(i)
+            m = gate[i]
+            if q >= 0:
+                if held[i] is None:  # a SEND before its RECV: queued at the RECV's issue
+                    held[i] = True
+                else:
+                    queues[q].append(i)
+                    if not busy[q]:  # (try_queue's own first test, saving the call)
+                        try_queue(q, now)
+            elif not pending[i]:  # a RECV whose SEND is done
+                start[i] = now
+                push(heap, (now + dur[i], seq(), i))
             i += 1
             walk[s] = i
-            if not busy[q]:  # (try_queue's own first test, saving the call)
-                try_queue(q, now)
+            if m >= 0:  # a RECV: its notice goes to its SEND
+                notify(i - 1, now)
         walk[s] = i
 
     return advance

@@ -144,12 +144,16 @@ class _SharingEngine(_Engine):
         heap = self.heap
         while heap:
             t, seq, i = heapq.heappop(heap)
-            if seq != self.valid[i]:
+            if i < 0:  # a RECV's notice is out (`_Engine._notify`)
+                self.now = t
+                self._open(-i - 1)
+            elif seq != self.valid[i]:
                 continue  # superseded by a re-queue at a new rate
-            self.now = t
-            self.valid[i] = -1
-            self._complete(i)
-            while heap and heap[0][1] != self.valid[heap[0][2]]:
+            else:
+                self.now = t
+                self.valid[i] = -1
+                self._complete(i)
+            while heap and heap[0][2] >= 0 and heap[0][1] != self.valid[heap[0][2]]:
                 heapq.heappop(heap)
             if not heap or heap[0][0] > self.now:
                 self._share_links()  # every event of this instant is in: links, then rates

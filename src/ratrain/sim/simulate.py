@@ -19,7 +19,7 @@ from ratrain.platforms import Platform, load
 from ratrain.schedule.ir import _MB_OPS, Action, Op, Resource, Schedule
 from ratrain.schedule.zerobubble import warmup
 from ratrain.sim.engine import run_flat
-from ratrain.sim.flat import graph, run_plain, sends_recvs
+from ratrain.sim.flat import graph, run_plain
 from ratrain.sim.result import SimEvent, SimResult, stage_metrics_flat
 from ratrain.sim.sharing import node_sharing, run_shared
 
@@ -82,10 +82,7 @@ def _links(schedule: Schedule, cost: CostModel, g) -> LinkUse | None:
     plan crosses no node (the engine's plain path, with no per-action work)."""
     if not crosses_nodes(cost):
         return None
-    peers = [-1] * len(g.acts)
-    for i, j in sends_recvs(schedule, g.first):
-        peers[i] = g.stage[j]
-    return link_use(cost, g.acts, peers)
+    return link_use(cost, g.acts, g.peer)
 
 
 def _memory_starts(columns: list) -> list[list[float]]:

@@ -1,0 +1,92 @@
+"""Receives posted before the sends issued with them (`ratrain.schedule.rendezvous.
+post_receives_first`), against the lowering's order (each RECV after those SENDs), on the
+emulated cluster: measured, and predicted by the simulator with its rendezvous and notice
+rules.
+
+    git worktree add /tmp/before <a commit before post_receives_first>
+    python benchmarks/receive_order_check.py --platform base.yaml --before-src /tmp/before/src \\
+        [--cases 0,1,2,5] [--repeats 2] [--json out.json]
+
+The lowering's order runs on the tree of `--before-src` (its `ratrain train`, through
+PYTHONPATH); the receives-first order on this tree. The cases are
+`benchmarks/link_model_check.py`'s; each repeat runs, per case, the lowering's order and
+receives-first on the shaped links, then receives-first unshaped, back to back. The
+prediction of the lowering's order simulates the same plan with `post_receives_first`
+left out. Needs root (network namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import link_model_check as lmc  # noqa: E402
+
+import ratrain.schedule.build as build  # noqa: E402
+from ratrain.models.presets import get_preset  # noqa: E402
+from ratrain.sim.simulate import simulate  # noqa: E402
+
+
+def _predict(case, platform_path: str) -> dict:
+    name, nodes, r, mbit, fields = case
+    plan = lmc._plan(fields)
+    shaped, unshaped = lmc._platforms(platform_path, nodes, r, mbit)
+    spec = get_preset(lmc.MODEL)
+    keep = build.post_receives_first
+    out = {}
+    try:
+        for order, rule in (("lowering", lambda s: s), ("receives_first", keep)):
+            build.post_receives_first = rule
+            out[order] = simulate(spec, plan, shaped, memory_timeline=False).step_time_s
+        out["unshaped"] = simulate(spec, plan, unshaped, memory_timeline=False).step_time_s
+    finally:
+        build.post_receives_first = keep
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--platform", required=True, help="this machine's calibrated platform")
+    ap.add_argument("--before-src", required=True, help="src/ of a tree without the rule")
+    ap.add_argument("--cases", default="0,1,2,5")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--port", type=int, default=29741)
+    ap.add_argument("--json", help="write every figure here (after each run)")
+    args = ap.parse_args()
+    here = str(Path(build.__file__).parents[2])
+    picked = [lmc.CASES[int(k)] for k in args.cases.split(",")]
+    rows = {c[0]: {"predicted": _predict(c, args.platform), "measured": {}} for c in picked}
+    runs = (("lowering", args.before_src), ("receives_first", here), ("unshaped", here))
+    for rep in range(args.repeats):
+        for case in picked:
+            plan = lmc._plan(case[4])
+            for kind, src in runs:
+                os.environ["PYTHONPATH"] = src
+                mbit = lmc.UNSHAPED_MBIT if kind == "unshaped" else case[3]
+                t = lmc._measure(case, plan, mbit, args.steps, args.warmup, args.port)
+                rows[case[0]]["measured"].setdefault(kind, []).append(t)
+                print(f"repeat {rep}: {case[0]} {kind}: {t:.3f} s", flush=True)
+                if args.json:
+                    Path(args.json).write_text(json.dumps(rows, indent=1))
+    print("| plan | order | measured s | predicted s | error | links add: measured / predicted |")
+    print("| --- | --- | ---: | ---: | ---: | --- |")
+    for name, row in rows.items():
+        m, p = row["measured"], row["predicted"]
+        mu = statistics.median(m["unshaped"])
+        for order in ("lowering", "receives_first"):
+            ms = statistics.median(m[order])
+            err = (p[order] - ms) / ms * 100
+            add = f"{ms - mu:.3f} / {p[order] - p['unshaped']:.3f}"
+            print(f"| {name} | {order} | {ms:.3f} | {p[order]:.3f} | {err:+.0f}% | {add} |")
+
+
+if __name__ == "__main__":
+    main()
