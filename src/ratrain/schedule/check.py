@@ -548,8 +548,6 @@ def dry_run(sch: Schedule, duration=None, links=None, notice=None, queue_s=0.0) 
 def _stuck(sch: Schedule, completed: set[Action], pc: list[int], queues, t: int) -> list[str]:
     def waits(a: Action) -> str:
         deps = [_f(d) for d in sch.deps_of(a) if d not in completed]
-        if a.op in (Op.SEND_F, Op.SEND_B):
-            deps.append("its receive to be posted")
         return ", ".join(deps) or "the other stages to join the collective"
 
     out = [f"deadlock at t={t}"]
