@@ -21,9 +21,8 @@ by `ratrain link-probe`), and:
   receive's ready notice travels back to the sender. Where the platform's links hold a
   standing queue (`Platform.link_notice_queue_s` > 0, measured by `ratrain link-probe`),
   a receive between nodes names its stage's egress as the notice's way out
-  (`LinkUse.notice`): the notice waits there behind the transfers already running on it
-  whose remaining time is within the queue (`LinkUse.queue_s`: their bytes stand in the
-  queue whole; a longer one's standing queue, at most that long, is left out).
+  (`LinkUse.notice`): the notice waits there until what runs on it drains, at most the
+  standing queue (`LinkUse.queue_s`; `ratrain.schedule.rendezvous.notice_wait_s`).
 
 The simulator replays one pipeline, replica 0: the links named are its ranks', stage s's
 `egress(s)` and `ingress(s)`; every other replica's ranks hold their own links the same

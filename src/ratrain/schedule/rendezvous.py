@@ -53,7 +53,14 @@ from __future__ import annotations
 from ratrain.errors import RatrainError
 from ratrain.schedule.ir import Op, Schedule
 
-__all__ = ["sends_recvs", "p2p_queue", "issue_gates", "post_receives_first", "notice_wait_s"]
+__all__ = [
+    "sends_recvs",
+    "p2p_queue",
+    "issue_gates",
+    "unposted_sends",
+    "post_receives_first",
+    "notice_wait_s",
+]
 
 _PAIRS = ((Op.SEND_F, Op.RECV_F), (Op.SEND_B, Op.RECV_B))
 
@@ -105,6 +112,17 @@ def notice_wait_s(share, links, now: float, queue_s: float) -> float:
     if not links or queue_s <= 0:
         return 0.0
     return min(share.drain_s(links, now), queue_s)
+
+
+def unposted_sends(gate: list[int]) -> list:
+    """The engines' start state of each action (`gate` from `issue_gates`): None for a SEND
+    (its RECV's notice not yet out; an engine sets True when the SEND is issued first, to
+    queue it at the notice, and False once the notice is out), False for any other."""
+    held: list = [False] * len(gate)
+    for m in gate:
+        if m >= 0:
+            held[m] = None
+    return held
 
 
 def issue_gates(pairs, n: int) -> list[int]:

@@ -33,7 +33,7 @@ from ratrain.errors import RatrainError
 from ratrain.gcpause import gc_paused
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
 from ratrain.schedule.linkshare import LinkShare
-from ratrain.schedule.rendezvous import notice_wait_s, p2p_queue
+from ratrain.schedule.rendezvous import notice_wait_s, p2p_queue, unposted_sends
 from ratrain.sim.flat import graph, run_plain, sends_recvs
 
 __all__ = ["Timing", "replay", "run_flat", "p2p_pairs"]
@@ -87,10 +87,7 @@ class _Engine:
         # once it and its RECV are issued (`held`: None until the RECV is issued, True if
         # the SEND came first); a RECV queues for nothing (None).
         self.gate = g.gate
-        self.held: list = [False] * n
-        for m in g.gate:
-            if m >= 0:
-                self.held[m] = None
+        self.held = unposted_sends(g.gate)
         self.key = [
             (s, r) if other < 0 else (None if gate >= 0 else p2p_queue(s, other))
             for s, r, other, gate in zip(g.stage, resources, g.peer, g.gate, strict=True)

@@ -20,7 +20,13 @@ from typing import NamedTuple
 from ratrain.errors import RatrainError
 from ratrain.schedule.ir import _RESOURCE, Op, Resource, Schedule
 from ratrain.schedule.linkshare import LinkShare
-from ratrain.schedule.rendezvous import issue_gates, notice_wait_s, p2p_queue, sends_recvs
+from ratrain.schedule.rendezvous import (
+    issue_gates,
+    notice_wait_s,
+    p2p_queue,
+    sends_recvs,
+    unposted_sends,
+)
 
 __all__ = ["Graph", "graph", "run_plain", "sends_recvs"]
 
@@ -111,12 +117,7 @@ def run_plain(
     rdeps = g.rdeps
     pending = list(map(len, g.deps))
     gate = g.gate
-    # Per SEND: None until its RECV is issued, True if issued before it (then queued at
-    # the RECV's issue), False once the RECV is issued.
-    held: list = [False] * n
-    for j in gate:
-        if j >= 0:
-            held[j] = None
+    held = unposted_sends(gate)  # per SEND: its RECV's notice out yet, or it issued first
     # Compute or not by the IR's resource (as `_Engine`), whatever queue `resources` names.
     compute = [a.op in _COMPUTE_OPS for a in g.acts]
     qid, n_queues = _queue_ids(stage, resources, pp, g.peer, gate)
@@ -164,7 +165,7 @@ def run_plain(
         _loop(ctx, walks)
     else:
         share.rebalance(0.0)
-        _loop_shared(ctx, walks, share, notice.timer)
+        _loop_shared(ctx, walks, share, notice.open)
     if min(end, default=0.0) < 0:
         return None
     return issue, start, end
@@ -208,10 +209,10 @@ def _loop(ctx, walks) -> None:
             advance(stage[i], now)
 
 
-def _loop_shared(ctx, walks, share: LinkShare, timer=None) -> None:
+def _loop_shared(ctx, walks, share: LinkShare, notice_out=None) -> None:
     """`_loop` with links shared (`LinkShare`): stale ends skipped, rates settled once
     every event of an instant is in; an entry of a negative id -(r + 1) is RECV r's notice
-    leaving (`_Notice.timer`)."""
+    leaving (`_Notice.open`)."""
     heap, end, compute, stage, qid, busy, queues, try_queue, rdeps, pending = ctx
     walk, walk_busy, advance, issue, start, dur, seq = walks
     pop, push = heapq.heappop, heapq.heappush
@@ -219,7 +220,7 @@ def _loop_shared(ctx, walks, share: LinkShare, timer=None) -> None:
     while heap:
         now, k, i = pop(heap)
         if i < 0:
-            timer(-i - 1, now)
+            notice_out(-i - 1, now)
         else:
             if holds[i]:
                 if valid[i] != k:
@@ -321,9 +322,6 @@ class _Notice:
             if wait > 0:
                 heapq.heappush(self.heap, (now + wait, self.seq(), -(i + 1)))
                 return
-        self.open(i, now)
-
-    def timer(self, i: int, now: float) -> None:
         self.open(i, now)
 
     def open(self, i: int, now: float) -> None:
