@@ -138,3 +138,26 @@ def test_a_one_off_action_amid_the_periods_is_no_repeat():
     overloaded = [ev(Op.F, 1, i, 2.0 * i, dur=1.5) for i in range(8)]
     overloaded += [ev(Op.B, 1, i, 2.0 * i + 0.5, dur=1.0) for i in range(8)]
     assert _repeats(overloaded, 2.0, 2.0, 1e-12) is None  # 2.5 s of compute per 2 s period
+
+
+@pytest.mark.parametrize("view,pipeline", [("transient", "1f1b"), ("persistent", "zb-h1")])
+def test_a_period_of_twice_the_depth(view, pipeline):
+    """With receives posted one ahead a 3-stage step on a100-80g alternates between two
+    microbatch timings, so it repeats every 6 microbatches and never every 3: the span of
+    pp fails on the run, the span of 2 pp (`steady_one.SPANS`) repeats, and gives the full
+    simulation's result."""
+    from ratrain.sim.steady_one import _from_run
+
+    pl = load("a100-80g")
+    plan = Plan(pp=3, dp=1, global_batch=120, seq=128, view_policy=view, pipeline=pipeline)
+    m2 = one_point(plan, 1, 0, 1, 0)
+    assert m2 is not None and (plan.microbatches - m2) % 6 == 0
+
+    def short(p):
+        return simulate(TINY, p, pl, memory_timeline=False)
+
+    run = short(plan.replace(global_batch=m2))
+    assert _from_run(plan, run, m2, 3, None, steady.REL_TOL) is None
+    got = from_one_run(plan, m2, short, None, steady.REL_TOL)
+    assert got is not None
+    assert_same_result(got, simulate(TINY, plan, pl, memory_timeline=False))

@@ -3,7 +3,8 @@
 `ratrain.sim.steady` times a step of m microbatches from two short steps, m1 and
 m2 = m1 + d (d = pp), and takes the period from T(m2) - T(m1). Here only m2 is simulated
 (m2 = m mod d, at least the two-run path's m1 + d, so that its middle three periods are
-clear of warm-up and cool-down), and the period P is read from the run itself:
+clear of warm-up and cool-down), and the period P is read from the run itself, for d = pp
+and, where m - m2 allows, d = 2 pp (`SPANS`; later tries take m2 = m mod 2 pp):
 
 - P is the shift between stage 0's forward of its first unit at microbatch c + d and at
   c, c the first microbatch of the middle 3d;
@@ -33,7 +34,7 @@ from ratrain.schedule.ir import Op
 from ratrain.sim.result import busy_s
 from ratrain.sim.simulate import memory_microbatches
 
-__all__ = ["one_point", "from_one_run", "extended_result"]
+__all__ = ["SPANS", "one_point", "from_one_run", "extended_result"]
 
 
 def one_point(plan: Plan, attempt: int, spent: int, min_saving: float, min_m: int):
@@ -49,7 +50,8 @@ def one_point(plan: Plan, attempt: int, spent: int, min_saving: float, min_m: in
     at 1024 (64 microbatches) the tries at 24 and 40 fail and the full step follows, about
     2x its simulation. Allowing the tries half the step instead bounds that at 1.5x but
     loses the first (measured on a loaded machine)."""
-    m, d = plan.microbatches, max(1, plan.pp)
+    m, pp = plan.microbatches, max(1, plan.pp)
+    d = pp if not attempt else SPANS[-1] * pp  # later tries: room for every span's period
     base = max(memory_microbatches(plan), 4 * plan.pp + 2) * 2**attempt + d
     m2 = base + (m - base) % d
     if m < min_m or m < min_saving * m2 and not attempt or spent + m2 > m:
@@ -57,12 +59,32 @@ def one_point(plan: Plan, attempt: int, spent: int, min_saving: float, min_m: in
     return m2
 
 
+SPANS = (1, 2)
+"""The periods tried, in multiples of pp microbatches: pp, then 2 pp, where the steps'
+microbatch count allows it. With receives posted one ahead
+(`ratrain.schedule.rendezvous.post_receives_ahead`) a stage's microbatches can alternate
+between two timings: llama3.2-1b on 24 mt3000 clusters, pp=3 at micro-batch 4, repeats
+every 2 microbatches (3.267935 and 3.246675 s), so every 6 and never every 3."""
+
+
 def from_one_run(plan: Plan, m2: int, simulate, memory, rel_tol: float):
     """`plan`'s result from the step of `m2` microbatches, or None where that step is not
-    found to repeat (see the module docstring)."""
-    d = max(1, plan.pp)
+    found to repeat (see the module docstring) with a period of pp microbatches, or of
+    2 pp where `m2` and the step's count differ by a multiple of it (`SPANS`)."""
     res = simulate(plan.replace(global_batch=plan.micro_batch * plan.dp * m2))
     deadline.check()  # between phases: a planner's deadline (`ratrain.deadline`)
+    for span in SPANS:
+        d = span * max(1, plan.pp)
+        if (plan.microbatches - m2) % d:
+            continue
+        out = _from_run(plan, res, m2, d, memory, rel_tol)
+        if out is not None:
+            return out
+    return None
+
+
+def _from_run(plan: Plan, res, m2: int, d: int, memory, rel_tol: float):
+    """`from_one_run` for one period of `d` microbatches."""
     tol = rel_tol * res.step_time_s
     c = (m2 - 3 * d) // 2
     if c < 0:
@@ -134,10 +156,25 @@ def _repeats(events, start: float, period_s: float, tol: float) -> dict[str, flo
                 return None
             spans.setdefault(e.resource, []).append((e.start_s, e.end_s))
         if lo_s - tol <= e.start_s < hi_s - tol:
-            work[e.resource] = work.get(e.resource, 0.0) + (e.end_s - e.start_s)
+            q = _queue_of(e)
+            work[q] = work.get(q, 0.0) + (e.end_s - e.start_s)
     if any(w > period_s + tol for w in work.values()):
         return None  # more work per period than the period: a backlog that grows
     return {r: busy_s(iv, lo_s, hi_s) for r, iv in spans.items()}
+
+
+_SENDS = (Op.SEND_F, Op.SEND_B)
+
+
+def _queue_of(e) -> tuple:
+    """The queue whose actions run one at a time, for the backlog check: the resource, or
+    for a SEND its resource and op. A stage's sends to two peers run side by side, each
+    peer's in its own queue (`ratrain.schedule.rendezvous.p2p_queue`), so their durations
+    overlap and only each queue's sum is bounded by the period. A send of one op goes to one
+    peer but in a V order, where its two peers' sends summed fail the check (the step is
+    then simulated in full: slower, never wrong)."""
+    op = e.action.op
+    return (e.resource, op) if op in _SENDS else (e.resource, None)
 
 
 def extended_result(plan: Plan, short, step_s: float, util: list[dict], memory):
