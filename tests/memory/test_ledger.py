@@ -237,17 +237,19 @@ def test_transient_views_bound_the_view_bytes():
 
 
 def test_boundary_buffers():
-    # a middle stage holds a received activation until its first F, and the gradient it
-    # sends from its first unit's B until the next compute action ends
-    plan = plan_of(3, 1, schedule="baseline", clip_grad=None)
+    # a middle stage holds a received activation until its first F takes it; the next
+    # receive, posted one ahead (`post_receives_ahead`), holds its own buffer from before
+    plan = plan_of(3, 2, schedule="baseline", clip_grad=None)
     sch = build_schedule(TINY, plan)
     trace = dict(replay(sch, TINY, plan).stages[1].trace)
     boundary = plan.micro_batch * plan.seq * TINY.hidden * 2
     acts = sch.stages[1]
-    comm = {a.op: trace[i]["comm_buffer"] for i, a in enumerate(acts)}
-    assert comm[Op.RECV_F] == boundary
+    recvs = [i for i, a in enumerate(acts) if a.op is Op.RECV_F]
+    assert trace[recvs[0]]["comm_buffer"] == boundary
+    assert trace[recvs[1]]["comm_buffer"] == 2 * boundary
     first_f = next(i for i, a in enumerate(acts) if a.op is Op.F)
-    assert trace[first_f]["comm_buffer"] == 0
+    assert recvs[1] < first_f
+    assert trace[first_f]["comm_buffer"] == boundary
 
 
 def test_tied_embeddings_on_one_stage_are_stored_once():

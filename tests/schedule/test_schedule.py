@@ -68,20 +68,20 @@ def test_forward_and_backward_passes_follow_the_units():
     sch = build_schedule(TINY, plan)
     s1 = [format_action(a) for a in sch.stages[1]]
     # stage 1 owns units 3..5 (blocks 3, 4 and the head); no warmup on the last stage;
-    # the next pass's receive is posted before this pass's send (`post_receives_first`)
+    # each receive is posted one ahead, where the one before it was (`post_receives_ahead`)
     assert s1[:9] == [
         "1RECV_F0@2",
+        "1RECV_F1@2",
         "1F0@3",
         "1F0@4",
         "1F0@5",
         "1B0@5",
         "1B0@4",
         "1B0@3",
-        "1RECV_F1@2",
         "1SEND_B0@3",
     ]
     s0 = [format_action(a) for a in sch.stages[0]]
-    assert s0[:9] == [
+    assert s0[:10] == [
         "0F0@0",
         "0F0@1",
         "0F0@2",
@@ -90,6 +90,7 @@ def test_forward_and_backward_passes_follow_the_units():
         "0F1@1",
         "0F1@2",
         "0RECV_B0@3",
+        "0RECV_B1@3",
         "0SEND_F1@2",
     ]
     recv = parse_action("1RECV_F0@2")
@@ -258,10 +259,11 @@ def test_dry_run_step_length():
     # one stage, one microbatch, unit durations: 6 F + 6 B + SYNC + UPDATE + VIEW_FETCH
     plan = plan_of(1, 1, schedule="baseline", clip_grad=None)
     assert dry_run(build_schedule(TINY, plan)) == 15
-    # a pipeline in steady state: every further microbatch adds the same time
+    # a pipeline in steady state (past 4 microbatches, its warm-up with receives posted
+    # one ahead): every further microbatch adds the same time
     plan = plan_of(4, 1, schedule="baseline", clip_grad=None, layer_split=(2, 1, 1, 0))
-    t = {m: dry_run(build_schedule(TINY, plan.replace(global_batch=m))) for m in (4, 8, 16)}
-    assert (t[16] - t[8]) == 2 * (t[8] - t[4]) > 0
+    t = {m: dry_run(build_schedule(TINY, plan.replace(global_batch=m))) for m in (8, 16, 32)}
+    assert (t[32] - t[16]) == 2 * (t[16] - t[8]) > 0
 
 
 def test_bad_plan_is_a_clear_error():

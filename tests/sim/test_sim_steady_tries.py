@@ -34,7 +34,7 @@ def test_tries_stop_where_the_short_steps_would_outgrow_the_step():
     [
         ("mt3000", 2, 90, "persistent"),
         ("mt3000", 2, 130, "transient"),
-        ("a100-80g", 4, 130, "transient"),
+        ("mt3000", 4, 200, "transient"),
     ],
 )
 def test_a_second_try_equals_the_full_simulation(platform, pp, m, view):

@@ -11,7 +11,7 @@ from ratrain.models.spec import ModelSpec
 from ratrain.schedule.fsdp import lower_fsdp_pp
 from ratrain.schedule.ir import Schedule
 from ratrain.schedule.lowering import lower_baseline, lower_gpu_style, lower_ratrain
-from ratrain.schedule.rendezvous import post_receives_first
+from ratrain.schedule.rendezvous import post_receives_ahead, post_receives_first
 from ratrain.schedule.zerobubble import refuse_unsupported
 
 __all__ = ["build_schedule"]
@@ -30,7 +30,8 @@ def build_schedule(spec: ModelSpec, plan: Plan) -> Schedule:
     zb-h1, zb-h2, zb-v or 1f1b-v, a zero-bubble or V-shaped pass order:
     `ratrain.schedule.zerobubble.refuse_unsupported` first refuses in one line the features
     it does not support yet). Each stage posts its receives before the sends issued at the
-    same moment (`ratrain.schedule.rendezvous.post_receives_first`)."""
+    same moment, and each one receive ahead (`ratrain.schedule.rendezvous`'s
+    `post_receives_first`, then `post_receives_ahead`)."""
     plan.check_for(spec)
     refuse_unsupported(plan)
-    return post_receives_first(_LOWERINGS[plan.schedule](spec, plan))
+    return post_receives_ahead(post_receives_first(_LOWERINGS[plan.schedule](spec, plan)))

@@ -242,10 +242,10 @@ def platform_ledger(
 
 def memory_microbatches(plan: Plan) -> int:
     """Microbatches of the shortened step whose per-stage peak equals the full step's: one
-    steady pair past the longest warmup (pp - 1 forwards; 2(pp - 1) under zb-h2), and,
-    with views that live within the step (transient, fsdp-pp), room for a fetch placed
-    `view_lookahead` uses back to reach into the previous pass. A 1F1B stage's memory repeats from one steady pair to the
-    next (`tests/planner/test_search.py` checks the equality over schedules, policies and
+    steady pair past the longest warmup (pp - 1 forwards; 2(pp - 1) under zb-h2), one more
+    for the receive posted one ahead, and, with views that live within the step
+    (transient, fsdp-pp), room for a fetch placed `view_lookahead` uses back to reach into
+    the previous pass. A 1F1B stage's memory repeats from one steady pair to the next (`tests/planner/test_search.py` checks the equality over schedules, policies and
     lookaheads): the planner's memory pass replays no more, the steady-state extrapolation
     (`ratrain.sim.steady`) simulates no fewer."""
     if plan.chunks == 2:  # a V's pass order is list-scheduled, with no warm-up formula
@@ -253,5 +253,7 @@ def memory_microbatches(plan: Plan) -> int:
     # fsdp-pp's views live within the step under either policy (dropped after the last use)
     within_step = plan.view_policy == "transient" or plan.schedule == "fsdp-pp"
     extra = 2 + plan.view_lookahead if within_step else 1
-    # the longest warm-up: stage 0's
-    return min(plan.microbatches, warmup(plan.pp, plan.microbatches, 0, plan.pipeline) + 1 + extra)
+    # the longest warm-up: stage 0's; one more for the receive posted one ahead
+    # (`ratrain.schedule.rendezvous.post_receives_ahead`), whose buffer a steady pass holds
+    # for the pass after it
+    return min(plan.microbatches, warmup(plan.pp, plan.microbatches, 0, plan.pipeline) + 2 + extra)
