@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from ratrain.memory import replay
 from ratrain.models.presets import get_preset
 from ratrain.planner.evaluate import usable_bytes
 from ratrain.planner.families import FAMILIES
@@ -15,6 +14,7 @@ from ratrain.planner.space import Request, knob_combos, make_plan, structures
 from ratrain.platforms.load import load
 from ratrain.schedule import build_schedule
 from ratrain.sim import simulate
+from ratrain.sim.simulate import platform_ledger
 
 TINY = get_preset("tiny")
 
@@ -39,7 +39,10 @@ def exhaustive(req: Request) -> tuple[float, int, int]:
                     recs = ((o,) * st.pp for o in stage_options(max(st.layer_split)))
                 for rec in recs:
                     plan = make_plan(req, st, kn, tuple(rec))
-                    led = replay(build_schedule(req.spec, plan), req.spec, plan, keep_trace=False)
+                    sch = build_schedule(req.spec, plan)
+                    # memory as the planner and the simulator count it (the platform's
+                    # eager kernels and held sends)
+                    led = platform_ledger(sch, req.spec, plan, req.platform, keep_trace=False)
                     if any(s.peak_bytes > limit for s in led.stages):
                         infeasible += 1
                         continue
