@@ -1,18 +1,18 @@
-"""Receives posted before the sends issued with them (`ratrain.schedule.rendezvous.
-post_receives_first`), against the lowering's order (each RECV after those SENDs), on the
-emulated cluster: measured, and predicted by the simulator with its rendezvous and notice
-rules.
+"""Where each stage posts its receives, measured on the emulated cluster and predicted by
+the simulator with its rendezvous and notice rules (`ratrain.schedule.rendezvous`).
 
-    git worktree add /tmp/before <a commit before post_receives_first>
+    git worktree add /tmp/before <a commit with the order to compare against>
     python benchmarks/receive_order_check.py --platform base.yaml --before-src /tmp/before/src \\
-        [--cases 0,1,2,5] [--repeats 2] [--json out.json]
+        --before-order receives_first [--cases 0,1,7,5,12] [--repeats 2] [--json out.json]
 
-The lowering's order runs on the tree of `--before-src` (its `ratrain train`, through
-PYTHONPATH); the receives-first order on this tree. The cases are
-`benchmarks/link_model_check.py`'s; each repeat runs, per case, the lowering's order and
-receives-first on the shaped links, then receives-first unshaped, back to back. The
-prediction of the lowering's order simulates the same plan with `post_receives_first`
-left out. Needs root (network namespaces).
+The earlier order runs on the tree of `--before-src` (its `ratrain train`, through
+PYTHONPATH), named by `--before-order`: `lowering` (each RECV where the lowering put it,
+after the SENDs issued with it: before `post_receives_first`) or `receives_first`
+(before `post_receives_ahead`). This tree's order is `one_ahead` (both). The cases are
+`benchmarks/link_model_check.py`'s; each repeat runs, per case, the earlier order and this
+tree's on the shaped links, then this tree's unshaped, back to back. All three orders are
+predicted from this tree, each plan's lowering with none, the first or both of the two
+moves applied. Needs root (network namespaces).
 """
 
 from __future__ import annotations
@@ -30,31 +30,40 @@ import link_model_check as lmc  # noqa: E402
 
 import ratrain.schedule.build as build  # noqa: E402
 from ratrain.models.presets import get_preset  # noqa: E402
+from ratrain.schedule.rendezvous import post_receives_ahead, post_receives_first  # noqa: E402
 from ratrain.sim.simulate import simulate  # noqa: E402
+
+ORDERS = {
+    "lowering": lambda s: s,
+    "receives_first": post_receives_first,
+    "one_ahead": lambda s: post_receives_ahead(post_receives_first(s)),
+}
 
 
 def _predict(case, platform_path: str) -> dict:
-    name, nodes, r, mbit, fields = case
+    _, nodes, r, mbit, fields = case
     plan = lmc._plan(fields)
     shaped, unshaped = lmc._platforms(platform_path, nodes, r, mbit)
     spec = get_preset(lmc.MODEL)
-    keep = build.post_receives_first
-    out = {}
-    try:
-        for order, rule in (("lowering", lambda s: s), ("receives_first", keep)):
-            build.post_receives_first = rule
-            out[order] = simulate(spec, plan, shaped, memory_timeline=False).step_time_s
-        out["unshaped"] = simulate(spec, plan, unshaped, memory_timeline=False).step_time_s
-    finally:
-        build.post_receives_first = keep
+
+    def lowered():
+        return build._LOWERINGS[plan.schedule](spec, plan)
+
+    out = {
+        order: simulate(spec, plan, shaped, schedule=move(lowered()), memory_timeline=False)
+        for order, move in ORDERS.items()
+    }
+    out = {k: v.step_time_s for k, v in out.items()}
+    out["unshaped"] = simulate(spec, plan, unshaped, memory_timeline=False).step_time_s
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--platform", required=True, help="this machine's calibrated platform")
-    ap.add_argument("--before-src", required=True, help="src/ of a tree without the rule")
-    ap.add_argument("--cases", default="0,1,2,5")
+    ap.add_argument("--before-src", required=True, help="src/ of the tree to compare against")
+    ap.add_argument("--before-order", choices=("lowering", "receives_first"), required=True)
+    ap.add_argument("--cases", default="0,1,7,5,12")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
@@ -64,7 +73,7 @@ def main() -> None:
     here = str(Path(build.__file__).parents[2])
     picked = [lmc.CASES[int(k)] for k in args.cases.split(",")]
     rows = {c[0]: {"predicted": _predict(c, args.platform), "measured": {}} for c in picked}
-    runs = (("lowering", args.before_src), ("receives_first", here), ("unshaped", here))
+    runs = ((args.before_order, args.before_src), ("one_ahead", here), ("unshaped", here))
     for rep in range(args.repeats):
         for case in picked:
             plan = lmc._plan(case[4])
@@ -81,7 +90,7 @@ def main() -> None:
     for name, row in rows.items():
         m, p = row["measured"], row["predicted"]
         mu = statistics.median(m["unshaped"])
-        for order in ("lowering", "receives_first"):
+        for order in (args.before_order, "one_ahead"):
             ms = statistics.median(m[order])
             err = (p[order] - ms) / ms * 100
             add = f"{ms - mu:.3f} / {p[order] - p['unshaped']:.3f}"
