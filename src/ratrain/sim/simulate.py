@@ -245,7 +245,8 @@ def memory_microbatches(plan: Plan) -> int:
     steady pair past the longest warmup (pp - 1 forwards; 2(pp - 1) under zb-h2), one more
     for the receive posted one ahead, and, with views that live within the step
     (transient, fsdp-pp), room for a fetch placed `view_lookahead` uses back to reach into
-    the previous pass. A 1F1B stage's memory repeats from one steady pair to the next (`tests/planner/test_search.py` checks the equality over schedules, policies and
+    the previous pass. A 1F1B stage's memory repeats from one steady pair to the next
+    (`tests/planner/test_search.py` checks the equality over schedules, policies and
     lookaheads): the planner's memory pass replays no more, the steady-state extrapolation
     (`ratrain.sim.steady`) simulates no fewer."""
     if plan.chunks == 2:  # a V's pass order is list-scheduled, with no warm-up formula
