@@ -62,6 +62,7 @@ from ratrain.errors import RatrainError
 from ratrain.schedule.ir import Op, Schedule
 
 __all__ = [
+    "SENDS",
     "sends_recvs",
     "p2p_queue",
     "issue_gates",
@@ -143,7 +144,8 @@ def issue_gates(pairs, n: int) -> list[int]:
     return gate
 
 
-_SENDS = (Op.SEND_F, Op.SEND_B)
+SENDS = (Op.SEND_F, Op.SEND_B)
+"""The ops of a transfer's sending end (each queued on its peer's `p2p_queue`)."""
 _RECVS = (Op.RECV_F, Op.RECV_B)
 
 
@@ -159,7 +161,7 @@ def post_receives_first(schedule: Schedule) -> Schedule:
         for a in acts:
             if a.op in _RECVS:
                 k = len(out)
-                while k and out[k - 1].op in _SENDS:
+                while k and out[k - 1].op in SENDS:
                     k -= 1
                 out.insert(k, a)
             else:

@@ -31,6 +31,7 @@ from __future__ import annotations
 from ratrain import deadline
 from ratrain.config import Plan
 from ratrain.schedule.ir import Op
+from ratrain.schedule.rendezvous import SENDS
 from ratrain.sim.result import busy_s
 from ratrain.sim.simulate import memory_microbatches
 
@@ -163,9 +164,6 @@ def _repeats(events, start: float, period_s: float, tol: float) -> dict[str, flo
     return {r: busy_s(iv, lo_s, hi_s) for r, iv in spans.items()}
 
 
-_SENDS = (Op.SEND_F, Op.SEND_B)
-
-
 def _queue_of(e) -> tuple:
     """The queue whose actions run one at a time, for the backlog check: the resource, or
     for a SEND its resource and op. A stage's sends to two peers run side by side, each
@@ -174,7 +172,7 @@ def _queue_of(e) -> tuple:
     peer but in a V order, where its two peers' sends summed fail the check (the step is
     then simulated in full: slower, never wrong)."""
     op = e.action.op
-    return (e.resource, op) if op in _SENDS else (e.resource, None)
+    return (e.resource, op) if op in SENDS else (e.resource, None)
 
 
 def extended_result(plan: Plan, short, step_s: float, util: list[dict], memory):
