@@ -63,6 +63,7 @@ __all__ = [
     "Overheads",
     "StageLoad",
     "grad_sync_s",
+    "offload_loads",
     "overheads",
 ]
 
@@ -358,6 +359,18 @@ def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
     )
 
 
+def offload_loads(spec: ModelSpec, plan: Plan, platform: Platform) -> tuple[StageLoad, ...]:
+    """`Overheads.loads` of `plan` without its views' fetches: the offload traffic alone
+    (empty where it does not offload). Every plan that offloads alike (the same
+    structure, pass order, loss and dtypes) puts at least this on its stages, whatever its
+    views: a fetch only adds to a resource's work (`StageLoad.busiest_s`)."""
+    if not plan.offload_activations:
+        return ()
+    cm = CostModel(spec, plan, platform, speed="peak")
+    units = [tuple(plan.stage_units(spec, s)) for s in range(plan.pp)]
+    return _stage_loads(spec, plan, platform, cm, units, ())
+
+
 def grad_sync_s(spec: ModelSpec, plan: Plan, platform: Platform) -> tuple[float, ...]:
     """Per stage, one gradient sync of all its units (`Overheads.sync_s` without the
     refreshing gathers): what a structure's cheapest knobs sync at least."""
@@ -530,11 +543,35 @@ def _walk_idle_s(walk: OffloadWalk, policy: str, ut: UnitTimes, zb: bool) -> flo
     return idle
 
 
+_DEFERRING = {"1f1b": 1, "zb-h1": 1, "zb-h2": 2}
+"""Per pass order with a closed form: the backward passes per warm-up forward that do not
+follow an offloaded forward in the steady state (`_offload_passes`)."""
+
+
 @lru_cache(maxsize=4096)
 def _offload_passes(pp: int, m: int, s: int, pipeline: str) -> tuple[int, int]:
     """(`OffloadWalk.pairs`, `OffloadWalk.solos`) of stage `s`: its offloaded backward
     passes (B, or B_IN under a split backward) right after an offloaded forward pass in
-    its pass order, and the others."""
+    its pass order, and the others.
+
+    From 2 pp + 2 microbatches on, under 1F1B, zb-h1 and zb-h2, every microbatch but the
+    last is offloaded on a stage before the last (none on the last), and of them k w
+    follow no offloaded forward, w = pp - s - 1 the stage's warm-up forwards and k 1 (2
+    under zb-h2): a closed form, where the walk of `m` passes costs about 2 ms a stage at a
+    thousand microbatches, once per stage of every structure bounded
+    (`tests/planner/test_offload_passes.py` checks it against the walk)."""
+    k = _DEFERRING.get(pipeline)
+    if k is not None and m >= 2 * pp + 2:
+        if s == pp - 1:
+            return 0, 0
+        solos = k * (pp - s - 1)
+        return m - 1 - solos, solos
+    return _offload_passes_walked(pp, m, s, pipeline)
+
+
+@lru_cache(maxsize=4096)
+def _offload_passes_walked(pp: int, m: int, s: int, pipeline: str) -> tuple[int, int]:
+    """`_offload_passes` by walking the stage's pass order."""
     moved = offloaded_mbs(pp, m, s, pipeline)
     if pipeline in SPLIT_PIPELINES:
         order = zb_pass_order(pp, m, s, pipeline)
