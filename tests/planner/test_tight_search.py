@@ -43,6 +43,10 @@ def test_the_look_apart_starts_a_quarter_into_the_soft_limit():
     # used to wait until halfway from the soft to the hard limit (3.6 s).
     assert Budget(1.2, 6.0, start=now - 0.4).look_apart_due()
     assert not Budget(1.2, 6.0, start=now + 10).look_apart_due()
+    # Where nothing the search worked on has come to nothing yet, it waits until the soft
+    # limit (`LOOK_APART_LATE`).
+    assert not Budget(1.2, 6.0, start=now - 0.4).look_apart_due(stuck=False)
+    assert Budget(1.2, 6.0, start=now - 1.3).look_apart_due(stuck=False)
     # Never without both limits (the exact search, and a soft limit alone).
     assert not Budget(None, None, start=now - 100).look_apart_due()
     assert not Budget(1.2, None, start=now - 100).look_apart_due()

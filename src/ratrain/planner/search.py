@@ -9,8 +9,9 @@
    at peak (where the kernel model is costly) to the kernel model's times after the memory
    pass, then per knob combination with the recomputation
    the memory bound forces and the communication and update overheads. Until a plan is
-   ranked, a structure popped past the memory pass goes down to its knob queue and is run
-   at once (`_deepen`).
+   ranked, the first refinement counts the recomputation and offload traffic the memory
+   bound forces (`forced_bound_s`), and a structure popped past it goes down to its knob
+   queue and is run at once (`_deepen`).
 3. For each knob combination that can still place: the cheapest recompute policy per stage
    the memory bound allows (`ratrain.planner.fit`) is replayed by the ledger; a stage over
    the cap moves to its next policy; what fits is simulated.
@@ -360,7 +361,7 @@ def _work(
     time, or past the hard limit); the bound of a knob queue cut midway (None if none
     was)."""
     while tasks:
-        if not best.items and not state.dived and state.budget.look_apart_due():
+        if not best.items and not state.dived and state.budget.look_apart_due(state.missed > 0):
             state.dived = True
             state.fallback = _dive(req, ev, state)
             if state.fallback is not None:
@@ -373,8 +374,17 @@ def _work(
             return None
         if entry.level != _KNOBS:
             if best.items or entry.level == _PEAK:
-                try:  # with a plan ranked, a structure's knob bounds stop at the soft limit
-                    _refine(req, tasks, entry, state, budget=state.budget if best.items else None)
+                # Until a plan is ranked, with the recomputation and offload traffic the
+                # memory bound forces (`forced_bound_s`): the first structure run is then
+                # the likeliest fastest, not the one whose kernels alone are. With a plan
+                # ranked, a structure's knob bounds stop at the soft limit.
+                n = len(tasks)
+                try:
+                    if best.items:
+                        _refine(req, tasks, entry, state, budget=state.budget)
+                    else:
+                        _refine(req, tasks, entry, state, forced=True)
+                        state.missed += len(tasks) == n  # no knob combination of it fits
                 except OutOfTime:
                     heapq.heappush(tasks, entry)  # cut at its bound, next time round
                 continue
@@ -384,8 +394,10 @@ def _work(
             # send the search through every structure's knob bounds before it ran any.
             entry = _deepen(req, entry, state)
             if entry is None:
+                state.missed += 1
                 continue
         run_queue(ev, req, entry.st, entry.fam, entry.queue or [], best, state, prune)
+        state.missed += not best.items
         if best.items and state.first_fit_s is None:
             state.first_fit_s = state.budget.elapsed_s()
         if state.stopped:
@@ -448,10 +460,15 @@ def _refine(
     memory-saving knobs, `forced_bound_s`); at `_KERNELS`, per knob combination with the
     recomputation the memory bound forces and the overheads.
 
-    The search proper refines without `forced`: a structure it pops goes on to its knob
-    queue anyway, and the forced bound (a memory bound per stage and policy) would double
-    that work where it does not prune. Tightening the floor after a cut (`_tighten`) uses
-    it: there it lifts most structures past the best plan's step without their knobs.
+    With a plan ranked the search refines without `forced`: a structure it pops goes on
+    to its knob queue anyway, and the forced bound (a memory bound per stage and policy)
+    would double that work where it does not prune. Before the first plan it refines with
+    it: the structures whose kernels are fastest are often those that must recompute or
+    offload most, and the first structure run takes most of a small budget (on llama2-70b
+    over 96 a100-80g clusters at 8192 x 2048, pp=3 went first by its kernels, 398 s, and
+    was ranked at 506.6 s, where its forced bound is 503.5 s and pp=12's 433 s, its plan
+    435.7 s, the optimum). Tightening the floor after a cut (`_tighten`) uses it too:
+    there it lifts most structures past the best plan's step without their knobs.
 
     `budget`: the knob bounds raise `OutOfTime` past its soft limit (a deep structure's
     take up to a second), and nothing is pushed: the caller puts `entry` back."""

@@ -43,6 +43,7 @@ from ratrain.planner.time_bound import (
     Overheads,
     UnitTimes,
     grad_sync_s,
+    offload_loads,
     overheads,
     recompute_time_s,
     step_time_lower_bound_s,
@@ -108,6 +109,10 @@ class State:
     """V-shaped plans the V pass left untried at the time budget (`ratrain.planner.vpass`)."""
     dived: bool = False
     """Whether the search has looked for a first fitting plan apart (`search._dive`)."""
+    missed: int = 0
+    """Structures the search worked on, with no plan ranked, that came to none: no knob
+    combination left, or none ranked when its queue was run. Once one has, the look apart
+    is due sooner (`deadline.Budget.look_apart_due`)."""
     fallback: Candidate | None = None
     """The plan that look found, kept apart until the search ends (then ranked beside the
     search's own plans): the answer if the search does not better it."""
@@ -250,21 +255,26 @@ def sync_floor_s(req: Request, st: Structure, kns: list[Knobs]) -> tuple[float, 
 
 def forced_bound_s(req: Request, st: Structure, fam: Family, kns: list[Knobs]) -> float:
     """A step-time bound below every knob combination of a structure, with the
-    recomputation the memory bound forces (no overheads): the smallest over its groups by
-    loss and pass order of the bound under the group's most memory-saving combination
+    recomputation the memory bound forces: the smallest over its groups by loss, pass
+    order and offload of the bound under the group's most memory-saving combination
     (`dominant_of`). That combination's bound is no larger than any other's of the group
     on every stage and policy, so the policies it leaves each stage are a superset of
     theirs, and its cheapest recomputation no dearer (`bound_knobs` bounds each
     combination under its own, with its overheads: no smaller). A group with no such
-    combination is bounded with no recomputation. Cheap next to `bound_knobs`: one
-    `options` per group, not one per combination."""
+    combination is bounded with no recomputation. The overheads counted are those every
+    combination of a group pays: its least gradient sync, and where it offloads, the
+    offload traffic (`offload_loads`; apart from the groups that do not offload, whose
+    lead would otherwise lend them its memory without its traffic). Cheap next to
+    `bound_knobs`: one `options` per group, not one per combination."""
     m = st.microbatches(req.global_batch)
     groups: dict[tuple, list[Knobs]] = {}
     for kn in kns:
-        groups.setdefault((kn.loss_chunk_tokens, kn.pipeline), []).append(kn)
+        groups.setdefault((kn.loss_chunk_tokens, kn.pipeline, kn.offload_activations), []).append(
+            kn
+        )
     none = dataclasses.replace(Overheads.none(st.pp), sync_s=sync_floor_s(req, st, kns))
     out = float("inf")
-    for (loss, pipe), group in groups.items():
+    for (loss, pipe, offload), group in groups.items():
         ut = unit_times_of(req, st, loss)
         lead = dominant_of(tuple(group))
         if lead is None:
@@ -273,7 +283,11 @@ def forced_bound_s(req: Request, st: Structure, fam: Family, kns: list[Knobs]) -
             opts = options(req, st, lead, ut)
             if not opts.feasible(fam.per_stage_recompute):
                 continue  # no combination of the group fits: `bound_knobs` drops them all
-            lb = time_bound_s(fam, st, m, ut, opts, none, pipe)
+            over = none
+            if offload:
+                plan = make_plan(req, st, lead, ("none",) * st.pp)
+                over = dataclasses.replace(none, loads=offload_loads(req.spec, plan, req.platform))
+            lb = time_bound_s(fam, st, m, ut, opts, over, pipe)
         out = min(out, lb)
     return out
 
@@ -509,6 +523,8 @@ class _Ctx:
             state.near = closer(state.near, near)
             return Outcome(Tried.OVER, tuple(over))
         self.best.add(candidate_of(res, plan, self.fam.name, rep.limit_bytes))
+        if state.first_fit_s is None:
+            state.first_fit_s = budget.elapsed_s()
         return FITS
 
 
