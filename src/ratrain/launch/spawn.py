@@ -72,7 +72,8 @@ __all__ = [
 
 class RankFailure(RuntimeError):
     """A rank crashed or died. `rank` is the root cause as far as it can be told (a rank
-    killed by a signal we did not send, else the earliest crash); `cause` is one line."""
+    killed by a signal we did not send, else the earliest crash, one whose collective lost a
+    peer last); `cause` is one line."""
 
     def __init__(self, rank: int | None, cause: str, detail: str):
         super().__init__(detail)
@@ -444,11 +445,24 @@ def _read_results(out_dir: Path, nprocs: int) -> list[dict | None]:
     return results
 
 
+_PEER_GONE = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "NCCL")
+"""What the last line of a collective's error says when a peer went away."""
+
+
+def _peer_gone(tb: str) -> bool:
+    """Whether a rank's traceback ends in a collective that failed because a peer went away:
+    a consequence of another rank's crash, whose own record may come later (it is stamped
+    once its exception has unwound, and the unwinding closes its sockets first)."""
+    lines = tb.strip().splitlines()
+    return bool(lines) and any(k in lines[-1] for k in _PEER_GONE)
+
+
 def _raise_failure(
     results: list[dict | None], failure: str | None, signalled: dict[int, str] | None = None
 ) -> None:
     # A rank killed by a signal is the root cause (its peers' errors are consequences); then
-    # a user mistake (every rank usually finds the same one); then the earliest crash.
+    # a user mistake (every rank usually finds the same one); then the earliest crash, one
+    # whose collective lost a peer (`_peer_gone`) only where no other crashed.
     if signalled:
         rank = min(signalled)
         raise RankFailure(rank, f"was killed ({signalled[rank]})", failure or "")
@@ -458,9 +472,13 @@ def _raise_failure(
         err = RatrainError(line)
         err.exit_code = code  # e.g. 1 for a JobFailed (a failed save), not a user mistake
         raise err
-    crashes = sorted((r["t"], i, r["error"]) for i, r in enumerate(results) if r and "error" in r)
+    crashes = sorted(
+        (_peer_gone(r["error"]), r["t"], i, r["error"])
+        for i, r in enumerate(results)
+        if r and "error" in r
+    )
     if crashes:
-        _, rank, tb = crashes[0]
+        *_, rank, tb = crashes[0]
         tail = "\n".join(tb.strip().splitlines()[-12:])
         last = tb.strip().splitlines()[-1] if tb.strip() else "an error"
         raise RankFailure(rank, f"failed ({last[:300]})", f"rank {rank} failed:\n{tail}")
