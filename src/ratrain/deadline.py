@@ -95,7 +95,7 @@ look apart waits until this fraction of the soft limit (1.2 s at the default bud
 rather than `LOOK_APART_AT`. Begun at 0.3 s on jobs that are not memory-tight, the look
 took 0.7-2.7 s of the answer on the 2-core machine for a plan of the structure's most
 memory-saving knobs (llama2-70b on 96 a100-80g clusters: 506.6 s per step, where the search,
-left to it, ranked the optimum, 435.7 s, by 0.9 s; llama3-405b on 1000 h100-80g: 348.8 s,
+left to it, ranked the optimum, 435.7 s, by 0.8-1.1 s; llama3-405b on 1000 h100-80g: 348.8 s,
 where the search ranked 125.3 s)."""
 
 DIVE_GRACE = 2.0

@@ -35,8 +35,10 @@ def _never_ranks(ev, req, st, fam, queue, best, state, prune):
 
 @pytest.fixture(autouse=True)
 def _look_at_once(monkeypatch):
-    """The look apart at once (`deadline.LOOK_APART_AT`)."""
+    """The look apart at once (`deadline.LOOK_APART_AT`, and `LOOK_APART_LATE` where no
+    structure has come to nothing yet)."""
     monkeypatch.setattr(deadline, "LOOK_APART_AT", 0.0)
+    monkeypatch.setattr(deadline, "LOOK_APART_LATE", 0.0)
 
 
 @pytest.fixture
@@ -69,6 +71,7 @@ def test_the_plan_found_apart_is_the_answer_with_an_honest_gap(tight, monkeypatc
 
 def test_a_search_that_ranks_in_time_does_not_look_apart(tight, monkeypatch):
     monkeypatch.setattr(deadline, "LOOK_APART_AT", 0.25)  # at 15 s of the 60 s below
+    monkeypatch.setattr(deadline, "LOOK_APART_LATE", 0.25)
     calls = []
     monkeypatch.setattr(search_mod, "_dive", lambda *a: calls.append(a))
     res = search(tight, budget=Budget(60.0, 300.0))

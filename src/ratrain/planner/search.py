@@ -378,13 +378,11 @@ def _work(
                 # memory bound forces (`forced_bound_s`): the first structure run is then
                 # the likeliest fastest, not the one whose kernels alone are. With a plan
                 # ranked, a structure's knob bounds stop at the soft limit.
-                n = len(tasks)
                 try:
                     if best.items:
                         _refine(req, tasks, entry, state, budget=state.budget)
                     else:
                         _refine(req, tasks, entry, state, forced=True)
-                        state.missed += len(tasks) == n  # no knob combination of it fits
                 except OutOfTime:
                     heapq.heappush(tasks, entry)  # cut at its bound, next time round
                 continue
@@ -394,7 +392,6 @@ def _work(
             # send the search through every structure's knob bounds before it ran any.
             entry = _deepen(req, entry, state)
             if entry is None:
-                state.missed += 1
                 continue
         run_queue(ev, req, entry.st, entry.fam, entry.queue or [], best, state, prune)
         state.missed += not best.items
