@@ -219,7 +219,7 @@ class Plan:
     """gpu-style: gradient-sync bucket size (Megatron's default is 40M fp32 elements)."""
     clip_grad: float | None = knob(1.0, Knob(
         "numerics", "--clip-grad", "global grad-norm clip; 0 disables it", "nonneg_float", 170,
-        pin="optional_float",
+        pin="optional_float", bound=True,
     ))  # fmt: skip
     """Global gradient-norm clip; None disables it (and the global norm reduction)."""
     model: str | None = knob(None, Knob("identity", pin=None))

@@ -19,6 +19,7 @@ stage, where a walk one policy at a time took up to a replay per block. Pure Pyt
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -30,7 +31,7 @@ from ratrain.planner.memory_bound import MemoryBound
 from ratrain.planner.space import Knobs, Request, Structure, make_plan
 from ratrain.planner.time_bound import UnitTimes, recompute_time_s, step_time_lower_bound_s
 from ratrain.schedule.zerobubble import warmup
-from ratrain.schema import search_fields
+from ratrain.schema import bound_fields, search_fields
 
 __all__ = [
     "Options",
@@ -95,6 +96,14 @@ def memory_bound(req: Request, plan) -> MemoryBound:
 
 _STRUCTURE_FIELDS = tuple(f.name for f in search_fields(Plan, "structure"))
 _KNOB_FIELDS = tuple(f.name for f in search_fields(Plan, "knob"))
+_FIXED_BOUND = {
+    f.name: f.default
+    for f in dataclasses.fields(Plan)
+    if f.name in bound_fields(Plan)
+    and f.name not in (*_STRUCTURE_FIELDS, *_KNOB_FIELDS, "seq")  # seq: the request's
+}
+"""Fields the memory bound reads that the search does not vary (the clip: whether the
+syncs wait for a global check), as the plan gets them: a pin, else the default."""
 
 
 def structure_bound(req: Request, st: Structure, kn: Knobs) -> MemoryBound:
@@ -105,6 +114,7 @@ def structure_bound(req: Request, st: Structure, kn: Knobs) -> MemoryBound:
     fields = SimpleNamespace(
         **{f: getattr(st, f) for f in _STRUCTURE_FIELDS},
         **{f: getattr(kn, f) for f in _KNOB_FIELDS},
+        **{f: req.pins.get(f, default) for f, default in _FIXED_BOUND.items()},
         seq=req.seq,
         microbatches=st.microbatches(req.global_batch),
     )

@@ -21,6 +21,7 @@ from ratrain.models.spec import ModelSpec
 from ratrain.planner.cache import Memo
 from ratrain.planner.memory_tables import Layout, Run, unit_tables, zb_profile_of
 from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
+from ratrain.schedule.passes import global_checks
 from ratrain.schedule.views import prefetched_views_of, transient_views_of
 from ratrain.schedule.zerobubble import warmup
 from ratrain.schema import bound_fields
@@ -177,6 +178,10 @@ class MemoryBound:
         self.zb_gbp = self.gbp if self.zb else 0
         if self.zb:
             self.gbp = 0
+        # With a global check (the gradient norm for clipping, fp16's overflow flag), each
+        # unit's GRAD_SYNC lands only at that check, after the stage's last B_W
+        # (`ledger._landings`): there every full gradient of the stage exists at once.
+        self.checked = bool(global_checks(plan))
         self.transient = transient_views_of(plan.schedule, plan.view_policy) and vbp > 0
         self.prefetch = self.transient and prefetched_views_of(
             plan.schedule, plan.view_policy, plan.view_lookahead
@@ -196,7 +201,7 @@ class MemoryBound:
             plan.offload_activations,
             sends_held,
             # zb-h1: its pass order reads pp (`zb_profile`); its gradients count apart.
-            (plan.pp, self.zb_gbp) if self.zb else None,
+            (plan.pp, self.zb_gbp, self.checked) if self.zb else None,
         )
         self.m = plan.microbatches
         # Sends held to the step's end (`Platform.sends_held_until_waited`): every output a
@@ -380,6 +385,13 @@ class MemoryBound:
             total = static + others_b + held + v
             if total > best:
                 best, at_best = total, (grads, mine + others_b, running, k, held, ahead_view)
+        if self.zb and self.checked and terms:
+            # The stage's last B_W, as it starts: every unit's full gradient exists (each
+            # sync lands at the global check after it). The moments above are B_IN's: with
+            # few microbatches (one: every B_W after every B_IN) none has them all.
+            end = static + lay.zb_grads
+            if end > best:
+                best, at_best = end, (lay.zb_grads, 0, 0, None, 0, 0)
         if not parts:
             return best
         return self._parts(static - views, views, at_best)
@@ -387,9 +399,9 @@ class MemoryBound:
     def _parts(self, states: int, views: int, at_best) -> dict[str, int]:
         """`_stage`'s maximum split into the ledger's state classes."""
         grads, kept, running, k, held, ahead_view = at_best or (0, 0, 0, "block", 0, 0)
-        fetched = self.params[k] * self.vbp if self.transient and k != "emb" else 0
+        fetched = self.params[k] * self.vbp if self.transient and k not in ("emb", None) else 0
         fetched += ahead_view
-        workspace = self.bws[k] if at_best else 0
+        workspace = self.bws[k] if at_best and k is not None else 0
         share = MASTER_BYTES_PER_PARAM / (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM)
         master = int(states * share)  # each unit's states, rounded once: split by share
         return {
