@@ -365,8 +365,9 @@ def _join(
     ctx: mp.ProcessContext, deadline_s: float, stop: StopRequest | None = None
 ) -> tuple[str | None, set[int]]:
     """Wait for every rank: (a failure description or None, the ranks we stopped). A rank
-    that fails, a deadline passed or a second stop signal SIGKILLs the others at once (a
-    SIGTERM would only ask them to stop)."""
+    that fails, a deadline passed or a second stop signal SIGKILLs the others (a SIGTERM
+    would only ask them to stop): at once, but after a crash only once they have had
+    `_SETTLE_S` to end on their own and leave their records."""
     end = time.monotonic() + deadline_s
     procs = ctx.processes
     forwarded = False
@@ -380,6 +381,8 @@ def _join(
             failed = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
             if failed:
                 i, code = failed[0]
+                if code > 0:  # a crash, its record written: the others' too, if failing
+                    _settle(procs, _SETTLE_S)
                 return _exit_description(i, code), _terminate(ctx)
             live = [p for p in procs if p.exitcode is None]
             if not live:
@@ -391,6 +394,25 @@ def _join(
     except BaseException:
         _terminate(ctx)  # never leave ranks behind
         raise
+
+
+_SETTLE_S = 2.0
+"""assumed: after a rank crashes, how long the others may take to end on their own (a
+peer whose collective lost the crashed rank fails within moments) before they are
+SIGKILLed. The crashed rank's record can come after its peer's exit: unwinding its
+exception closes its sockets first, so killing the others at once could lose the record
+of the crash itself and name the peer instead (`_raise_failure`)."""
+
+
+def _settle(procs: list, within_s: float) -> None:
+    """Wait up to `within_s` for every rank to exit."""
+    end = time.monotonic() + within_s
+    while True:
+        live = [p for p in procs if p.exitcode is None]
+        left = end - time.monotonic()
+        if not live or left <= 0:
+            return
+        multiprocessing.connection.wait([p.sentinel for p in live], timeout=left)
 
 
 def _exit_description(i: int, code: int) -> str:
