@@ -28,7 +28,7 @@ from ratrain.planner.cache import Memo
 from ratrain.planner.evaluate import usable_bytes
 from ratrain.planner.families import Family
 from ratrain.planner.memory_bound import MemoryBound
-from ratrain.planner.space import Knobs, Request, Structure, make_plan
+from ratrain.planner.space import FIXED_FIELDS, Knobs, Request, Structure, make_plan
 from ratrain.planner.time_bound import UnitTimes, recompute_time_s, step_time_lower_bound_s
 from ratrain.schedule.zerobubble import warmup
 from ratrain.schema import bound_fields, search_fields
@@ -99,8 +99,7 @@ _KNOB_FIELDS = tuple(f.name for f in search_fields(Plan, "knob"))
 _FIXED_BOUND = {
     f.name: f.default
     for f in dataclasses.fields(Plan)
-    if f.name in bound_fields(Plan)
-    and f.name not in (*_STRUCTURE_FIELDS, *_KNOB_FIELDS, "seq")  # seq: the request's
+    if f.name in FIXED_FIELDS and f.name in bound_fields(Plan)
 }
 """Fields the memory bound reads that the search does not vary (the clip: whether the
 syncs wait for a global check), as the plan gets them: a pin, else the default."""

@@ -38,6 +38,7 @@ from ratrain.schema import normalize_pins as _normalize_pins
 from ratrain.schema import parse_pin, pinnable, search_fields
 
 __all__ = [
+    "FIXED_FIELDS",
     "Knobs",
     "Request",
     "Structure",
@@ -399,14 +400,14 @@ _PLANS: Memo[Plan] = Memo(200_000)
 def make_plan(req: Request, st: Structure, kn: Knobs, recompute: tuple[str, ...]) -> Plan:
     """The Plan of one candidate; pins of fields the search does not vary are applied here.
     (Memoised: the search builds the same candidate's plan several times.)"""
-    extra = {k: v for k, v in req.pins.items() if k in _FIXED_FIELDS}
+    extra = {k: v for k, v in req.pins.items() if k in FIXED_FIELDS}
     key = (req.spec.name, req.global_batch, req.seq, st, kn, recompute, tuple(extra.items()))
     return _PLANS.get_or(key, _make_plan, req, st, kn, recompute, extra)
 
 
 _KNOB_FIELDS = tuple(f.name for f in search_fields(Plan, "knob"))
 _STRUCTURE_FIELDS = tuple(f.name for f in search_fields(Plan, "structure"))
-_FIXED_FIELDS = tuple(f.name for f in search_fields(Plan, None) if f.name in _PINNABLE)
+FIXED_FIELDS = tuple(f.name for f in search_fields(Plan, None) if f.name in _PINNABLE)
 """Pinnable fields the search does not vary (bucket sizes, the clip): set from the pins."""
 
 

@@ -569,7 +569,6 @@ def _offload_passes(pp: int, m: int, s: int, pipeline: str) -> tuple[int, int]:
     return _offload_passes_walked(pp, m, s, pipeline)
 
 
-@lru_cache(maxsize=4096)
 def _offload_passes_walked(pp: int, m: int, s: int, pipeline: str) -> tuple[int, int]:
     """`_offload_passes` by walking the stage's pass order."""
     moved = offloaded_mbs(pp, m, s, pipeline)
