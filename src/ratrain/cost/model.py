@@ -76,10 +76,10 @@ from ratrain.errors import RatrainError
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import Platform
-from ratrain.schedule.ir import Action, Op, Resource
+from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Resource
 from ratrain.schedule.lowering import action_bytes
 
-__all__ = ["COST_CATEGORIES", "SPEEDS", "ActionCost", "CostModel", "only"]
+__all__ = ["COST_CATEGORIES", "SPEEDS", "ActionCost", "CostModel", "cost_key", "only"]
 
 SPEEDS = ("busy", "peak")
 """`CostModel(speed=...)`: the rank speed compute times are charged at."""
@@ -128,6 +128,18 @@ class ActionCost:
     fixed_s: float = 0.0
     """The part of `time_s` that does not follow the rank's speed (the runtime's fixed cost
     per action); the rest of a compute action's time does (`ratrain.sim.sharing`)."""
+
+
+_MOVES = (Op.OFFLOAD, Op.RELOAD)
+
+
+def cost_key(a: Action) -> tuple:
+    """What an action's cost depends on: its op, stage and units, and for an OFFLOAD or
+    RELOAD whether it moves what B_IN keeps for B_W (`WEIGHT_VISIT`) or the activations:
+    they move different bytes. Not the microbatch, nor a view fetch's visit."""
+    if a.visit == WEIGHT_VISIT and a.op in _MOVES:
+        return (a.op, a.stage, a.units, WEIGHT_VISIT)
+    return (a.op, a.stage, a.units)
 
 
 class CostModel:
@@ -218,7 +230,7 @@ class CostModel:
 
     # -- costs ------------------------------------------------------------------------------
     def action(self, a: Action) -> ActionCost:
-        key = (a.op, a.stage, a.units)
+        key = cost_key(a)
         cost = self._cache.get(key)
         if cost is None:
             cost = self._cache[key] = self._cost(a)

@@ -12,7 +12,7 @@ import operator
 from ratrain import deadline
 from ratrain.config import Plan
 from ratrain.cost.links import LinkUse, crosses_nodes, link_use
-from ratrain.cost.model import CostModel
+from ratrain.cost.model import CostModel, cost_key
 from ratrain.gcpause import gc_paused
 from ratrain.models.spec import ModelSpec
 from ratrain.platforms import Platform, load
@@ -25,7 +25,7 @@ from ratrain.sim.sharing import node_sharing, run_shared
 
 __all__ = ["simulate", "simulate_schedule", "platform_ledger", "memory_microbatches"]
 
-_COST_KEY = operator.attrgetter("op", "stage", "units")  # CostModel.action's cache key
+_COST_KEY = operator.attrgetter("op", "stage", "units")  # `cost_key` with no weight visit
 _TIME_S = operator.attrgetter("time_s")
 _BOUND = operator.attrgetter("bound")
 _ALGORITHM = operator.attrgetter("algorithm")
@@ -97,13 +97,17 @@ def _memory_starts(columns: list) -> list[list[float]]:
 
 
 def _costs(cost: CostModel, acts: list) -> list:
-    """`cost.action(a)` of every action. `CostModel.action` caches by (op, stage, units):
+    """`cost.action(a)` of every action. `CostModel.action` caches by `cost_key` (op, stage, units):
     where it is not overridden, it is called once per such key, on the key's first action
     and in the order of first occurrence (the calls the plain loop makes that miss its
     cache), and the cached costs are laid out by key."""
     if getattr(cost.action, "__func__", None) is not CostModel.action:  # overridden
         return [cost.action(a) for a in acts]
-    keys = list(map(_COST_KEY, acts))
+    plan = cost.plan
+    # What B_IN keeps for a deferred B_W moves under the OFFLOAD's own key (`cost_key`).
+    keys = list(
+        map(cost_key if plan.offload_activations and plan.split_backward else _COST_KEY, acts)
+    )
     first = dict(zip(reversed(keys), reversed(acts), strict=True))  # key -> its first action
     memo = {k: cost.action(first[k]) for k in dict.fromkeys(keys)}
     return list(map(memo.__getitem__, keys))
