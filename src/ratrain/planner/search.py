@@ -31,7 +31,6 @@ the result types `ratrain.planner.result`. Pure Python.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import time
 from collections.abc import Callable
@@ -58,13 +57,13 @@ from ratrain.planner.structure import (
     Queued,
     State,
     bound_knobs,
+    floor_overheads,
     forced_bound_s,
     losses_of,
     memory_pass,
     run_queue,
     states_lower_bound_bytes,
     states_overflow,
-    sync_floor_s,
     unit_times_of,
     zb_pipelines,
 )
@@ -203,14 +202,13 @@ def _tasks(req: Request, families: tuple[str, ...], state: State) -> tuple[list[
 
 
 def _structure_bound_s(
-    st: Structure, m: int, ut: UnitTimes, zb: tuple[str, ...], sync_s: tuple[float, ...] = ()
+    st: Structure, m: int, ut: UnitTimes, zb: tuple[str, ...], over: Overheads | None = None
 ) -> float:
-    """A structure's step-time bound with no recompute and no overheads but the gradient
-    syncs its knobs make at least (`sync_floor_s`, where given), below every pipeline its
-    knobs try: the smallest of 1F1B's and the zero-bubble ones they try. Without the syncs
-    a structure whose knob combinations all wait for a wide DP group's syncs would be
-    refined, one at a time, before any was run."""
-    over = dataclasses.replace(Overheads.none(st.pp), sync_s=sync_s) if sync_s else None
+    """A structure's step-time bound with no recompute and no overheads but those its knobs
+    pay at least (`floor_overheads`: the least gradient syncs and sends, where given),
+    below every pipeline its knobs try: the smallest of 1F1B's and the zero-bubble ones
+    they try. Without the syncs a structure whose knob combinations all wait for a wide DP
+    group's syncs would be refined, one at a time, before any was run."""
     lb = step_time_lower_bound_s(st.layer_split, m, ut, over=over)
     for pipe in zb:
         lb = min(lb, step_time_lower_bound_s(st.layer_split, m, ut, over=over, pipeline=pipe))
@@ -484,7 +482,7 @@ def _refine(
         else:
             ut = lowest_unit_times([unit_times_of(req, st, loss) for loss in losses_of(kns)])
             m, zb = st.microbatches(req.global_batch), zb_pipelines(kns)
-            lb = _structure_bound_s(st, m, ut, zb, sync_floor_s(req, st, kns))
+            lb = _structure_bound_s(st, m, ut, zb, floor_overheads(req, st, kns))
         heapq.heappush(tasks, _Entry(lb, entry.order, entry.seq, _KERNELS, st, fam, kns))
         return
     queue = bound_knobs(req, st, fam, kns, state, budget=budget)

@@ -45,6 +45,7 @@ from ratrain.planner.time_bound import (
     grad_sync_s,
     offload_loads,
     overheads,
+    p2p_sends_s,
     recompute_time_s,
     step_time_lower_bound_s,
     unit_times,
@@ -64,6 +65,8 @@ __all__ = [
     "ruled_out",
     "run_queue",
     "states_lower_bound_bytes",
+    "floor_overheads",
+    "send_floor_s",
     "sync_floor_s",
     "unit_times_of",
     "zb_pipelines",
@@ -256,6 +259,52 @@ def sync_floor_s(req: Request, st: Structure, kns: list[Knobs]) -> tuple[float, 
     return out if out and any(out) else ()
 
 
+def send_floor_s(
+    req: Request, st: Structure, kns: list[Knobs]
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per boundary, the least time of one microbatch's activation sent forward and of its
+    gradient sent back over the knob combinations (`Overheads.send_f_s`, `send_b_s`: every
+    combination's are no smaller), or ((), ()) with one stage. A send reads the boundary's
+    bytes (the compute dtype's) and the link between the two stages (the rank layout's):
+    one cost per distinct pair, memoised per structure. The paths of the step-time bound
+    (microbatch 0's round trip, the last microbatch's drain) cross every boundary: on a
+    long sequence over many stages they are a good part of a step that has few
+    microbatches."""
+    if st.pp == 1:
+        return (), ()
+    fwd: tuple[float, ...] | None = None
+    back: tuple[float, ...] = ()
+    seen = set()
+    for kn in kns:
+        key = (kn.compute_dtype, kn.rank_layout)
+        if key in seen:
+            continue
+        seen.add(key)
+        memo_key = ("send", req.spec, id(req.platform), req.seq, st, key)
+        hit = _SYNCS.get(memo_key)
+        if hit is None or hit[0] is not req.platform:
+            if len(_SYNCS) > 4096:
+                _SYNCS.clear()
+            plan = make_plan(req, st, kn, ("none",) * st.pp)
+            hit = _SYNCS[memo_key] = (req.platform, p2p_sends_s(req.spec, plan, req.platform))
+        f, b = hit[1]
+        fwd, back = (f, b) if fwd is None else (tuple(map(min, fwd, f)), tuple(map(min, back, b)))
+    return (fwd or (), back)
+
+
+def floor_overheads(req: Request, st: Structure, kns: list[Knobs]) -> Overheads | None:
+    """The overheads every knob combination of a structure pays at least: its least
+    gradient syncs (`sync_floor_s`) and sends (`send_floor_s`); None where there are none."""
+    syncs = sync_floor_s(req, st, kns)
+    fwd, back = send_floor_s(req, st, kns)
+    if not syncs and not any(fwd) and not any(back):
+        return None
+    none = Overheads.none(st.pp)
+    return dataclasses.replace(
+        none, sync_s=syncs, send_f_s=fwd or none.send_f_s, send_b_s=back or none.send_b_s
+    )
+
+
 def forced_bound_s(req: Request, st: Structure, fam: Family, kns: list[Knobs]) -> float:
     """A step-time bound below every knob combination of a structure, with the
     recomputation the memory bound forces: the smallest over its groups by loss, pass
@@ -275,7 +324,7 @@ def forced_bound_s(req: Request, st: Structure, fam: Family, kns: list[Knobs]) -
         groups.setdefault((kn.loss_chunk_tokens, kn.pipeline, kn.offload_activations), []).append(
             kn
         )
-    none = dataclasses.replace(Overheads.none(st.pp), sync_s=sync_floor_s(req, st, kns))
+    none = floor_overheads(req, st, kns) or Overheads.none(st.pp)
     out = float("inf")
     for (loss, pipe, offload), group in groups.items():
         ut = unit_times_of(req, st, loss)

@@ -40,8 +40,8 @@ from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
 from ratrain.planner.cache import Memo
 from ratrain.platforms import Platform
-from ratrain.schedule.ir import Action, Op, Resource
-from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS, offloaded_mbs
+from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Resource
+from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS, offloaded_mbs, weight_offloaded_mbs
 from ratrain.schedule.onef1b import pass_order
 from ratrain.schedule.passes import global_checks
 from ratrain.schedule.views import transient_views_of
@@ -64,6 +64,7 @@ __all__ = [
     "StageLoad",
     "grad_sync_s",
     "offload_loads",
+    "p2p_sends_s",
     "overheads",
 ]
 
@@ -379,6 +380,20 @@ def grad_sync_s(spec: ModelSpec, plan: Plan, platform: Platform) -> tuple[float,
     return tuple(stage_s(Op.GRAD_SYNC, s, tuple(plan.stage_units(spec, s))) for s in range(plan.pp))
 
 
+def p2p_sends_s(
+    spec: ModelSpec, plan: Plan, platform: Platform
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(`Overheads.send_f_s`, `Overheads.send_b_s`) of `plan`: one microbatch's activation
+    per boundary forward and its gradient back."""
+    cm = CostModel(spec, plan, platform, speed="peak")
+    units = [tuple(plan.stage_units(spec, s)) for s in range(plan.pp)]
+    stage_s = _alike_stages(spec, plan, cm)
+    return (
+        tuple(stage_s(Op.SEND_F, s, (units[s][-1],)) for s in range(plan.pp - 1)),
+        tuple(stage_s(Op.SEND_B, s + 1, (units[s + 1][0],)) for s in range(plan.pp - 1)),
+    )
+
+
 def _alike_stages(spec: ModelSpec, plan: Plan, cm: CostModel):
     """`cm.time_s` of an action of stage `s` on `units` (microbatch 0 where it has one),
     memoised over stages alike: the same blocks by size, the same edge units, and the same
@@ -435,6 +450,10 @@ class StageLoad:
     fetch_other_s: float
     walk: OffloadWalk | None = None
     """With offload: what the stage's walk makes its compute wait for (`OffloadWalk`)."""
+    weight_s: float = 0.0
+    """With offload under a split backward: the round trips of what B_IN keeps for a
+    deferred B_W (`lowering._add_weight_offload`), on the copy engine with the others,
+    whatever the recompute (`_weight_visits`)."""
 
     def blocks_s(self, policy: str) -> float:
         t = dict(self.block_s)
@@ -445,10 +464,10 @@ class StageLoad:
 
     def busiest_s(self, policies) -> float:
         """The busiest resource's work, at least, under any of `policies`."""
-        off = 0.0
+        off = self.weight_s
         if self.offloaded_mbs:
             least = min(self.blocks_s(p) for p in policies)
-            off = self.offloaded_mbs * (self.other_units_s + least)
+            off += self.offloaded_mbs * (self.other_units_s + least)
         return max(off + self.fetch_copy_s, self.fetch_other_s)
 
 
@@ -641,8 +660,47 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
                 walk = OffloadWalk(kinds, one_way, edge, pairs, solos)
         else:
             n_off, other_units, block = 0, 0.0, ()
-        out.append(StageLoad(n_off, other_units, block, len(blocks), copy_s, other_s, walk))
+        weight = 0.0
+        if models and plan.split_backward and plan.pipeline in _DEFERRING and len(units[s]) > 1:
+            visits = _weight_visits(plan.pp, m, s, plan.pipeline)
+            head = counts.head_unit(spec)
+            split_units = [u for u in units[s] if counts.is_block(spec, u)]
+            if not plan.loss_chunk_tokens and head in units[s]:
+                split_units.append(head)
+            if visits and split_units:
+                trip = {}  # by parameter count: alike blocks move alike
+                for u in split_units:
+                    key = counts.unit_params(spec, u), u == head
+                    if key not in trip:
+                        trip[key] = sum(_weight_visit_s(models["none"], s, u))
+                    weight += trip[key]
+                weight *= visits
+        out.append(StageLoad(n_off, other_units, block, len(blocks), copy_s, other_s, walk, weight))
     return tuple(out)
+
+
+def _weight_visit_s(cm: CostModel, s: int, u: int) -> tuple[float, float]:
+    """(OFFLOAD, RELOAD) seconds of what B_IN keeps of unit `u` for its deferred B_W."""
+    return (
+        cm.time_s(Action(Op.OFFLOAD, s, (u,), 0, WEIGHT_VISIT)),
+        cm.time_s(Action(Op.RELOAD, s, (u,), 0, WEIGHT_VISIT)),
+    )
+
+
+@lru_cache(maxsize=4096)
+def _weight_visits(pp: int, m: int, s: int, pipeline: str) -> int:
+    """Stage `s`'s microbatches whose weight pass is deferred behind another forward or
+    input-gradient pass (`lowering.weight_offloaded_mbs`): on a stage of two units or
+    more each split unit of them makes a weight visit's round trip (the pass between puts
+    a compute action between its B_IN and the RELOAD). From 2 pp + 2 microbatches on, m -
+    1 on every stage but the first under zb-h1 and on the stages from ceil(pp / 2) under
+    zb-h2, none elsewhere: a closed form
+    (`tests/planner/test_offload_passes.py` checks it against the pass order)."""
+    if m >= 2 * pp + 2:
+        first = 1 if pipeline == "zb-h1" else (pp + 1) // 2 if pipeline == "zb-h2" else None
+        if first is not None:
+            return m - 1 if s >= first else 0
+    return len(weight_offloaded_mbs(pp, m, s, pipeline))
 
 
 def _one_way_s(cm: CostModel, s: int, u: int) -> tuple[float, float]:
@@ -730,46 +788,65 @@ def step_time_lower_bound_s(
     for s in range(pp - 2, -1, -1):
         f1 = fb[s + 1][0]
         trip[s] = trip[s + 1] + sf[s] + f1 + back[s + 1] + rcp[s + 1] + sb[s + 1]
-    best = last_b0 = drain = 0.0
+    best = drain = 0.0
     fill = over.start_s
     for s, (f, b) in enumerate(fb):
-        r = rc[s]
         w = warmup(pp, m, s, pipeline)
-        # Its first backward needs w + 1 forwards of its own and microbatch 0's round trip.
-        first_b = fill + max((w + 1) * f, f + trip[s])
-        end_b = max(fill + m * (f + b + r), first_b + (m - w - 1) * f + m * (b + r) - (r - rcp[s]))
-        if zb and s > 0:  # its last gradient sent back: after its forwards and B_IN's only
-            bi = back[s]
-            last_in = max(
-                fill + m * (f + bi + r), first_b + (m - w - 1) * f + m * (bi + r) - (r - rcp[s])
-            )
-            last_b0 = max(last_b0, last_in + drain)
-        else:
-            last_b0 = max(last_b0, end_b + drain)
-        walk = over.loads[s].walk if over.loads else None
-        if walk is not None and (load_policies or recompute):
-            # The idles the walk forces on an offloading stage, under the policies left.
-            pols = load_policies[s] if load_policies else (recompute[s],)
-            f0, b0 = plain[s]
-            extra = min(
-                m * recompute_time_s(p, split[s], ut) + walk.idle_s(p, ut, zb) for p in pols
-            )
-            best = max(best, fill + m * (f0 + b0) + extra + over.update_s[s])
-        best = max(best, end_b + over.update_s[s])
+        load = over.loads[s] if over.loads else None
+        walk = load.walk if load is not None else None
+        pols = load_policies[s] if load_policies else (recompute[s],) if recompute else None
+        # A stage's own terms under each policy it may take, the other stages at their
+        # cheapest (`rc`, `rcp`): the policy it takes gives each term at least this, so
+        # the least over its policies of their largest bounds the step. Where it offloads,
+        # recomputing more shortens its copy work and its reloads' waits but lengthens its
+        # compute: bounded apart (the least traffic beside the least recompute), the
+        # terms let a stage take full's traffic and none's compute at once. Elsewhere
+        # every term grows with the recompute: the cheapest is the least.
+        offloads = load is not None and load.offloaded_mbs > 0 and pols is not None
+        own = pols if offloads else (None,)
+        least = float("inf")
+        for p in own:
+            r = rc[s] if p is None else recompute_time_s(p, split[s], ut)
+            rp = rcp[s] if p is None else max(0.0, r - (ut.rc_full if r else 0.0))
+            # Its first backward needs w + 1 forwards of its own and microbatch 0's round
+            # trip.
+            first_b = fill + max((w + 1) * f, f + trip[s])
+            end_b = max(fill + m * (f + b + r), first_b + (m - w - 1) * f + m * (b + r) - (r - rp))
+            if zb and s > 0:  # its last gradient sent back: after its forwards and B_IN's only
+                bi = back[s]
+                last_in = max(
+                    fill + m * (f + bi + r), first_b + (m - w - 1) * f + m * (bi + r) - (r - rp)
+                )
+                t = last_in + drain + over.tail_s
+            else:
+                t = end_b + drain + over.tail_s
+            t = max(t, end_b + over.update_s[s])
+            if walk is not None and (load_policies or recompute):
+                # The idles the walk forces on an offloading stage, under the policies left.
+                f0, b0 = plain[s]
+                ps = (p,) if p is not None else pols
+                extra = min(
+                    m * recompute_time_s(q, split[s], ut) + walk.idle_s(q, ut, zb) for q in ps
+                )
+                t = max(t, fill + m * (f0 + b0) + extra + over.update_s[s])
+            if over.sync_s:
+                # The stage's last pass (B, or B_W under a split backward, of the last
+                # microbatch) starts no earlier than its chain less the pass; the syncs
+                # follow.
+                last = ws[s] if zb else b + r
+                t = max(t, end_b - last + over.sync_s[s])
+            if load is not None:
+                ps = (p,) if p is not None else pols or ("full",)
+                t = max(t, load.busiest_s(ps))
+            least = min(least, t)
+        best = max(best, least)
         if over.sync_s:
-            # The stage's last pass (B, or B_W under a split backward, of the last
-            # microbatch) starts no earlier than its chain less the pass; the syncs follow.
-            last = ws[s] if zb else b + r
-            best = max(best, end_b - last + over.sync_s[s])
             # On the DP network with the fetches the forward passes surely make there.
-            fetched = over.loads[s].fetch_other_s if over.loads else 0.0
+            fetched = load.fetch_other_s if load is not None else 0.0
             best = max(best, fetched + over.sync_s[s])
-        if over.loads:
-            pols = load_policies[s] if load_policies else (recompute[s] if recompute else "full",)
-            best = max(best, over.loads[s].busiest_s(pols))
         fill += f + sf[s]
         drain += back[s] + rcp[s] + (sb[s + 1] if s + 1 < pp else 0.0)
-    return max(best, last_b0 + over.tail_s)
+    return best
 
 
 def _split_times(split: tuple[int, ...], ut: UnitTimes) -> tuple[list[float], list[float]]:
