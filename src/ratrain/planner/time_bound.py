@@ -224,7 +224,29 @@ def peak_unit_times(
 ) -> UnitTimes:
     """Compute times at the dtype's peak FLOP/s: no kernel model is faster (assumed: a
     kernel never beats its unit's peak), so these bound `unit_times` from below at no
-    kernel-model cost. Memory-bound passes (the embedding) count as free."""
+    kernel-model cost. Memory-bound passes (the embedding) count as free. Cached as
+    `unit_times` is (the look apart bounds a thousand structures with them)."""
+    key = (spec, id(platform), micro_batch, seq, dtype, loss_chunk_tokens)
+    hit = _PEAK_TIMES.get(key)
+    if hit is not None and hit[0] is platform:
+        return hit[1]
+    ut = _peak_unit_times(spec, platform, micro_batch, seq, dtype, loss_chunk_tokens)
+    _PEAK_TIMES.put(key, (platform, ut))
+    return ut
+
+
+_PEAK_TIMES: Memo[tuple[Platform, UnitTimes]] = Memo(None)
+"""`peak_unit_times` as `_UNIT_TIMES` holds `unit_times`."""
+
+
+def _peak_unit_times(
+    spec: ModelSpec,
+    platform: Platform,
+    micro_batch: int,
+    seq: int,
+    dtype: str,
+    loss_chunk_tokens: int | None,
+) -> UnitTimes:
     from ratrain.cost.compute import unit_kernels
 
     peak = platform.peak_flops[dtype]
@@ -790,10 +812,41 @@ def step_time_lower_bound_s(
         trip[s] = trip[s + 1] + sf[s] + f1 + back[s + 1] + rcp[s + 1] + sb[s + 1]
     best = drain = 0.0
     fill = over.start_s
+    wups = _warmups(pp, m, pipeline)
+    tail, upd, syncs, loads = over.tail_s, over.update_s, over.sync_s, over.loads
+
+    def own(s: int, f: float, b: float, r: float, rp: float, p: str | None) -> float:
+        """The largest of stage `s`'s own terms with its recompute `r` (`rp` on the
+        paths) under policy `p` (None: no offload traffic or walk to read)."""
+        w = wups[s]
+        # Its first backward needs w + 1 forwards of its own and microbatch 0's round trip.
+        first_b = fill + max((w + 1) * f, f + trip[s])
+        end_b = max(fill + m * (f + b + r), first_b + (m - w - 1) * f + m * (b + r) - (r - rp))
+        if zb and s > 0:  # its last gradient sent back: after its forwards and B_IN's only
+            bi = back[s]
+            last_in = max(
+                fill + m * (f + bi + r), first_b + (m - w - 1) * f + m * (bi + r) - (r - rp)
+            )
+            t = max(last_in + drain + tail, end_b + upd[s])
+        else:
+            t = max(end_b + drain + tail, end_b + upd[s])
+        if syncs:
+            # The stage's last pass (B, or B_W under a split backward, of the last
+            # microbatch) starts no earlier than its chain less the pass; the syncs follow.
+            t = max(t, end_b - (ws[s] if zb else b + r) + syncs[s])
+        if loads:
+            load = loads[s]
+            if p is not None:
+                if load.walk is not None:  # the idles the walk forces under the policy
+                    f0, b0 = plain[s]
+                    idle = load.walk.idle_s(p, ut, zb)
+                    t = max(t, fill + m * (f0 + b0 + r) + idle + upd[s])
+                t = max(t, load.busiest_s((p,)))
+            else:
+                t = max(t, load.busiest_s(pols or ("full",)))
+        return t
+
     for s, (f, b) in enumerate(fb):
-        w = warmup(pp, m, s, pipeline)
-        load = over.loads[s] if over.loads else None
-        walk = load.walk if load is not None else None
         pols = load_policies[s] if load_policies else (recompute[s],) if recompute else None
         # A stage's own terms under each policy it may take, the other stages at their
         # cheapest (`rc`, `rcp`): the policy it takes gives each term at least this, so
@@ -802,51 +855,28 @@ def step_time_lower_bound_s(
         # compute: bounded apart (the least traffic beside the least recompute), the
         # terms let a stage take full's traffic and none's compute at once. Elsewhere
         # every term grows with the recompute: the cheapest is the least.
-        offloads = load is not None and load.offloaded_mbs > 0 and pols is not None
-        own = pols if offloads else (None,)
-        least = float("inf")
-        for p in own:
-            r = rc[s] if p is None else recompute_time_s(p, split[s], ut)
-            rp = rcp[s] if p is None else max(0.0, r - (ut.rc_full if r else 0.0))
-            # Its first backward needs w + 1 forwards of its own and microbatch 0's round
-            # trip.
-            first_b = fill + max((w + 1) * f, f + trip[s])
-            end_b = max(fill + m * (f + b + r), first_b + (m - w - 1) * f + m * (b + r) - (r - rp))
-            if zb and s > 0:  # its last gradient sent back: after its forwards and B_IN's only
-                bi = back[s]
-                last_in = max(
-                    fill + m * (f + bi + r), first_b + (m - w - 1) * f + m * (bi + r) - (r - rp)
-                )
-                t = last_in + drain + over.tail_s
-            else:
-                t = end_b + drain + over.tail_s
-            t = max(t, end_b + over.update_s[s])
-            if walk is not None and (load_policies or recompute):
-                # The idles the walk forces on an offloading stage, under the policies left.
-                f0, b0 = plain[s]
-                ps = (p,) if p is not None else pols
-                extra = min(
-                    m * recompute_time_s(q, split[s], ut) + walk.idle_s(q, ut, zb) for q in ps
-                )
-                t = max(t, fill + m * (f0 + b0) + extra + over.update_s[s])
-            if over.sync_s:
-                # The stage's last pass (B, or B_W under a split backward, of the last
-                # microbatch) starts no earlier than its chain less the pass; the syncs
-                # follow.
-                last = ws[s] if zb else b + r
-                t = max(t, end_b - last + over.sync_s[s])
-            if load is not None:
-                ps = (p,) if p is not None else pols or ("full",)
-                t = max(t, load.busiest_s(ps))
-            least = min(least, t)
+        if loads and loads[s].offloaded_mbs and pols is not None:
+            least = float("inf")
+            for p in pols:
+                r = recompute_time_s(p, split[s], ut)
+                rp = max(0.0, r - (ut.rc_full if r else 0.0))
+                least = min(least, own(s, f, b, r, rp, p))
+        else:
+            least = own(s, f, b, rc[s], rcp[s], None)
         best = max(best, least)
-        if over.sync_s:
+        if syncs:
             # On the DP network with the fetches the forward passes surely make there.
-            fetched = load.fetch_other_s if load is not None else 0.0
-            best = max(best, fetched + over.sync_s[s])
+            fetched = loads[s].fetch_other_s if loads else 0.0
+            best = max(best, fetched + syncs[s])
         fill += f + sf[s]
         drain += back[s] + rcp[s] + (sb[s + 1] if s + 1 < pp else 0.0)
     return best
+
+
+@lru_cache(maxsize=4096)
+def _warmups(pp: int, m: int, pipeline: str) -> tuple[int, ...]:
+    """Each stage's warm-up forwards (`zerobubble.warmup`), once per shape."""
+    return tuple(warmup(pp, m, s, pipeline) for s in range(pp))
 
 
 def _split_times(split: tuple[int, ...], ut: UnitTimes) -> tuple[list[float], list[float]]:
