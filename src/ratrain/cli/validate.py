@@ -48,6 +48,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "with --platform, without running anything (--grid FILE: the models, if the file "
         "lacks them)",
     )
+    p.add_argument(
+        "--cluster",
+        nargs="?",
+        const="default",
+        default=None,
+        metavar="GRID",
+        help="run the grid on the emulated cluster instead (`ratrain emulate`; needs root): "
+        "each plan with its links shaped and unshaped, interleaved, and what the links add "
+        "set beside its prediction; GRID: default (13 plans on 4x1 and 2x2 nodes at 50-200 "
+        "Mbit/s), or a YAML/JSON list of cases (docs/validation.md). --passes repeats the grid",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
         "--plot",
@@ -137,6 +148,8 @@ def run(args) -> int:
 
     if args.warmup < 0:
         raise RatrainError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.cluster is not None:
+        return _cluster(args)
     _check_plot(args.plot)
     platform = load(args.platform)
     if args.rescore:  # runs nothing: no torch
@@ -228,3 +241,53 @@ def _plots(out: str, results, summary, platform) -> None:
     write_trace(sim, f"{stem}-worst-sim.json")
     if worst.measured_trace:
         write_measured_trace(worst.measured_trace, f"{stem}-worst-measured.json")
+
+
+def _cluster(args) -> int:
+    """`validate --cluster`: `ratrain.bench.validate_cluster`."""
+    from ratrain.bench.validate_cluster import (
+        DEFAULT_CASES,
+        load_cases,
+        summarize,
+        table,
+        validate_cluster,
+    )
+    from ratrain.errors import RatrainError
+    from ratrain.launch.emulate import unavailable
+    from ratrain.platforms import load
+
+    for flag, given in (
+        ("--grid", args.grid != "default"),
+        ("--plot", args.plot is not None),
+        ("--rescore", args.rescore is not None),
+        ("--no-plan-pick", args.no_plan_pick),
+    ):
+        if given:
+            raise RatrainError(
+                f"{flag} does not apply to --cluster (give the grid as --cluster GRID)"
+            )
+    load(args.platform)  # a bad platform file fails now, not after the first run
+    cases = list(DEFAULT_CASES) if args.cluster == "default" else load_cases(args.cluster)
+    why = unavailable()
+    if why is not None:
+        raise RatrainError(f"--cluster runs an emulated network and cannot here: {why}")
+    progress = _Progress()
+    try:
+        rows = validate_cluster(
+            cases,
+            args.platform,
+            passes=args.passes,
+            steps=args.steps,
+            warmup=args.warmup,
+            progress=progress,
+        )
+    finally:
+        progress.end()
+    summary = summarize(rows)
+    if args.json:
+        print(
+            json.dumps({"platform": args.platform, "summary": summary, "results": rows}, indent=1)
+        )
+    else:
+        print(table(rows, summary))
+    return 0
