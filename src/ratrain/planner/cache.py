@@ -38,6 +38,17 @@ class Memo(Generic[V]):
             hit = values[key] = make(*args)
         return hit
 
+    def get_or_owned(self, key: Hashable, owner: object, make: Callable[..., object], *args):
+        """`get_or` where the key names an unhashable object by its id (a platform):
+        the value is kept beside `owner` and made again where the id is now another
+        object's. This memo's values are (owner, value) pairs."""
+        hit = self._values.get(key)
+        if hit is not None and hit[0] is owner:
+            return hit[1]
+        value = make(*args)
+        self.put(key, (owner, value))
+        return value
+
     def get(self, key: Hashable) -> V | None:
         return self._values.get(key)
 

@@ -15,6 +15,7 @@ from typing import NamedTuple
 from ratrain import deadline
 from ratrain.config import PIPELINES
 from ratrain.deadline import Budget, OutOfTime
+from ratrain.planner.cache import Memo
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.families import Family
 from ratrain.planner.fit import (
@@ -228,9 +229,10 @@ def memory_pass(
     return out
 
 
-_SYNCS: dict[tuple, tuple[object, tuple[float, ...]]] = {}
-"""`grad_sync_s` by split, DP width and sync knobs, with the platform it was costed on (a
-platform is not hashable: held and compared by identity)."""
+_FLOORS: Memo[tuple] = Memo(4096)
+"""`grad_sync_s` by split, DP width and sync knobs, and `p2p_sends_s` by structure and send
+knobs, each with the platform it was costed on (a platform is not hashable: held and
+compared by identity, `Memo.get_or_owned`)."""
 
 
 def sync_floor_s(req: Request, st: Structure, kns: list[Knobs]) -> tuple[float, ...]:
@@ -247,14 +249,8 @@ def sync_floor_s(req: Request, st: Structure, kns: list[Knobs]) -> tuple[float, 
         if key in seen:
             continue
         seen.add(key)
-        memo_key = (req.spec, id(req.platform), st.layer_split, st.dp, key)
-        hit = _SYNCS.get(memo_key)
-        if hit is None or hit[0] is not req.platform:
-            if len(_SYNCS) > 4096:
-                _SYNCS.clear()
-            plan = make_plan(req, st, kn, ("none",) * st.pp)
-            hit = _SYNCS[memo_key] = (req.platform, grad_sync_s(req.spec, plan, req.platform))
-        syncs = hit[1]
+        memo_key = ("sync", req.spec, id(req.platform), st.layer_split, st.dp, key)
+        syncs = _FLOORS.get_or_owned(memo_key, req.platform, _costed, grad_sync_s, req, st, kn)
         out = syncs if out is None else tuple(map(min, out, syncs))
     return out if out and any(out) else ()
 
@@ -281,15 +277,14 @@ def send_floor_s(
             continue
         seen.add(key)
         memo_key = ("send", req.spec, id(req.platform), req.seq, st, key)
-        hit = _SYNCS.get(memo_key)
-        if hit is None or hit[0] is not req.platform:
-            if len(_SYNCS) > 4096:
-                _SYNCS.clear()
-            plan = make_plan(req, st, kn, ("none",) * st.pp)
-            hit = _SYNCS[memo_key] = (req.platform, p2p_sends_s(req.spec, plan, req.platform))
-        f, b = hit[1]
+        f, b = _FLOORS.get_or_owned(memo_key, req.platform, _costed, p2p_sends_s, req, st, kn)
         fwd, back = (f, b) if fwd is None else (tuple(map(min, fwd, f)), tuple(map(min, back, b)))
     return (fwd or (), back)
+
+
+def _costed(cost, req: Request, st: Structure, kn: Knobs):
+    """`cost(spec, plan, platform)` of the structure's plan under `kn`, no recompute."""
+    return cost(req.spec, make_plan(req, st, kn, ("none",) * st.pp), req.platform)
 
 
 def floor_overheads(req: Request, st: Structure, kns: list[Knobs]) -> Overheads | None:

@@ -109,13 +109,9 @@ def unit_times(
 ) -> UnitTimes:
     """Compute times per unit kind (cached per model, platform, microbatch shape and loss:
     the fused chunked loss moves the head's work from B into F, `ratrain.cost.compute`)."""
+    args = (spec, platform, micro_batch, seq, dtype, loss_chunk_tokens)
     key = (spec, id(platform), micro_batch, seq, dtype, loss_chunk_tokens)
-    hit = _UNIT_TIMES.get(key)
-    if hit is not None and hit[0] is platform:
-        return hit[1]
-    ut = _unit_times(spec, platform, micro_batch, seq, dtype, loss_chunk_tokens)
-    _UNIT_TIMES.put(key, (platform, ut))
-    return ut
+    return _UNIT_TIMES.get_or_owned(key, platform, _unit_times, *args)
 
 
 def unit_times_known(
@@ -226,13 +222,9 @@ def peak_unit_times(
     kernel never beats its unit's peak), so these bound `unit_times` from below at no
     kernel-model cost. Memory-bound passes (the embedding) count as free. Cached as
     `unit_times` is (the look apart bounds a thousand structures with them)."""
+    args = (spec, platform, micro_batch, seq, dtype, loss_chunk_tokens)
     key = (spec, id(platform), micro_batch, seq, dtype, loss_chunk_tokens)
-    hit = _PEAK_TIMES.get(key)
-    if hit is not None and hit[0] is platform:
-        return hit[1]
-    ut = _peak_unit_times(spec, platform, micro_batch, seq, dtype, loss_chunk_tokens)
-    _PEAK_TIMES.put(key, (platform, ut))
-    return ut
+    return _PEAK_TIMES.get_or_owned(key, platform, _peak_unit_times, *args)
 
 
 _PEAK_TIMES: Memo[tuple[Platform, UnitTimes]] = Memo(None)
