@@ -337,8 +337,7 @@ def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
     units = [tuple(plan.stage_units(spec, s)) for s in range(plan.pp)]
     stage_s = _alike_stages(spec, plan, cm)
     upd = tuple(stage_s(Op.UPDATE, s, units[s]) for s in range(plan.pp))
-    send_f = tuple(stage_s(Op.SEND_F, s, (units[s][-1],)) for s in range(plan.pp - 1))
-    send_b = tuple(stage_s(Op.SEND_B, s + 1, (units[s + 1][0],)) for s in range(plan.pp - 1))
+    send_f, send_b = _sends(stage_s, units)
     # Stage 0's last sync covers the embedding: alone (ratrain), in the last bucket
     # (gpu-style: no less than alone), or with the whole stage (baseline).
     last_sync = units[0] if plan.schedule == "baseline" else (0,)
@@ -401,10 +400,16 @@ def p2p_sends_s(
     per boundary forward and its gradient back."""
     cm = CostModel(spec, plan, platform, speed="peak")
     units = [tuple(plan.stage_units(spec, s)) for s in range(plan.pp)]
-    stage_s = _alike_stages(spec, plan, cm)
+    return _sends(_alike_stages(spec, plan, cm), units)
+
+
+def _sends(stage_s, units) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per boundary s -> s+1, the SEND_F of stage s's last unit, and the SEND_B of stage
+    s+1's first unit back (`stage_s`: `_alike_stages`)."""
+    pp = len(units)
     return (
-        tuple(stage_s(Op.SEND_F, s, (units[s][-1],)) for s in range(plan.pp - 1)),
-        tuple(stage_s(Op.SEND_B, s + 1, (units[s + 1][0],)) for s in range(plan.pp - 1)),
+        tuple(stage_s(Op.SEND_F, s, (units[s][-1],)) for s in range(pp - 1)),
+        tuple(stage_s(Op.SEND_B, s + 1, (units[s + 1][0],)) for s in range(pp - 1)),
     )
 
 
@@ -686,19 +691,11 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
                 for u in split_units:
                     key = counts.unit_params(spec, u), u == head
                     if key not in trip:
-                        trip[key] = sum(_weight_visit_s(models["none"], s, u))
+                        trip[key] = sum(_one_way_s(models["none"], s, u, WEIGHT_VISIT))
                     weight += trip[key]
                 weight *= visits
         out.append(StageLoad(n_off, other_units, block, len(blocks), copy_s, other_s, walk, weight))
     return tuple(out)
-
-
-def _weight_visit_s(cm: CostModel, s: int, u: int) -> tuple[float, float]:
-    """(OFFLOAD, RELOAD) seconds of what B_IN keeps of unit `u` for its deferred B_W."""
-    return (
-        cm.time_s(Action(Op.OFFLOAD, s, (u,), 0, WEIGHT_VISIT)),
-        cm.time_s(Action(Op.RELOAD, s, (u,), 0, WEIGHT_VISIT)),
-    )
 
 
 @lru_cache(maxsize=4096)
@@ -717,9 +714,11 @@ def _weight_visits(pp: int, m: int, s: int, pipeline: str) -> int:
     return len(weight_offloaded_mbs(pp, m, s, pipeline))
 
 
-def _one_way_s(cm: CostModel, s: int, u: int) -> tuple[float, float]:
-    """(OFFLOAD, RELOAD) seconds of unit `u` of one microbatch."""
-    return cm.time_s(Action(Op.OFFLOAD, s, (u,), 0)), cm.time_s(Action(Op.RELOAD, s, (u,), 0))
+def _one_way_s(cm: CostModel, s: int, u: int, visit: int = 0) -> tuple[float, float]:
+    """(OFFLOAD, RELOAD) seconds of unit `u` of one microbatch: its activations, or with
+    `visit` `WEIGHT_VISIT` what B_IN keeps of it for its deferred B_W."""
+    off = cm.time_s(Action(Op.OFFLOAD, s, (u,), 0, visit))
+    return off, cm.time_s(Action(Op.RELOAD, s, (u,), 0, visit))
 
 
 def _fetched_forward_s(spec: ModelSpec, plan: Plan, stage_s, units) -> tuple[float, ...]:
@@ -790,9 +789,7 @@ def step_time_lower_bound_s(
             for (f, b), x in zip(fb, over.forward_pass_s, strict=True)
         ]
     rc = [recompute_time_s(recompute[s], split[s], ut) if recompute else 0.0 for s in range(pp)]
-    # The first RECOMPUTE of a backward pass needs only its forward, so it may run while
-    # the stage waits for the gradient: count one block's recomputation less on the paths.
-    rcp = [max(0.0, r - (ut.rc_full if r else 0.0)) for r in rc]
+    rcp = [_on_paths(r, ut) for r in rc]  # what the paths back count of it
     sf = (*over.send_f_s, 0.0)  # sf[s]: s -> s+1
     sb = (0.0, *over.send_b_s)  # sb[s]: s -> s-1
     # What a gradient sent back waits for on each stage: B, or B_IN under zb-h1.
@@ -851,8 +848,7 @@ def step_time_lower_bound_s(
             least = float("inf")
             for p in pols:
                 r = recompute_time_s(p, split[s], ut)
-                rp = max(0.0, r - (ut.rc_full if r else 0.0))
-                least = min(least, own(s, f, b, r, rp, p))
+                least = min(least, own(s, f, b, r, _on_paths(r, ut), p))
         else:
             least = own(s, f, b, rc[s], rcp[s], None)
         best = max(best, least)
@@ -863,6 +859,13 @@ def step_time_lower_bound_s(
         fill += f + sf[s]
         drain += back[s] + rcp[s] + (sb[s + 1] if s + 1 < pp else 0.0)
     return best
+
+
+def _on_paths(r: float, ut: UnitTimes) -> float:
+    """Of a stage's recompute seconds `r`, what the paths back count: the first RECOMPUTE of
+    a backward pass needs only its forward, so it may run while the stage waits for the
+    gradient (one block's recomputation less)."""
+    return max(0.0, r - (ut.rc_full if r else 0.0))
 
 
 @lru_cache(maxsize=4096)
