@@ -14,6 +14,7 @@ from ratrain.bench.cluster import Setup, calibrate_base
 from ratrain.bench.platform import base_platform_dict, link_platform
 from ratrain.bench.whatif import predict_point, sim_breakdown, speedup_over_others
 from ratrain.config import Plan
+from ratrain.cost.comm import message_time_s
 from ratrain.errors import RatrainError
 from ratrain.models.presets import get_preset
 from ratrain.platforms import from_dict, load
@@ -29,6 +30,10 @@ def test_link_platform_shares_the_link_among_a_nodes_pairs():
     slow = from_dict(link_platform(base, 4, 1, 10.0))
     assert slow.inter_node.bandwidth_bytes_per_s == pytest.approx(10e6 / 8)
     assert slow.units_per_node == 1 and slow.sharing_units == 4
+    # messages get TCP's payload share of the frames tbf meters: a 1 MB message takes
+    # 1514/1448 of its bytes' time at the rate
+    t = message_time_s(1e6, slow.inter_node) - slow.inter_node.latency_s
+    assert t == pytest.approx(1e6 * 1514 / 1448 / (10e6 / 8), rel=1e-3)
 
 
 @pytest.mark.parametrize("mbit", [5.0, 1000.0])
