@@ -184,7 +184,7 @@ def test_shortened_memory_replay_equals_the_full_one(name):
 @pytest.mark.parametrize(
     "platform,clusters,global_batch",
     [
-        ("mt3000", 3, 6),
+        ("mt3000", 3, 3),
         ("mt3000", 2, 8),
         pytest.param("a100-80g", 3, 6, marks=pytest.mark.slow),  # about 20 s on 2 cores
     ],
