@@ -161,3 +161,34 @@ def test_a_period_of_twice_the_depth(view, pipeline):
     got = from_one_run(plan, m2, short, None, steady.REL_TOL)
     assert got is not None
     assert_same_result(got, simulate(TINY, plan, pl, memory_timeline=False))
+
+
+def test_a_near_repeat_is_timed_within_near_of_the_full_step():
+    """Two chains of the first stage a period 0.06% apart (llama2-7b, pp=3 zb-h2, transient
+    views fetched across dp=8): the step never repeats exactly, so the exact path finds
+    nothing and the planner's near path (`steady.NEAR`) times it from a short step, within
+    NEAR of the full simulation."""
+    spec, pf = get_preset("llama2-7b"), load("h100-80g")
+    plan = Plan(
+        pp=3,
+        dp=8,
+        micro_batch=1,
+        global_batch=8 * 128,
+        seq=2048,
+        layer_split=(11, 11, 10),
+        recompute=("none",) * 3,
+        shard_optimizer=True,
+        view_policy="transient",
+        compute_dtype="bf16",
+        grad_dtype="bf16",
+        model="llama2-7b",
+        pipeline="zb-h2",
+        rank_layout="dp-inner",
+    )
+    short = lambda p: simulate(spec, p, pf, memory_timeline=False)  # noqa: E731
+    assert extrapolate(plan, short) is None
+    near = extrapolate(plan, short, near=steady.NEAR)
+    full = short(plan)
+    assert near is not None and not near.events
+    assert near.step_time_s == pytest.approx(full.step_time_s, rel=steady.NEAR)
+    assert near.step_time_s != full.step_time_s  # extrapolated, not simulated in full

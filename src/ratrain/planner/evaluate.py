@@ -130,7 +130,9 @@ class Evaluator:
             rep = self.memory(plan)  # the shortened replay: the full step's peaks
             short = self._simulate_short if budget is None else self._short_until(budget)
             try:
-                res = steady_state.extrapolate(plan, short, (rep.peak_bytes, rep.breakdown))
+                res = steady_state.extrapolate(
+                    plan, short, (rep.peak_bytes, rep.breakdown), near=steady_state.NEAR
+                )
             except _Late:
                 return None
             if res is None and budget is not None and self._late(plan, budget):

@@ -68,25 +68,36 @@ between two timings: llama3.2-1b on 24 mt3000 clusters, pp=3 at micro-batch 4, r
 every 2 microbatches (3.267935 and 3.246675 s), so every 6 and never every 3."""
 
 
-def from_one_run(plan: Plan, m2: int, simulate, memory, rel_tol: float):
+def from_one_run(plan: Plan, m2: int, simulate, memory, rel_tol: float, near: float = 0.0):
     """`plan`'s result from the step of `m2` microbatches, or None where that step is not
     found to repeat (see the module docstring) with a period of pp microbatches, or of
-    2 pp where `m2` and the step's count differ by a multiple of it (`SPANS`)."""
+    2 pp where `m2` and the step's count differ by a multiple of it (`SPANS`). With
+    `near` > 0, where the step does not repeat exactly: its near repeat (`_from_run`),
+    whose step time is within `near` of the full step's, relative."""
     res = simulate(plan.replace(global_batch=plan.micro_batch * plan.dp * m2))
     deadline.check()  # between phases: a planner's deadline (`ratrain.deadline`)
-    for span in SPANS:
-        d = span * max(1, plan.pp)
-        if (plan.microbatches - m2) % d:
-            continue
-        out = _from_run(plan, res, m2, d, memory, rel_tol)
-        if out is not None:
-            return out
+    for slack in (0.0, near) if near > 0 else (0.0,):
+        for span in SPANS:
+            d = span * max(1, plan.pp)
+            if (plan.microbatches - m2) % d:
+                continue
+            out = _from_run(plan, res, m2, d, memory, rel_tol, slack)
+            if out is not None:
+                return out
     return None
 
 
-def _from_run(plan: Plan, res, m2: int, d: int, memory, rel_tol: float):
-    """`from_one_run` for one period of `d` microbatches."""
+def _from_run(plan: Plan, res, m2: int, d: int, memory, rel_tol: float, near: float = 0.0):
+    """`from_one_run` for one period of `d` microbatches. `near` > 0: a near repeat, every
+    action's shift and every resource's work per period within δ of the period P, δ such
+    that the k periods inserted move the step by at most k δ <= `near` x the extended
+    step. Each chain of actions then advances by P ± δ per period, and the step's end,
+    the latest of them, within k δ of T(m2) + k P, whichever chain ends it (two chains
+    whose periods differ by less than δ can trade places as the slack between them is
+    used up: the step does not repeat exactly however long its warm-up, and the tries
+    with longer ones would fail in turn before the full simulation)."""
     tol = rel_tol * res.step_time_s
+    k = (plan.microbatches - m2) // d
     c = (m2 - 3 * d) // 2
     if c < 0:
         return None
@@ -104,17 +115,17 @@ def _from_run(plan: Plan, res, m2: int, d: int, memory, rel_tol: float):
     period_s = anchor[0][c + d] - anchor[0][c]
     if period_s <= tol:
         return None
+    shift_tol = max(tol, near * (res.step_time_s + k * period_s) / max(1, k)) if near else tol
     extra_busy: list[dict[str, float]] = []
     for s in range(len(res.utilization)):
         start = anchor.get(s, {}).get(c)
         if start is None:
             return None
-        busy = _repeats(per_stage.get(s, []), start, period_s, tol)
+        busy = _repeats(per_stage.get(s, []), start, period_s, tol, shift_tol)
         deadline.check()
         if busy is None:
             return None
         extra_busy.append(busy)
-    k = (plan.microbatches - m2) // d
     step_s = res.step_time_s + k * period_s
     util = [
         {r: (u * res.step_time_s + k * extra_busy[s].get(r, 0.0)) / step_s for r, u in us.items()}
@@ -123,9 +134,13 @@ def _from_run(plan: Plan, res, m2: int, d: int, memory, rel_tol: float):
     return extended_result(plan, res, step_s, util, memory)
 
 
-def _repeats(events, start: float, period_s: float, tol: float) -> dict[str, float] | None:
+def _repeats(
+    events, start: float, period_s: float, tol: float, shift_tol: float | None = None
+) -> dict[str, float] | None:
     """One stage's check from `start` over two periods (None where it fails), and else
-    each resource's busy time in one period."""
+    each resource's busy time in one period. `shift_tol`: how far an action's shift and a
+    queue's work per period may be from the period (`tol` where None: a repeat)."""
+    shift_tol = tol if shift_tol is None else shift_tol
     by_key: dict[tuple, list[tuple[float, float]]] = {}
     for e in events:
         a = e.action
@@ -135,7 +150,12 @@ def _repeats(events, start: float, period_s: float, tol: float) -> dict[str, flo
     one, three = start + period_s - tol, start + 3 * period_s - tol
     for times in by_key.values():
         lo = next((n for n, (s0, _) in enumerate(times) if s0 >= start - tol), len(times))
-        q = sum(1 for s0, _ in times[lo:] if s0 < one)
+        if shift_tol > tol:
+            # near: an occurrence a shift's drift from a period's edge falls on either side
+            # of it; over three periods that is one in three at most
+            q = round(sum(1 for s0, _ in times[lo:] if s0 < three) / 3)
+        else:
+            q = sum(1 for s0, _ in times[lo:] if s0 < one)
         if q == 0:
             if lo < len(times) and times[lo][0] < three:
                 return None  # occurs amid the periods but not in each: no repeat
@@ -144,7 +164,7 @@ def _repeats(events, start: float, period_s: float, tol: float) -> dict[str, flo
             return None
         for n in range(lo, lo + 2 * q):
             (s0, e0), (s1, e1) = times[n], times[n + q]
-            if abs(s1 - s0 - period_s) > tol or abs(e1 - e0 - period_s) > tol:
+            if abs(s1 - s0 - period_s) > shift_tol or abs(e1 - e0 - period_s) > shift_tol:
                 return None
     # The second period's window: every action overlapping it started at `start` or later
     # (one that began earlier and runs into it would be a backlog, and fails).
@@ -159,7 +179,7 @@ def _repeats(events, start: float, period_s: float, tol: float) -> dict[str, flo
         if lo_s - tol <= e.start_s < hi_s - tol:
             q = _queue_of(e)
             work[q] = work.get(q, 0.0) + (e.end_s - e.start_s)
-    if any(w > period_s + tol for w in work.values()):
+    if any(w > period_s + shift_tol for w in work.values()):
         return None  # more work per period than the period: a backlog that grows
     return {r: busy_s(iv, lo_s, hi_s) for r, iv in spans.items()}
 
