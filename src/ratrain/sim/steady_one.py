@@ -91,8 +91,10 @@ def _from_run(plan: Plan, res, m2: int, d: int, memory, rel_tol: float, near: fl
     """`from_one_run` for one period of `d` microbatches. `near` > 0: a near repeat, every
     action's shift and every resource's work per period within δ of the period P, δ such
     that the k periods inserted move the step by at most k δ <= `near` x the extended
-    step. Each chain of actions then advances by P ± δ per period, and the step's end,
-    the latest of them, within k δ of T(m2) + k P, whichever chain ends it (two chains
+    step. Taken, not proved as the exact repeat is: each chain of actions then advances
+    by P ± δ per period, and the step's end, the latest of them, stays within k δ of
+    T(m2) + k P, whichever chain ends it (checked against full simulations in
+    `tests/sim/test_sim_steady_one.py`; two chains
     whose periods differ by less than δ can trade places as the slack between them is
     used up: the step does not repeat exactly however long its warm-up, and the tries
     with longer ones would fail in turn before the full simulation)."""
