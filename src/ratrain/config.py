@@ -361,7 +361,7 @@ class Plan:
             raise RatrainError(
                 f"plan: recompute has {len(rec)} entries for pp={self.pp}; give one per stage"
             )
-        for r in rec:
+        for r in dict.fromkeys(rec):  # each distinct policy once, in order
             _parse_recompute(r)
         return tuple(rec)
 
@@ -378,6 +378,12 @@ class Plan:
                 + ("" if self.chunks == 1 else f" under pipeline {self.pipeline}")
                 + f"; give one count per {what} ({n_parts})"
             )
+        if all(type(n) is int for n in split) and (
+            split[0] >= 1
+            if n_parts == 1
+            else min(split[0], split[-1]) >= 0 and min(split[1:-1], default=1) >= 1
+        ):
+            return tuple(split)  # the common case, at a planner's rate; else say what is wrong
         for s, n in enumerate(split):
             middle = 0 < s < n_parts - 1 or n_parts == 1
             if not _is_int(n) or n < (1 if middle else 0):
