@@ -38,7 +38,7 @@ from ratrain.planner.evaluate import Evaluator
 from ratrain.platforms import load
 case, plan = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 platform, model, clusters, gb, seq = case
-plan = Plan(**{k: tuple(v) if isinstance(v, list) else v for k, v in plan.items()})
+plan = Plan.from_dict(plan)
 ev = Evaluator(Request(get_preset(model), load(platform), clusters, gb, seq))
 t0 = time.perf_counter(); ev.memory(plan); t1 = time.perf_counter()
 res = ev.simulate(plan); t2 = time.perf_counter()
