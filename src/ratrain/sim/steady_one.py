@@ -28,6 +28,8 @@ microbatches instead of 2 m1 + d. Pure Python.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ratrain import deadline
 from ratrain.config import Plan
 from ratrain.schedule.ir import Op
@@ -76,42 +78,77 @@ def from_one_run(plan: Plan, m2: int, simulate, memory, rel_tol: float, near: fl
     whose step time is within `near` of the full step's, relative."""
     res = simulate(plan.replace(global_batch=plan.micro_batch * plan.dp * m2))
     deadline.check()  # between phases: a planner's deadline (`ratrain.deadline`)
+    grouped = _grouped(res.events)  # one grouping for every span and slack tried
     for slack in (0.0, near) if near > 0 else (0.0,):
         for span in SPANS:
             d = span * max(1, plan.pp)
             if (plan.microbatches - m2) % d:
                 continue
-            out = _from_run(plan, res, m2, d, memory, rel_tol, slack)
+            out = _from_run(plan, res, m2, d, memory, rel_tol, slack, grouped)
             if out is not None:
                 return out
     return None
 
 
-def _from_run(plan: Plan, res, m2: int, d: int, memory, rel_tol: float, near: float = 0.0):
-    """`from_one_run` for one period of `d` microbatches. `near` > 0: a near repeat, every
-    action's shift and every resource's work per period within δ of the period P, δ such
-    that the k periods inserted move the step by at most k δ <= `near` x the extended
-    step. Taken, not proved as the exact repeat is: each chain of actions then advances
-    by P ± δ per period, and the step's end, the latest of them, stays within k δ of
-    T(m2) + k P, whichever chain ends it (checked against full simulations in
-    `tests/sim/test_sim_steady_one.py`; two chains
-    whose periods differ by less than δ can trade places as the slack between them is
-    used up: the step does not repeat exactly however long its warm-up, and the tries
-    with longer ones would fail in turn before the full simulation)."""
-    tol = rel_tol * res.step_time_s
-    k = (plan.microbatches - m2) // d
-    c = (m2 - 3 * d) // 2
-    if c < 0:
-        return None
+class _Grouped(NamedTuple):
+    """A run's events as the checks read them, grouped once per run."""
+
+    per_stage: dict[int, list]
+    anchor: dict[int, dict[int, float]]
+    """stage -> mb -> start of its first F."""
+    by_key: dict[int, dict[tuple, list[tuple[float, float]]]]
+    """stage -> (op, units) -> its (start, end) times, sorted."""
+
+
+def _grouped(events) -> _Grouped:
     per_stage: dict[int, list] = {}
-    anchor: dict[int, dict[int, float]] = {}  # stage -> mb -> start of its first F
-    for e in res.events:
+    anchor: dict[int, dict[int, float]] = {}
+    for e in events:
         per_stage.setdefault(e.stage, []).append(e)
         a = e.action
         if a.op is Op.F:
             first = anchor.setdefault(e.stage, {})
             if a.mb not in first:
                 first[a.mb] = e.start_s
+    return _Grouped(per_stage, anchor, {s: _by_key(ev) for s, ev in per_stage.items()})
+
+
+def _by_key(events) -> dict[tuple, list[tuple[float, float]]]:
+    by_key: dict[tuple, list[tuple[float, float]]] = {}
+    for e in events:
+        a = e.action
+        by_key.setdefault((a.op, a.units), []).append((e.start_s, e.end_s))
+    for times in by_key.values():
+        times.sort()
+    return by_key
+
+
+def _from_run(
+    plan: Plan,
+    res,
+    m2: int,
+    d: int,
+    memory,
+    rel_tol: float,
+    near: float = 0.0,
+    grouped: _Grouped | None = None,
+):
+    """`from_one_run` for one period of `d` microbatches. `near` > 0: a near repeat, every
+    action's shift and every resource's work per period within δ of the period P, δ such
+    that the k periods inserted move the step by at most k δ <= `near` x the extended
+    step. Taken, not proved as the exact repeat is: each chain of actions then advances
+    by P ± δ per period, and the step's end, the latest of them, stays within k δ of
+    T(m2) + k P, whichever chain ends it (checked against full simulations in
+    `tests/sim/test_sim_steady_one.py`; two chains whose periods differ by less than δ
+    can trade places as the slack between them is used up: the step does not repeat
+    exactly however long its warm-up, and the tries with longer ones would fail in turn
+    before the full simulation)."""
+    tol = rel_tol * res.step_time_s
+    k = (plan.microbatches - m2) // d
+    c = (m2 - 3 * d) // 2
+    if c < 0:
+        return None
+    per_stage, anchor, by_key = grouped or _grouped(res.events)
     if 0 not in anchor or c not in anchor[0] or c + d not in anchor[0]:
         return None
     period_s = anchor[0][c + d] - anchor[0][c]
@@ -123,7 +160,7 @@ def _from_run(plan: Plan, res, m2: int, d: int, memory, rel_tol: float, near: fl
         start = anchor.get(s, {}).get(c)
         if start is None:
             return None
-        busy = _repeats(per_stage.get(s, []), start, period_s, tol, shift_tol)
+        busy = _repeats(per_stage.get(s, []), start, period_s, tol, shift_tol, by_key.get(s))
         deadline.check()
         if busy is None:
             return None
@@ -137,18 +174,20 @@ def _from_run(plan: Plan, res, m2: int, d: int, memory, rel_tol: float, near: fl
 
 
 def _repeats(
-    events, start: float, period_s: float, tol: float, shift_tol: float | None = None
+    events,
+    start: float,
+    period_s: float,
+    tol: float,
+    shift_tol: float | None = None,
+    by_key: dict[tuple, list[tuple[float, float]]] | None = None,
 ) -> dict[str, float] | None:
     """One stage's check from `start` over two periods (None where it fails), and else
     each resource's busy time in one period. `shift_tol`: how far an action's shift and a
-    queue's work per period may be from the period (`tol` where None: a repeat)."""
+    queue's work per period may be from the period (`tol` where None: a repeat). `by_key`:
+    the stage's `_by_key(events)`, where already grouped."""
     shift_tol = tol if shift_tol is None else shift_tol
-    by_key: dict[tuple, list[tuple[float, float]]] = {}
-    for e in events:
-        a = e.action
-        by_key.setdefault((a.op, a.units), []).append((e.start_s, e.end_s))
-    for times in by_key.values():
-        times.sort()
+    if by_key is None:
+        by_key = _by_key(events)
     one, three = start + period_s - tol, start + 3 * period_s - tol
     for times in by_key.values():
         lo = next((n for n, (s0, _) in enumerate(times) if s0 >= start - tol), len(times))
