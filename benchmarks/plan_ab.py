@@ -17,9 +17,10 @@ its certified gap where it was cut.
 
 Reports, per tree: wall p50 / p95 / max, the share of answers with a certified gap of at
 most 5%, when the first plan was in hand, how many answers took over 2 s and how many of
-those were found apart (`ratrain plan --json`'s `found_apart`), and, against the reference, the geometric mean
-and max of the answer's step over the reference's and how many answers are within 5% of it;
-then the after/before step ratio per job (geometric mean, better and worse by over 1%)."""
+those were found apart (`ratrain plan --json`'s `found_apart`), and, against the
+reference, the geometric mean and max of the answer's step over the reference's and how
+many answers are within 5% of it; then the after/before step ratio per job (geometric
+mean, better and worse by over 1%)."""
 
 from __future__ import annotations
 
