@@ -268,3 +268,35 @@ def test_link_fields_from_a_probe():
     assert link_fields({}, "now") is None
     for entry in f.values():
         assert entry["note"].split(":")[0] in ("measured", "derived", "assumed")
+
+
+def test_the_links_cpu_per_byte_is_read_and_checked():
+    note = "measured: a flow beside compute"
+    p = from_dict(_with_links({"cpu_s_per_byte": {"value": 7e-8, "note": note}}))
+    assert p.link_cpu_s_per_byte == 7e-8 and "cpu_s_per_byte" not in p.link_measured
+    assert load("a100-80g").link_cpu_s_per_byte == 0.0  # a NIC does that work
+    with pytest.raises(RatrainError, match="cpu_s_per_byte"):
+        from_dict(_with_links({"cpu_s_per_byte": {"value": -1e-8, "note": note}}))
+
+
+def test_cpu_per_byte_from_a_probe():
+    from ratrain.bench.link_probe import cpu_per_byte, link_fields
+
+    got = {
+        "ranks": 4,
+        "chunk_bytes": 131072,
+        "reps": 3,
+        "alone_s": [1.0, 1.0, 2.0],
+        "beside_s": [1.1, 1.2, 2.2],
+        "flow_bytes_per_s": [5e6, 5e6, 4e6],
+    }
+    # L = 4 x (beside / alone - 1) ranks' worth per byte/s: 8e-8, 1.6e-7, 1e-7
+    assert cpu_per_byte(got) == pytest.approx(1e-7)
+    f = link_fields({"contention": {"cpu_only": True, "beside_compute": got}}, "now")
+    assert list(f) == ["cpu_s_per_byte"]
+    assert f["cpu_s_per_byte"]["value"] == pytest.approx(1e-7)
+    assert f["cpu_s_per_byte"]["note"].startswith("measured:")
+    faster = dict(got, beside_s=[0.9, 0.9, 1.8])  # the machine sped up: no negative load
+    assert cpu_per_byte(faster) == 0.0
+    with pytest.raises(RatrainError, match="no bytes"):
+        cpu_per_byte(dict(got, flow_bytes_per_s=[0.0, 0.0, 0.0]))

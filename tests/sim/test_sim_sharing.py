@@ -196,3 +196,79 @@ def test_steady_state_shortcut_with_shared_cores(monkeypatch):
             assert u == pytest.approx(v, rel=1e-8, abs=1e-12)
         checked += 1
     assert checked >= 4
+
+
+def _sync_beside_compute():
+    """Stage 0 syncs across the link (1 s alone) while stage 1 computes 2 s of work: the
+    two ranks share the cores, and the sync holds stage 0's egress and ingress."""
+    from ratrain.cost.links import LinkUse
+
+    sync, f = Action(Op.GRAD_SYNC, 0, (1,)), Action(Op.F, 1, (2,), 0)
+    sch = Schedule([[sync], [f]])
+    return sch, [Resource.DP_NET, Resource.COMPUTE], LinkUse([(0, 1), ()], 4)
+
+
+@pytest.mark.parametrize("per_byte,busy_then", [(1e-6, 2.0), (2e-6, 3.0)])
+def test_a_transfer_takes_compute_from_the_shared_cores_by_hand(per_byte, busy_then):
+    """A link carrying 1 MB/s at 1e-6 compute seconds per byte takes one rank's worth of
+    the cores (half per link held, both held by the sync): stage 1 computes as if both
+    ranks were busy while the sync runs, then alone; at 2e-6, two ranks' worth: past the
+    node's 2 ranks, the all-busy aggregate shared by 3."""
+    from ratrain.platforms import Link
+
+    pl = dataclasses.replace(
+        CPU,
+        inter_node=Link(1e6, 0.0, 1.0),
+        link_cpu_s_per_byte=per_byte,
+        units_per_node=1,
+        units_sharing_cores=2,
+    )
+    sh = node_sharing(_cost(2, 1, pl))
+    assert sh.link_load == pytest.approx(0.5 * per_byte * 1e6)
+    alone = sh.rates[1][0][1]  # stage 1 alone on the cores, over the all-busy speed
+    sch, res, links = _sync_beside_compute()
+    _, _, end = run_shared(sch, [1.0, 2.0], res, [0.0, 0.0], sh, links)
+    during = 2.0 / busy_then  # the all-busy aggregate of the 2 ranks, shared by busy_then
+    assert end[0] == 1.0
+    assert end[1] == pytest.approx(1.0 + (2.0 - during) / alone, rel=1e-12)
+    # no load per byte: stage 1 alone from the start
+    sh0 = node_sharing(_cost(2, 1, dataclasses.replace(pl, link_cpu_s_per_byte=0.0)))
+    _, _, end = run_shared(sch, [1.0, 2.0], res, [0.0, 0.0], sh0, links)
+    assert end[1] == pytest.approx(2.0 / alone, rel=1e-12)
+
+
+def _emulated(nodes, r, mbit):
+    from ratrain.bench.platform import base_platform_dict, link_platform
+    from ratrain.platforms.load import from_dict
+
+    return from_dict(link_platform(base_platform_dict("cpu-local"), nodes, r, mbit), "emulated")
+
+
+@pytest.mark.parametrize("pipeline", ["1f1b", "zb-h2"])
+def test_the_links_load_slows_an_emulated_pipeline(pipeline):
+    """4 nodes of 1 rank sharing one machine's cores (`ratrain emulate`'s), links of 50
+    Mbit/s: a byte carried costs compute, so the step is longer."""
+    pl = _emulated(4, 1, 50.0)
+    assert pl.link_cpu_s_per_byte > 0
+    free = dataclasses.replace(pl, link_cpu_s_per_byte=0.0)
+    plan = Plan(pp=4, global_batch=8, seq=128, pipeline=pipeline)
+    slow = simulate(TINY, plan, pl, memory_timeline=False).step_time_s
+    assert slow > simulate(TINY, plan, free, memory_timeline=False).step_time_s
+
+
+@pytest.mark.parametrize(
+    "nodes,r,mbit,kw",
+    [(2, 2, 100.0, {"pp": 2, "dp": 2, "rank_layout": "pp-inner"}), (2, 1, 50.0, {"pp": 2})],
+)
+def test_the_links_load_keeps_the_steady_state(nodes, r, mbit, kw, monkeypatch):
+    """Emulated plans whose short step repeats (zb-h1, the pipeline or the DP groups across
+    the links) still repeat with the links' load, and give the full simulation's step.
+    (The 4 x 1 pp=4 plans above repeat within no short step, with the load or without.)"""
+    monkeypatch.setattr(steady, "MIN_SAVING", 1)
+    pl = _emulated(nodes, r, mbit)
+    plan = Plan(global_batch=kw.get("dp", 1) * (MIN_MICROBATCHES + 7), seq=128, **kw)
+    plan = plan.replace(pipeline="zb-h1")
+    got = extrapolate(plan, lambda p: simulate(TINY, p, pl, memory_timeline=False))
+    assert got is not None, "fell back to the full simulation"
+    full = simulate(TINY, plan, pl, memory_timeline=False)
+    assert got.step_time_s == pytest.approx(full.step_time_s, rel=1e-9, abs=0)

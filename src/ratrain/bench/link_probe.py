@@ -39,6 +39,14 @@ while the other ranks wait, each case timed from one barrier to each flow's arri
   quarter of the way into B's send of `CONTENTION_BYTES` there (`behind_flow`: the
   standing queue of a long flow).
 
+And what a flow costs the compute beside it, where the nodes' CPUs do the network's work
+(`beside_compute`; alone with `--cpu-only`): every rank runs the same burst of GEMMs on one
+thread (`CPU_BURST_S` with all computing), alone and while A sends B a flow of
+`CPU_CHUNK_BYTES` messages that outlasts it, interleaved. The emulated nodes share one
+machine's cores, so all ranks are taken to share them: the slowdown over the bytes/s B
+received within its burst is the compute a byte takes (`cpu_per_byte`,
+`network.links.cpu_s_per_byte`, `ratrain.sim.sharing`).
+
 `link_fields` turns them into the platform file's `network.links` block.
 """
 
@@ -57,6 +65,12 @@ SIZES = (64 * 1024, 512 * 1024, 2 * 2**20, 8 * 2**20)
 CONTENTION_BYTES = 4 * 2**20
 """Bytes per flow of the contention cases: bandwidth-bound (0.34 s at 100 Mbit/s), so a
 flow's latency and the barrier's skew (milliseconds) are a few percent of it at most."""
+CPU_BURST_S = 1.0
+"""Seconds of the beside-compute case's GEMM burst with every rank computing: long beside
+the scheduler's time slices and a message's time (tens of milliseconds)."""
+CPU_CHUNK_BYTES = 128 * 1024
+"""Bytes per message of the beside-compute case's flow: a pipeline's activation at a small
+micro-batch (bench-256, 128 tokens, fp32), as in the emulated runs."""
 NOTICE_BYTES = 128 * 1024
 """Bytes of the notice case's messages: a pipeline's activation at a small micro-batch
 (bench-256, 128 tokens, fp32)."""
@@ -203,6 +217,101 @@ def _contention(ranks_per_node: int, reps: int, nbytes: int) -> dict:
     return out
 
 
+def _burst(n: int, x, w) -> None:
+    import torch
+
+    for _ in range(n):
+        torch.mm(x, w)
+
+
+def _beside_compute(ranks_per_node: int, reps: int, flow_bytes_per_s: float) -> dict:
+    """What a flow's packets cost the ranks that compute on the cores they share (the
+    module's docstring): every rank runs the same burst of GEMMs on one thread, alone, then
+    while local rank 0 of node A sends node B a flow that outlasts it, `reps` times each,
+    interleaved. Per repeat, the ranks' mean burst time; on B, the bytes that arrived
+    within its own burst over its duration."""
+    import math
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    a, b = 0, ranks_per_node
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x, w = torch.randn(128, 256), torch.randn(256, 1024)
+        dist.barrier()
+        t0 = time.perf_counter()
+        _burst(20, x, w)
+        per = torch.tensor([(time.perf_counter() - t0) / 20], dtype=torch.float64)
+        dist.all_reduce(per, op=dist.ReduceOp.MAX)
+        n = max(int(CPU_BURST_S / float(per)), 1)
+        chunk = CPU_CHUNK_BYTES
+        chunks = math.ceil(3 * CPU_BURST_S * flow_bytes_per_s / chunk) + 1
+        row = torch.zeros(3 * reps, dtype=torch.float64)
+        for k in range(reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            _burst(n, x, w)
+            row[3 * k] = (time.perf_counter() - t0) / world
+            dist.barrier()
+            sends, arrivals, arrive = [], [], None
+            if rank == a:
+                src = torch.zeros(chunk // 4)
+                sends = [dist.isend(src, b) for _ in range(chunks)]
+            if rank == b:
+                works = [dist.irecv(torch.empty(chunk // 4), a) for _ in range(chunks)]
+
+                def wait_all(works=works, arrivals=arrivals):
+                    for wk in works:
+                        wk.wait()
+                        arrivals.append(time.perf_counter())
+
+                arrive = threading.Thread(target=wait_all)
+                arrive.start()
+            t0 = time.perf_counter()
+            _burst(n, x, w)
+            t1 = time.perf_counter()
+            row[3 * k + 1] = (t1 - t0) / world
+            if arrive is not None:
+                arrive.join()
+                row[3 * k + 2] = sum(t0 <= t <= t1 for t in arrivals) * chunk / (t1 - t0)
+            for s in sends:
+                s.wait()
+        dist.all_reduce(row)
+    finally:
+        torch.set_num_threads(threads)
+    r = row.tolist()
+    return {
+        "ranks": world,
+        "chunk_bytes": chunk,
+        "reps": reps,
+        "alone_s": r[0::3],
+        "beside_s": r[1::3],
+        "flow_bytes_per_s": r[2::3],
+    }
+
+
+def cpu_per_byte(got: dict) -> float:
+    """`cpu_s_per_byte` from `_beside_compute`'s figures: with all w ranks computing, a load
+    of L ranks' worth of compute on their cores slows each by (w + L) / w (the simulator's
+    processor sharing, `ratrain.sim.sharing`), so L = w (beside / alone - 1) per repeat, over
+    the flow's bytes/s then; the median over repeats, floored at 0."""
+    w = got["ranks"]
+    per = [
+        w * (t1 / t0 - 1.0) / rate
+        for t0, t1, rate in zip(
+            got["alone_s"], got["beside_s"], got["flow_bytes_per_s"], strict=True
+        )
+        if rate > 0
+    ]
+    if not per:
+        raise RatrainError("the flow carried no bytes during the compute: probe it again")
+    return max(statistics.median(per), 0.0)
+
+
 def link_fields(probe: dict, on: str) -> dict | None:
     """The platform file's `network.links` block from `probe`'s "contention" (None when
     the probe has none): each direction's rate alone and what sharing it does, measured,
@@ -213,6 +322,8 @@ def link_fields(probe: dict, on: str) -> dict | None:
     got = probe.get("contention")
     if not got:
         return None
+    if got.get("cpu_only"):  # `ratrain link-probe --cpu-only`
+        return {"cpu_s_per_byte": cpu_field(got["beside_compute"], on)}
     nbytes, alone = got["bytes"], got["alone"]
     how = f"{nbytes} B per flow, median of {got['reps']}, one rank per node, {on}"
 
@@ -267,7 +378,22 @@ def link_fields(probe: dict, on: str) -> dict | None:
     )
     if "notice" in got:
         out.update(_notice_fields(got["notice"], on, got["reps"]))
+    if "beside_compute" in got:
+        out["cpu_s_per_byte"] = cpu_field(got["beside_compute"], on)
     return out
+
+
+def cpu_field(got: dict, on: str) -> dict:
+    """The platform file's `network.links.cpu_s_per_byte` from `_beside_compute`'s figures."""
+    return {
+        "value": float(f"{cpu_per_byte(got):.3g}"),
+        "note": (
+            f"measured: all {got['ranks']} ranks (sharing one machine's cores) ran the same "
+            f"GEMM burst on one thread alone and beside a flow of {got['chunk_bytes']} B "
+            f"messages from node A to node B, interleaved, median of {got['reps']}: "
+            "ranks' worth of compute lost per byte/s carried; " + on
+        ),
+    }
 
 
 def _notice_fields(n: dict, on: str, reps: int) -> dict:
@@ -308,9 +434,22 @@ def check_world(world: int, ranks_per_node: int) -> None:
         raise RatrainError(f"needs an even number of nodes of {r} ranks, got {world} ranks")
 
 
-def probe_links(out: str, ranks_per_node: int, reps: int = 3) -> None:
+def probe_cpu(ranks_per_node: int, reps: int) -> dict:
+    """The beside-compute case alone (`ratrain link-probe --cpu-only`): one flow's time to
+    size the flow, then `_beside_compute`; `link_fields` reads it as it reads the full
+    probe's."""
+    a, b = 0, ranks_per_node
+    _flows([(a, b)], CONTENTION_BYTES, 1)  # warm the connection up
+    alone = _flows([(a, b)], CONTENTION_BYTES, 1)[0]
+    got = {"bytes": CONTENTION_BYTES, "reps": reps, "alone": alone, "cpu_only": True}
+    got["beside_compute"] = _beside_compute(ranks_per_node, reps, CONTENTION_BYTES / alone)
+    return {"contention": got}
+
+
+def probe_links(out: str, ranks_per_node: int, reps: int = 3, cpu_only: bool = False) -> None:
     """This rank's part of the probe, under torchrun (the rendezvous from the environment,
-    `ratrain.launch.grid.rendezvous_from_env`); rank 0 writes the JSON to `out`."""
+    `ratrain.launch.grid.rendezvous_from_env`); rank 0 writes the JSON to `out`. `cpu_only`:
+    the beside-compute case alone (`probe_cpu`)."""
     from ratrain.launch.grid import rendezvous_from_env
 
     rdzv = rendezvous_from_env()
@@ -323,8 +462,13 @@ def probe_links(out: str, ranks_per_node: int, reps: int = 3) -> None:
 
     grid = ParallelGrid.init(1, rdzv.world_size, rdzv, device="cpu")
     try:
-        res = _probe(ranks_per_node, reps, SIZES)
-        res["contention"] = _contention(ranks_per_node, reps, CONTENTION_BYTES)
+        if cpu_only:
+            res = probe_cpu(ranks_per_node, reps)
+        else:
+            res = _probe(ranks_per_node, reps, SIZES)
+            got = res["contention"] = _contention(ranks_per_node, reps, CONTENTION_BYTES)
+            rate = got["bytes"] / got["alone"]
+            got["beside_compute"] = _beside_compute(ranks_per_node, reps, rate)
         res |= {"nodes": rdzv.world_size // ranks_per_node, "ranks_per_node": ranks_per_node}
         if dist.get_rank() == 0:
             with open(out, "w") as f:

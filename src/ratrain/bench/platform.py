@@ -110,13 +110,22 @@ case measured 18.5 ms at 50 Mbit/s on the emulated network (4 nodes x 1 rank, tb
 shaper's 50 ms limit, set it)."""
 
 
+LINK_CPU_S_PER_BYTE = 7.0e-8
+"""assumed: the compute a byte carried across a shaped link takes from the ranks sharing
+the machine's cores (`network.links.cpu_s_per_byte`): `ratrain link-probe --cpu-only`
+measured 8.4 and 9.6e-8 at 50 Mbit/s, 6.6 and 7.5e-8 at 100 and 6.4 and 2.9e-8 at 200
+(4 nodes x 1 rank, tbf, the 2-core machine, 2026-12-07); the median of the six, held at
+every rate (the probe's spread within one rate is as wide as between rates)."""
+
+
 def link_platform(base: dict, nodes: int, r: int, link_mbit: float) -> dict:
     """`base` made into an emulated network's whose links of `link_mbit` Mbit/s are not
     measured but assumed: each of a node's `r` rank pairs across the link gets 1/r of it
     (as measured on the shaped links: `ratrain.bench.link_probe`), of which TCP's payload
     share (`TCP_PAYLOAD` / `TCP_FRAME`) carries messages, at the base platform's
     inter-node latency, with a standing queue of `NOTICE_QUEUE_BYTES` that a receive's
-    notice waits behind (`ratrain.schedule.rendezvous`)."""
+    notice waits behind (`ratrain.schedule.rendezvous`), and `LINK_CPU_S_PER_BYTE` of the
+    shared cores' compute taken by each byte carried (`ratrain.sim.sharing`)."""
     out = copy.deepcopy(base)
     out["name"] = f"whatif-{nodes}x{r}-{link_mbit:g}mbit"
     out["description"] = (
@@ -150,5 +159,8 @@ def link_platform(base: dict, nodes: int, r: int, link_mbit: float) -> dict:
         float(f"{queue_s:.4g}"),
         f"assumed: {NOTICE_QUEUE_BYTES:.3g} B at {link_mbit:g} Mbit/s (NOTICE_QUEUE_BYTES, "
         "ratrain.bench.platform)",
+    )
+    out["network"]["links"]["cpu_s_per_byte"] = _v(
+        LINK_CPU_S_PER_BYTE, "assumed: LINK_CPU_S_PER_BYTE (ratrain.bench.platform)"
     )
     return out

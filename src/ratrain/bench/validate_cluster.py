@@ -12,9 +12,11 @@ run here needs), the two interleaved pass by pass, and two errors are reported:
 Predictions: the base platform (`ratrain calibrate` on this machine: its kernels, memory
 and runtime costs; the nodes are namespaces of this machine and share its cores) with the
 links between nodes at the emulated link's rate, of which TCP's headers leave 1448 of
-every 1514 bytes to the messages (sourced), shared by a node's ranks
-(`ratrain.bench.platform.link_platform`, assumed, not fitted to anything measured here);
-the unshaped runs with the base platform's loopback link between nodes.
+every 1514 bytes to the messages (sourced), shared by a node's ranks, each byte carried
+taking compute from the ranks on the machine's cores (`LINK_CPU_S_PER_BYTE`, from `ratrain
+link-probe --cpu-only`) (`ratrain.bench.platform.link_platform`, assumed, not fitted to
+anything measured here); the unshaped runs with the base platform's loopback link between
+nodes and its own CPU per byte (none unless it says).
 
 The default grid (`DEFAULT_CASES`, 13 plans): 1F1B, zb-h1, zb-h2 and a V order; ratrain,
 gpu-style and fsdp-pp; pp-inner and dp-inner; 4 nodes x 1 rank and 2 x 2; 50, 100 and 200
@@ -225,7 +227,11 @@ def platforms(base_path: str, case: ClusterCase, link_mbit: float | None = None)
         f"{case.nodes}x{case.ranks_per_node} at {rate:g} Mbit/s",
     )
     loop = load(base_path)
-    return shaped, dataclasses.replace(shaped, inter_node=loop.intra_node)
+    # assumed: unshaped, the veths pass the kernel's large segments whole, and the base
+    # platform's calibration (on one machine, through loopback) already bears their cost
+    return shaped, dataclasses.replace(
+        shaped, inter_node=loop.intra_node, link_cpu_s_per_byte=loop.link_cpu_s_per_byte
+    )
 
 
 def predict(case: ClusterCase, base_path: str) -> dict[str, float]:

@@ -26,6 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reps", type=positive_int, default=3, help="repeats per message size (default 3)"
     )
+    p.add_argument(
+        "--cpu-only",
+        action="store_true",
+        help="only what a flow's packets cost the ranks computing on the cores they share "
+        "(network.links.cpu_s_per_byte)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,5 +39,5 @@ def run(args: argparse.Namespace) -> int:
     from ratrain.cli.outputs import prepare_output_file
 
     prepare_output_file(args.out, "OUT")  # before the probe, not when rank 0 writes it
-    probe_links(args.out, args.ranks_per_node, args.reps)
+    probe_links(args.out, args.ranks_per_node, args.reps, args.cpu_only)
     return 0

@@ -32,6 +32,7 @@ Schema (YAML), all sizes in bytes, bandwidths in bytes/s, times in seconds:
       links:          # optional (ratrain.cost.links; ratrain link-probe writes it)
         full_duplex: {value: true, note}  # each direction its own resource (default true)
         notice_queue_s: {value: 0.05, note}  # a receive's notice waits behind its egress
+        cpu_s_per_byte: {value: 4e-8, note}  # compute a byte carried takes from shared cores
         one_flow_bytes_per_s: {value, note}   # and the probe's other figures, for the record
     # Optional sections, written by `ratrain calibrate` (absent: not charged):
     compute:
@@ -212,6 +213,13 @@ class Platform:
     notice to its sender leaves through the receiver's egress behind what is queued there
     (`ratrain.schedule.rendezvous`). 0 (the default, assumed for the presets): the notice
     is not held up."""
+    link_cpu_s_per_byte: float = 0.0
+    """Compute seconds of one rank that a byte carried between nodes takes from the ranks
+    sharing its cores (`network.links.cpu_s_per_byte`, measured by `ratrain link-probe`:
+    the kernel's work on every packet, where the node's CPU does it, as on the emulated
+    network's shaped links). While transfers run, the simulator counts it as load on the
+    cores of both ends (`ratrain.sim.sharing`); it slows compute only where ranks share
+    cores. 0 (the default, assumed for the presets): a NIC does that work."""
     link_measured: dict[str, float] = field(default_factory=dict)
     """What `ratrain link-probe` measured of the links (`network.links`), for the record."""
     measured_on: dict | None = None

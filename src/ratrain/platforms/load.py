@@ -291,8 +291,8 @@ def _optional(r: _Reader, data: dict, compute: dict, net: dict) -> dict:
 
 def _links(r: _Reader, net: dict) -> dict:
     """network.links (optional, `ratrain.cost.links`): `full_duplex` (true/false),
-    `notice_queue_s` (seconds, >= 0) and what `ratrain link-probe` measured (numbers, kept
-    for the record)."""
+    `notice_queue_s` (seconds, >= 0), `cpu_s_per_byte` (>= 0) and what `ratrain
+    link-probe` measured (numbers, kept for the record)."""
     if "links" not in net:
         return {}
     sec = r.section(net, "links", "network.")
@@ -306,6 +306,10 @@ def _links(r: _Reader, net: dict) -> dict:
         elif key == "notice_queue_s":
             out["link_notice_queue_s"] = r.check_number(
                 value, "network.links.notice_queue_s", zero=True
+            )
+        elif key == "cpu_s_per_byte":
+            out["link_cpu_s_per_byte"] = r.check_number(
+                value, "network.links.cpu_s_per_byte", zero=True
             )
         else:
             out["link_measured"][str(key)] = r.check_number(value, f"network.links.{key}")

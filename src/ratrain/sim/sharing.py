@@ -22,11 +22,24 @@ replica of it is taken to hold the same stages, which is exact when nodes hold w
 pipelines or whole ranges of one pipeline's stages (the node size a multiple of pp or a
 divisor of it), and with one node (cpu-local) trivially.
 
+The links' load. Where a node's CPU does the network's work (the emulated network of
+`ratrain emulate`: every packet through the shaped links is routed and queued by this
+machine's kernel on the cores the ranks compute on), a byte carried between nodes takes
+`Platform.link_cpu_s_per_byte` seconds of one rank's compute (measured by `ratrain
+link-probe`: the ranks' burst of GEMMs alone and beside a flow). A transfer running at its
+full rate then holds `NodeSharing.link_load` ranks' worth of compute on the cores of the
+stage of each link it holds (half at each end: a SEND holds its sender's egress and its
+receiver's ingress; a collective holds its own rank's two, as it sends and receives), times
+its share of the links (`ratrain.schedule.linkshare`). That load is added to the busy count
+the rates are read at, as a fraction of a rank: linear between the rows, and past the
+node's w ranks the all-busy aggregate shared by all of it (w / busy). So a flow slows the
+ranks that compute while it runs, and where cores sit idle it mostly takes theirs.
+
 The engine: a running compute action keeps its remaining work and its rate; whenever the
-set of stages computing changes, the remaining work of every running compute action whose
-rate changes is brought up to date and its completion re-queued (a stale heap entry is
-skipped when popped: each action's valid entry is the sequence number it was last pushed
-with). Rates are recomputed once all events of one instant are processed, so the result
+set of stages computing changes, or the links' load does, the remaining work of every
+running compute action whose rate changes is brought up to date and its completion
+re-queued (a stale heap entry is skipped when popped: each action's valid entry is the
+sequence number it was last pushed with). Rates are recomputed once all events of one instant are processed, so the result
 does not depend on the order in which simultaneous events are handled. Pure Python.
 """
 
@@ -63,6 +76,14 @@ class NodeSharing:
     speed: float = 1.0
     """The cost model's all-busy speed: an action's one-thread seconds are its time at it
     times this (its fixed part aside)."""
+    link_load: float = 0.0
+    """Ranks' worth of compute that each link a transfer holds takes from the cores of that
+    link's stage while the transfer runs at its full rate (half of
+    `Platform.link_cpu_s_per_byte` x the link's payload bytes/s: a transfer holds its
+    sender's egress and its receiver's ingress, and both ends' kernels do the work; a
+    collective holds its own rank's two, sending and receiving); 0: transfers take none."""
+    full_duplex: bool = True
+    """How link ids name stages (`ratrain.cost.links.egress`): two per stage, else one."""
 
 
 def node_sharing(cost: CostModel) -> NodeSharing | None:
@@ -97,7 +118,23 @@ def node_sharing(cost: CostModel) -> NodeSharing | None:
     if all(len(r[0]) <= 2 for r in rates):  # one rank per node: always alone, rate fixed
         return None
     measured = tuple(x for x in at if x is not None)
-    return NodeSharing(tuple(neighbours), tuple(rates), measured, cost.speed)
+    net = platform.inter_node
+    load = 0.5 * platform.link_cpu_s_per_byte * net.bandwidth_bytes_per_s * net.efficiency
+    return NodeSharing(
+        tuple(neighbours), tuple(rates), measured, cost.speed, load, platform.link_full_duplex
+    )
+
+
+def _rate_at(row: tuple[float, ...], busy: float) -> float:
+    """A rate row (index b: b of the node's w ranks busy) at `busy` ranks' worth of work,
+    which the links' load makes fractional: linear between the rows; past w, the node's
+    aggregate at w shared by all of it."""
+    w = len(row) - 1
+    if busy >= w:
+        return row[w] * w / busy
+    lo = int(busy)
+    g = busy - lo
+    return row[lo] if g == 0.0 else row[lo] * (1.0 - g) + row[lo + 1] * g
 
 
 def _blend(sharing: NodeSharing, d: float, fixed: float) -> tuple[int, float]:
@@ -135,6 +172,8 @@ class _SharingEngine(_Engine):
         self.valid = [-1] * n  # sequence number of the action's live heap entry
         self.running = [-1] * schedule.pp  # the compute action running on each stage
         self.dirty = False
+        # the links' load on each stage's node, in ranks' worth of compute (`link_load`)
+        self.net = [0.0] * schedule.pp
 
     def run(self) -> None:
         for s in range(self.schedule.pp):
@@ -178,18 +217,44 @@ class _SharingEngine(_Engine):
             self.dirty = True
         super()._complete(i)
 
+    def _share_links(self) -> None:
+        if not self.links.dirty:
+            return
+        self.links.rebalance(self.now)
+        if self.sharing.link_load:
+            self._link_loads()
+
+    def _link_loads(self) -> None:
+        """Each stage's node's load from the transfers running now: per link held, the
+        link's stage's ranks on the node times `link_load` times the transfer's rate."""
+        sh, links = self.sharing, self.links
+        per = [0.0] * self.schedule.pp
+        rate = links.rate
+        for k, members in enumerate(links.members):
+            if members:
+                per[k // 2 if sh.full_duplex else k] += sum(rate[i] for i in members)
+        net = [sh.link_load * sum(c * per[t] for t, c in near) for near in sh.neighbours]
+        if net != self.net:
+            self.net = net
+            self.dirty = True
+
     def _rebalance(self) -> None:
         if not self.dirty:
             return
         self.dirty = False
-        running, sh = self.running, self.sharing
+        running, sh, net = self.running, self.sharing, self.net
         for s, i in enumerate(running):
             if i < 0:
                 continue
             busy = sum(c for t, c in sh.neighbours[s] if running[t] >= 0)
             j, g = self.blend[i]
             rows = sh.rates[s]
-            r = rows[j][busy] if g == 0.0 else rows[j][busy] * (1 - g) + rows[j + 1][busy] * g
+            if net[s]:
+                r = _rate_at(rows[j], busy + net[s])
+                if g != 0.0:
+                    r = r * (1 - g) + _rate_at(rows[j + 1], busy + net[s]) * g
+            else:
+                r = rows[j][busy] if g == 0.0 else rows[j][busy] * (1 - g) + rows[j + 1][busy] * g
             f = self.frac[i]
             rate = 1.0 if r == 1.0 else 1.0 / (f / r + 1.0 - f)  # exact when all are busy
             if rate == self.rate[i]:
