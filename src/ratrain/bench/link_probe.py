@@ -42,10 +42,10 @@ while the other ranks wait, each case timed from one barrier to each flow's arri
 And what a flow costs the compute beside it, where the nodes' CPUs do the network's work
 (`beside_compute`; alone with `--cpu-only`): every rank runs the same burst of GEMMs on one
 thread (`CPU_BURST_S` with all computing), alone and while A sends B a flow of
-`CPU_CHUNK_BYTES` messages that outlasts it, interleaved. The emulated nodes share one
-machine's cores, so all ranks are taken to share them: the slowdown over the bytes/s B
-received within its burst is the compute a byte takes (`cpu_per_byte`,
-`network.links.cpu_s_per_byte`, `ratrain.sim.sharing`).
+`CPU_CHUNK_BYTES` messages that outlasts it, interleaved, `CPU_REPS` times at least. The
+emulated nodes share one machine's cores, so all ranks are taken to share them: the
+slowdown over the bytes/s B received within its burst is the compute a byte takes
+(`cpu_per_byte`, `network.links.cpu_s_per_byte`, `ratrain.sim.sharing`).
 
 `link_fields` turns them into the platform file's `network.links` block.
 """
@@ -68,6 +68,11 @@ flow's latency and the barrier's skew (milliseconds) are a few percent of it at 
 CPU_BURST_S = 1.0
 """Seconds of the beside-compute case's GEMM burst with every rank computing: long beside
 the scheduler's time slices and a message's time (tens of milliseconds)."""
+CPU_REPS = 5
+"""Repeats of the beside-compute case, at least: its figure is a ratio of two bursts a
+second apart, and this machine's speed moves by as much within a second now and then (one
+probe in eleven at 3 repeats came out a tenth of the others: one repeat's burst beside the
+flow ran faster than alone)."""
 CPU_CHUNK_BYTES = 128 * 1024
 """Bytes per message of the beside-compute case's flow: a pipeline's activation at a small
 micro-batch (bench-256, 128 tokens, fp32), as in the emulated runs."""
@@ -442,7 +447,9 @@ def probe_cpu(ranks_per_node: int, reps: int) -> dict:
     _flows([(a, b)], CONTENTION_BYTES, 1)  # warm the connection up
     alone = _flows([(a, b)], CONTENTION_BYTES, 1)[0]
     got = {"bytes": CONTENTION_BYTES, "reps": reps, "alone": alone, "cpu_only": True}
-    got["beside_compute"] = _beside_compute(ranks_per_node, reps, CONTENTION_BYTES / alone)
+    got["beside_compute"] = _beside_compute(
+        ranks_per_node, max(reps, CPU_REPS), CONTENTION_BYTES / alone
+    )
     return {"contention": got}
 
 
@@ -468,7 +475,7 @@ def probe_links(out: str, ranks_per_node: int, reps: int = 3, cpu_only: bool = F
             res = _probe(ranks_per_node, reps, SIZES)
             got = res["contention"] = _contention(ranks_per_node, reps, CONTENTION_BYTES)
             rate = got["bytes"] / got["alone"]
-            got["beside_compute"] = _beside_compute(ranks_per_node, reps, rate)
+            got["beside_compute"] = _beside_compute(ranks_per_node, max(reps, CPU_REPS), rate)
         res |= {"nodes": rdzv.world_size // ranks_per_node, "ranks_per_node": ranks_per_node}
         if dist.get_rank() == 0:
             with open(out, "w") as f:
