@@ -233,8 +233,8 @@ def _beside_compute(ranks_per_node: int, reps: int, flow_bytes_per_s: float) -> 
     """What a flow's packets cost the ranks that compute on the cores they share (the
     module's docstring): every rank runs the same burst of GEMMs on one thread, alone, then
     while local rank 0 of node A sends node B a flow that outlasts it, `reps` times each,
-    interleaved. Per repeat, the ranks' mean burst time; on B, the bytes that arrived
-    within its own burst over its duration."""
+    interleaved (`CPU_REPS` times at least). Per repeat, the ranks' mean burst time; on
+    B, the bytes that arrived within its own burst over its duration."""
     import math
     import threading
 
@@ -243,6 +243,7 @@ def _beside_compute(ranks_per_node: int, reps: int, flow_bytes_per_s: float) -> 
 
     rank, world = dist.get_rank(), dist.get_world_size()
     a, b = 0, ranks_per_node
+    reps = max(reps, CPU_REPS)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -447,9 +448,7 @@ def probe_cpu(ranks_per_node: int, reps: int) -> dict:
     _flows([(a, b)], CONTENTION_BYTES, 1)  # warm the connection up
     alone = _flows([(a, b)], CONTENTION_BYTES, 1)[0]
     got = {"bytes": CONTENTION_BYTES, "reps": reps, "alone": alone, "cpu_only": True}
-    got["beside_compute"] = _beside_compute(
-        ranks_per_node, max(reps, CPU_REPS), CONTENTION_BYTES / alone
-    )
+    got["beside_compute"] = _beside_compute(ranks_per_node, reps, CONTENTION_BYTES / alone)
     return {"contention": got}
 
 
@@ -475,7 +474,7 @@ def probe_links(out: str, ranks_per_node: int, reps: int = 3, cpu_only: bool = F
             res = _probe(ranks_per_node, reps, SIZES)
             got = res["contention"] = _contention(ranks_per_node, reps, CONTENTION_BYTES)
             rate = got["bytes"] / got["alone"]
-            got["beside_compute"] = _beside_compute(ranks_per_node, max(reps, CPU_REPS), rate)
+            got["beside_compute"] = _beside_compute(ranks_per_node, reps, rate)
         res |= {"nodes": rdzv.world_size // ranks_per_node, "ranks_per_node": ranks_per_node}
         if dist.get_rank() == 0:
             with open(out, "w") as f:

@@ -39,8 +39,9 @@ The engine: a running compute action keeps its remaining work and its rate; when
 set of stages computing changes, or the links' load does, the remaining work of every
 running compute action whose rate changes is brought up to date and its completion
 re-queued (a stale heap entry is skipped when popped: each action's valid entry is the
-sequence number it was last pushed with). Rates are recomputed once all events of one instant are processed, so the result
-does not depend on the order in which simultaneous events are handled. Pure Python.
+sequence number it was last pushed with). Rates are recomputed once all events of one
+instant are processed, so the result does not depend on the order in which simultaneous
+events are handled. Pure Python.
 """
 
 from __future__ import annotations
