@@ -136,9 +136,8 @@ def extrapolate(
     whose difference is the period. `near` > 0 (one run only): a short step that does not
     repeat exactly but nearly, its step time then within `near` of the full step's,
     relative (`steady_one._from_run`; `NEAR` is the planner's). A step whose short steps
-    do not repeat yet (a backlog
-    still building) is tried again with twice the warm-up, while that stays shorter than
-    the step. The result carries no events and no memory timeline; its peaks and
+    do not repeat yet (a backlog still building) is tried again with twice the warm-up,
+    while that stays shorter than the step. The result carries no events and no memory timeline; its peaks and
     breakdowns are `memory` ((peaks, breakdowns) of the plan, from the shortened replay)
     or else the (longer) short step's."""
     attempt = spent = 0
