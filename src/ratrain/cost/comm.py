@@ -97,11 +97,18 @@ def p2p_link(
 ) -> Link:
     """The link between two stages: inter-node if any replica's pair crosses a node (the
     step waits for the slowest replica)."""
-    upn = platform.units_per_node
-    for r in range(dp):
-        if rank_of(stage, r, pp, dp, layout) // upn != rank_of(peer, r, pp, dp, layout) // upn:
-            return platform.inter_node
-    return platform.intra_node
+    crosses = _crosses_node(stage, peer, pp, dp, platform.units_per_node, layout)
+    return platform.inter_node if crosses else platform.intra_node
+
+
+@lru_cache(maxsize=65536)
+def _crosses_node(stage: int, peer: int, pp: int, dp: int, upn: int, layout: str) -> bool:
+    """Whether any replica's pair of the two stages sits on two nodes (memoised: the
+    planner asks per send of every plan it costs)."""
+    return any(
+        rank_of(stage, r, pp, dp, layout) // upn != rank_of(peer, r, pp, dp, layout) // upn
+        for r in range(dp)
+    )
 
 
 def _bw(link: Link) -> float:

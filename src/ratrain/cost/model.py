@@ -59,6 +59,7 @@ stage is uniform. Pure Python.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ratrain.config import Plan
@@ -109,6 +110,11 @@ def only(*categories: str) -> dict[str, float]:
 _UNIT_COMPUTE = (Op.F, Op.B, Op.B_IN, Op.B_W)
 """Compute actions scaled per unit (blocks and edge units apart)."""
 
+_COMPUTE = frozenset((*_UNIT_COMPUTE, Op.RECOMPUTE))
+"""Ops whose cost reads, of the plan, only the micro-batch's tokens, the compute dtype, the
+loss chunking and (RECOMPUTE) the unit's policy, not the stage: shared by every plan alike
+in those (`CostModel.action`)."""
+
 _RING_TRAFFIC = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5}
 """derived: what a rank sends, receives and reduces in a ring reduce-scatter or all-gather
 is half of a ring all-reduce's (which is the two one after the other); the measured
@@ -131,6 +137,39 @@ class ActionCost:
 
 
 _MOVES = (Op.OFFLOAD, Op.RELOAD)
+
+_BY_POLICY = frozenset((Op.RECOMPUTE, Op.OFFLOAD, Op.RELOAD))
+"""The ops whose cost reads the plan's recompute field: a RECOMPUTE's kernels follow its
+unit's policy, an OFFLOAD's or RELOAD's bytes what the unit keeps under it."""
+
+_PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name != "recompute")
+
+_SHARED: dict[tuple, tuple] = {}
+"""Action costs shared by cost models, each value (platform, costs by action key) so that
+a platform id now another object's is not read; cleared whole past `_SHARED_LIMIT` keys.
+A search costs thousands of plans, each with a model of its own, and most of their actions
+cost the same: compute actions by what they read (`_COMPUTE`: on the 2-core machine an
+exact search of llama3.2-1b on 1000 h100-80g clusters at 64 x 4096 costed 91,934 actions
+one by one), the others among plans alike but for their recompute field (the planner tries
+a structure's knobs under one policy per stage after another), by platform id, model, the
+plan's other fields, rank layout, speed and scale (`CostModel.action`'s keys)."""
+
+_SHARED_LIMIT = 512
+"""assumed: models alike held at once; a search works one structure's knobs at a time, so
+a few hundred cover its policies and its bounds' `speed="peak"` models."""
+
+
+def _shared(key: tuple, platform: Platform) -> dict[tuple, ActionCost]:
+    """The costs `_SHARED` holds for `key`, whose first item is `platform`'s id (made empty
+    where none are, or where that id is now another object's)."""
+    hit = _SHARED.get(key)
+    if hit is not None and hit[0] is platform:
+        return hit[1]
+    if len(_SHARED) >= _SHARED_LIMIT:
+        _SHARED.clear()
+    costs: dict[tuple, ActionCost] = {}
+    _SHARED[key] = (platform, costs)
+    return costs
 
 
 def cost_key(a: Action) -> tuple:
@@ -184,8 +223,37 @@ class CostModel:
         """Kernel speed of one rank against one thread on a core of its own: every rank of
         the node busy ("busy", what the simulator's rates are relative to), or the fastest
         any rank runs while others wait ("peak": lower bounds, `ratrain.cost.sharing`)."""
-        self._cache: dict[tuple, ActionCost] = {}
+        self._cache: dict[tuple, ActionCost] = self._shared_costs()
         self._stolen: dict[tuple, float] = {}
+
+    def _shared_costs(self) -> dict[tuple, ActionCost]:
+        """This model's cost caches (`_SHARED`): that of the models alike but for the
+        plan's recompute field, whose keys (`action`) carry the policy where the cost reads
+        it; and, as `_compute_costs`, that of every model whose compute actions cost alike."""
+        plan = self.plan
+        fields = tuple(
+            tuple(v) if isinstance(v, list) else v for v in (getattr(plan, f) for f in _PLAN_FIELDS)
+        )
+        key = (
+            id(self.platform),
+            self.spec,
+            fields,
+            self.rank_layout,
+            self.speed,
+            tuple(self.scale.items()),  # every category, in `COST_CATEGORIES`' order
+        )
+        compute = (
+            id(self.platform),
+            self.spec,
+            plan.micro_batch,
+            plan.seq,
+            plan.compute_dtype,
+            plan.loss_chunk_tokens,
+            self.speed,
+            key[-1],
+        )
+        self._compute_costs = _shared(compute, self.platform)
+        return _shared(key, self.platform)
 
     # -- sizes ------------------------------------------------------------------------------
     def params(self, units: tuple[int, ...]) -> int:
@@ -230,10 +298,21 @@ class CostModel:
 
     # -- costs ------------------------------------------------------------------------------
     def action(self, a: Action) -> ActionCost:
-        key = cost_key(a)
-        cost = self._cache.get(key)
+        op = a.op
+        if op in _COMPUTE:
+            # Not the stage: the units' kernels, and a RECOMPUTE's policy.
+            key = (op, a.units)
+            if op is Op.RECOMPUTE:
+                key = (*key, self.plan.recompute_of(self.spec, a.stage, a.units[0]))
+            costs = self._compute_costs
+        else:
+            key = cost_key(a)
+            if op in _BY_POLICY:  # what an OFFLOAD or RELOAD moves
+                key = (*key, self.plan.recompute_of(self.spec, a.stage, a.units[0]))
+            costs = self._cache
+        cost = costs.get(key)
         if cost is None:
-            cost = self._cache[key] = self._cost(a)
+            cost = costs[key] = self._cost(a)
         return cost
 
     def time_s(self, a: Action) -> float:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ratrain.config import Plan
 from ratrain.deadline import Budget, OutOfTime
+from ratrain.gcpause import gc_paused
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.feasible import find_feasible
 from ratrain.planner.fit import memory_bound
@@ -172,6 +173,7 @@ def _rec(p: Plan) -> str:
     return p.recompute[0] if len(set(p.recompute)) == 1 else ",".join(p.recompute)
 
 
+@gc_paused()  # see `ratrain.gcpause`
 def explain(
     req: Request,
     near: Near | None,

@@ -39,6 +39,7 @@ from typing import NamedTuple
 from ratrain import deadline
 from ratrain.config import V_PIPELINES
 from ratrain.deadline import Budget, OutOfTime
+from ratrain.gcpause import gc_paused
 from ratrain.planner.evaluate import Evaluator, usable_bytes
 from ratrain.planner.families import Family
 from ratrain.planner.feasible import Fit, find_feasible, relax
@@ -235,6 +236,7 @@ def _memory_proof(
     return None
 
 
+@gc_paused()  # a whole search: see `ratrain.gcpause`
 def search(
     req: Request,
     *,
