@@ -34,6 +34,7 @@ __all__ = [
     "INFEASIBLE_BUDGET_FACTOR",
     "LOOK_APART_AT",
     "LOOK_APART_LATE",
+    "REFINED_FIRST_AT",
     "DIVE_GRACE",
     "WALK_SHARE",
     "NO_FIT_BUDGET_FACTOR",
@@ -98,6 +99,17 @@ memory-saving knobs (llama2-70b on 96 a100-80g clusters: 506.6 s per step, where
 left to it, ranked the optimum, 435.7 s, by 0.8-1.1 s; llama3-405b on 1000 h100-80g: 348.8 s,
 where the search ranked 125.3 s)."""
 
+REFINED_FIRST_AT = 0.5
+"""assumed, then measured: with no plan ranked once the search has refined structures' bounds
+for this fraction of the soft limit (0.6 s at the default budget, counted from when the heap
+of structures is built), it runs the structure of smallest refined bound at once, ahead of
+those whose first bounds are still smaller (`ratrain.planner.search._refined_first`). On
+the wide grid (`benchmarks/plan_grid.py --wide`, 288 jobs, interleaved with the search
+without it, the 2-core machine): answers over 2 s 29 to 18, steps geometric mean 0.997 (9
+faster by over 1%, 4 slower), certified gaps of at most 5% 131 to 126 of 202. At 0.25 the
+first structures refined were run before the likelier fastest were reached: answers over
+2 s 27 to 16 but gaps of at most 5% 128 to 111 (llama2-70b on 96 mt3000 clusters at
+64 x 4096: pp=42 ran, 519.1 s per step, where pp=48's 490.0 s is the optimum)."""
 DIVE_GRACE = 2.0
 """assumed: with the plan looked for apart in hand, the search goes on for a plan of its own
 until this many times the soft limit (2.4 s at the default budget; never past the hard

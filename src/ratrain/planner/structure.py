@@ -125,6 +125,12 @@ class State:
     search's own plans): the answer if the search does not better it."""
     first_fit_s: float | None = None
     """When the search first ranked a plan (seconds on its budget's clock)."""
+    work_start_s: float = 0.0
+    """When the search began working its heap of structures (seconds on its budget's
+    clock)."""
+    ran_refined: bool = False
+    """Whether the search has run a refined structure out of the heap's order
+    (`search._refined_first`)."""
 
     def cut_at(self, lb: float) -> None:
         """Cut at a step-time bound `lb`: the floor is the smallest such."""
