@@ -138,10 +138,6 @@ class ActionCost:
 
 _MOVES = (Op.OFFLOAD, Op.RELOAD)
 
-_BY_POLICY = frozenset((Op.RECOMPUTE, Op.OFFLOAD, Op.RELOAD))
-"""The ops whose cost reads the plan's recompute field: a RECOMPUTE's kernels follow its
-unit's policy, an OFFLOAD's or RELOAD's bytes what the unit keeps under it."""
-
 _PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name != "recompute")
 
 _SHARED: dict[tuple, tuple] = {}
@@ -223,13 +219,13 @@ class CostModel:
         """Kernel speed of one rank against one thread on a core of its own: every rank of
         the node busy ("busy", what the simulator's rates are relative to), or the fastest
         any rank runs while others wait ("peak": lower bounds, `ratrain.cost.sharing`)."""
-        self._cache: dict[tuple, ActionCost] = self._shared_costs()
+        self._cache, self._compute_costs = self._shared_costs()
         self._stolen: dict[tuple, float] = {}
 
-    def _shared_costs(self) -> dict[tuple, ActionCost]:
+    def _shared_costs(self) -> tuple[dict[tuple, ActionCost], dict[tuple, ActionCost]]:
         """This model's cost caches (`_SHARED`): that of the models alike but for the
         plan's recompute field, whose keys (`action`) carry the policy where the cost reads
-        it; and, as `_compute_costs`, that of every model whose compute actions cost alike."""
+        it, and that of every model whose compute actions cost alike."""
         plan = self.plan
         fields = tuple(
             tuple(v) if isinstance(v, list) else v for v in (getattr(plan, f) for f in _PLAN_FIELDS)
@@ -252,8 +248,7 @@ class CostModel:
             self.speed,
             key[-1],
         )
-        self._compute_costs = _shared(compute, self.platform)
-        return _shared(key, self.platform)
+        return _shared(key, self.platform), _shared(compute, self.platform)
 
     # -- sizes ------------------------------------------------------------------------------
     def params(self, units: tuple[int, ...]) -> int:
@@ -307,7 +302,7 @@ class CostModel:
             costs = self._compute_costs
         else:
             key = cost_key(a)
-            if op in _BY_POLICY:  # what an OFFLOAD or RELOAD moves
+            if op in _MOVES:  # it moves what its unit keeps under the unit's policy
                 key = (*key, self.plan.recompute_of(self.spec, a.stage, a.units[0]))
             costs = self._cache
         cost = costs.get(key)
