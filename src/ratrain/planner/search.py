@@ -383,10 +383,10 @@ def _work(
                 # the likeliest fastest, not the one whose kernels alone are. With a plan
                 # ranked, a structure's knob bounds stop at the soft limit.
                 try:
-                    if best.items and entry.level != _PEAK:
-                        _refine(req, tasks, entry, state, budget=state.budget)
-                    else:
+                    if entry.level == _PEAK:
                         _refine(req, tasks, entry, state, forced=True)
+                    else:
+                        _refine(req, tasks, entry, state, budget=state.budget)
                 except OutOfTime:
                     heapq.heappush(tasks, entry)  # cut at its bound, next time round
                 continue
@@ -438,9 +438,7 @@ def _refined_first(tasks: list[_Entry], best: Top, state: State) -> _Entry | Non
     if at is None:
         return None
     state.ran_refined = True
-    entry = tasks[at]
-    tasks[at] = tasks[-1]
-    tasks.pop()
+    entry = tasks.pop(at)
     heapq.heapify(tasks)
     return entry
 
@@ -498,11 +496,11 @@ def _refine(
     gaps of at most 5% on 80 of the wide grid's 202 answers against 123 without the early
     run; refined with it, 111 against 128). The structures whose kernels are fastest are
     often those that must recompute or offload most, and the first structure run takes
-    most of a small budget (on llama2-70b
-    over 96 a100-80g clusters at 8192 x 2048, pp=3 went first by its kernels, 398 s, and
-    was ranked at 506.6 s, where its forced bound is 503.5 s and pp=12's 433 s, its plan
-    435.7 s, the optimum). Tightening the floor after a cut (`_tighten`) uses it too:
-    there it lifts most structures past the best plan's step without their knobs.
+    most of a small budget (on llama2-70b over 96 a100-80g clusters at 8192 x 2048, pp=3
+    went first by its kernels, 398 s, and was ranked at 506.6 s, where its forced bound is
+    503.5 s and pp=12's 433 s, its plan 435.7 s, the optimum). Tightening the floor after
+    a cut (`_tighten`) uses it too: there it lifts most structures past the best plan's
+    step without their knobs.
 
     `budget`: the knob bounds raise `OutOfTime` past its soft limit (a deep structure's
     take up to a second), and nothing is pushed: the caller puts `entry` back."""
