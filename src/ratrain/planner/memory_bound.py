@@ -74,7 +74,10 @@ def _persistent(spec: ModelSpec, split: tuple[int, ...], n_shards: int, most: in
         # The largest unit: the blocks share one size, so the largest of the range is
         # among its ends and one block.
         largest = max(every[lo], every[hi - 1], peak if hi - lo > 2 else 0)
-        out.append((prefix[hi] - prefix[lo]) * per_param // n_shards + largest * most)
+        stored = prefix[hi] - prefix[lo]
+        if spec.tied_embeddings and lo == 0 and hi == len(every):  # `stored_params`
+            stored -= spec.vocab * spec.hidden
+        out.append(stored * per_param // n_shards + largest * most)
     return tuple(out)
 
 
@@ -167,6 +170,10 @@ class MemoryBound:
         )
         tables = _TABLES.get_or(tkey, unit_tables, spec, plan, kinds, eager_kernels)
         self.keep, self.bws, self.params, boundary, wgrad = tables
+        # A stage with the embedding and the head stores a tied matrix once (the ledger's
+        # `stored_params`): the head's parameters there, less it.
+        shared = spec.vocab * spec.hidden if spec.tied_embeddings else 0
+        self.params_both = {**self.params, "head": self.params["head"] - shared}
         self.gbp, vbp = grad_bytes_per_param(plan), view_bytes_per_param(plan)
         self.zb = plan.split_backward
         # zb-h1: what B_IN keeps for B_W (policy-independent), per unit kind: all of it,
@@ -263,14 +270,15 @@ class MemoryBound:
         if head:
             spans.append(("head", "none", 1))
         spans = [r for r in spans if r[2] > 0]
-        static = sum(c * int(self.params[k] * self.state_per_param) for k, _, c in spans)
+        params = self.params_both if emb and head else self.params
+        static = sum(c * int(params[k] * self.state_per_param) for k, _, c in spans)
         runs, start, keep_below, params_below, w_below = [], 0, 0, 0, 0
         for k, p, c in spans:
             keep = self.keep[(k, p)]
             runs.append(Run(k, p, c, start, keep, keep_below, params_below, w_below))
             start += c
             keep_below += c * keep
-            params_below += c * self.params[k]
+            params_below += c * params[k]
             w_below += c * self.w_keep.get(k, 0)
         n_params = params_below  # now over the whole stage
         views = 0 if self.transient else n_params * self.vbp
@@ -293,6 +301,7 @@ class MemoryBound:
             at=at,
             total_w=w_below,
             zb_grads=n_params * self.zb_gbp,
+            params=params,
         )
 
     def _unit(self, lay: Layout, u: int, r: int, j: int) -> tuple:
@@ -303,7 +312,7 @@ class MemoryBound:
         k, keep_u = run.kind, run.keep
         running = self.keep[(k, "none")] - keep_u + self.bws[k]
         if self.transient and k != "emb":
-            running += self.params[k] * self.vbp
+            running += lay.params[k] * self.vbp
         # The unit the backward pass reads next (the one below, unless it is the
         # embedding, whose B reads no view): its view is fetched before B(u) starts.
         below_kind = k if j > 0 else (lay.runs[r - 1].kind if r > 0 else None)
@@ -322,7 +331,7 @@ class MemoryBound:
         upto = run.keep_below + (j + 1) * keep_u  # keep of units 0..u
         # An offloaded microbatch holds the unit running and the ones reloaded ahead.
         mine_off = upto - lay.below(max(0, u - RELOAD_AHEAD_UNITS))
-        met = run.params_below + j * self.params[k]
+        met = run.params_below + j * lay.params[k]
         return k, running, upto, mine_off, lay.all_grads - met * self.gbp, ahead_view, above_w
 
     def _stage(

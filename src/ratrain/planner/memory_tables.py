@@ -171,6 +171,9 @@ class Layout:
     at: tuple[tuple[int, int, int], ...]
     total_w: int
     zb_grads: int
+    params: dict[str, int]
+    """Parameters stored per unit kind on the stage: with tied embeddings and both the
+    embedding and the head on it, the head's less the shared matrix (`stored_params`)."""
 
     def below(self, u: int) -> int:
         """Keep of the units before unit u."""
