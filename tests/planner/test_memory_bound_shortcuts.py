@@ -17,9 +17,9 @@ from ratrain.platforms.load import load
 
 
 class _UnitByUnit(MemoryBound):
-    """The bound computed as before: every moment x every unit (the stage's layout and each
-    unit's moment-free terms as `MemoryBound` has them; the walk over moments and units,
-    and the offloaded keep taken per moment, its own)."""
+    """The bound computed as before: every moment x every unit (the stage's layout, each
+    unit's moment-free terms and the cool-down's next view as `MemoryBound` has them; the
+    walk over moments and units, and the offloaded keep taken per moment, its own)."""
 
     def _stage(
         self, n_blocks: int, emb: bool, head: bool, w: int, policy: str, parts: bool = False
@@ -41,6 +41,9 @@ class _UnitByUnit(MemoryBound):
                     lay, u, r, j
                 )
                 running += above_w  # zero bubble: the units above keep what B_W needs
+                if u == 0 and m - 1 - w <= mb < m - 1:  # the cool-down: the next view
+                    running += self._next_view(lay, emb, head)
+                    ahead_view += self._next_view(lay, emb, head)
                 mine = off_keep if mine_off else upto
                 grads = lay.all_grads if grads_all else grads_some
                 total = lay.static + grads + mine + others_b + running + held

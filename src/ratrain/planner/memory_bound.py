@@ -346,20 +346,34 @@ class MemoryBound:
         # and each moment adds its own terms to it (integers: the same sums as unit by
         # unit, and the first unit at the largest, as before).
         terms = [self._unit(lay, u, r, j) for u, r, j in lay.at]
-        largest: dict[tuple[bool, bool, bool], tuple] = {}
+        largest: dict[tuple[bool, bool, bool, tuple], tuple] = {}
+        # Held while the backward pass of the stage's first unit runs, besides its terms:
+        # with offload, what a deferred weight pass right after reloads before it
+        # (`_reloaded_w`); in the cool-down, with views prefetched, the view of the unit
+        # the next backward pass reads first (`_next_view`).
+        reload_w = self._reloaded_w(lay) if self.zb and plan.offload_activations else 0
+        next_view = self._next_view(lay, emb, head)
 
-        def largest_unit(grads_all: bool, off: bool, above: bool) -> tuple:
-            hit = largest.get((grads_all, off, above))
+        def largest_unit(grads_all: bool, off: bool, above: bool, first: tuple) -> tuple:
+            """The largest unit's value and terms; `first`, (kept bytes, view bytes), held
+            besides the stage's first unit's (terms[0])."""
+            hit = largest.get((grads_all, off, above, first))
             if hit is None:
                 top, arg = None, None
-                for k, running, upto, mine_off, grads_some, ahead_view, above_w in terms:
+                for n, (k, running, upto, mine_off, grads_some, ahead_view, above_w) in enumerate(
+                    terms
+                ):
                     grads = all_grads if grads_all else grads_some
                     mine = mine_off if off else upto
                     run = running + above_w if above else running
+                    view = ahead_view
+                    if n == 0:
+                        run += first[0] + first[1]
+                        view += first[1]
                     v = grads + mine + run
                     if top is None or v > top:
-                        top, arg = v, (grads, mine, run, k, ahead_view)
-                hit = largest[(grads_all, off, above)] = (top, arg)
+                        top, arg = v, (grads, mine, run, k, view)
+                hit = largest[(grads_all, off, above, first)] = (top, arg)
             return hit
 
         best, at_best = 0, None
@@ -377,6 +391,8 @@ class MemoryBound:
             # whether a B_W has run, change too: what is held is linear in mb between
             # the changes, so the largest is at one end of a stretch without one.
             moments |= profile.moments()
+            if reload_w:
+                moments |= profile.reload_moments()
         for mb in sorted(moments) if terms else ():
             others, grads_all = min(w, m - 1 - mb), mb >= 1
             off, others_b = self._offload(mb, others, m, w, total_keep)
@@ -384,7 +400,15 @@ class MemoryBound:
             held = sent * self.held_send_bytes
             at = profile.at(mb) if profile is not None else None
             moved = at is not None and plan.offload_activations and at[2]
-            v, (grads, mine, running, k, ahead_view) = largest_unit(grads_all, off, not moved)
+            view = next_view if m - 1 - w <= mb < m - 1 else 0  # no forward pass left
+            kept = 0
+            if reload_w and at is not None:
+                after = profile.weight_pass_after(mb)
+                if after is not None and profile.deferred(after):
+                    kept = reload_w
+            v, (grads, mine, running, k, ahead_view) = largest_unit(
+                grads_all, off, not moved, (kept, view)
+            )
             if at is not None:
                 waiting, w_started, _ = at
                 if not plan.offload_activations:  # else offloaded until its B_W nears
@@ -395,15 +419,72 @@ class MemoryBound:
             if total > best:
                 best, at_best = total, (grads, mine + others_b, running, k, held, ahead_view)
         if self.zb and self.checked and terms:
-            # The stage's last B_W, as it starts: every unit's full gradient exists (each
-            # sync lands at the global check after it). The moments above are B_IN's: with
-            # few microbatches (one: every B_W after every B_IN) none has them all.
-            end = static + lay.zb_grads
+            # The stage's last B_W (its first unit's, of the last microbatch), as it
+            # starts: every unit's full gradient exists (each sync lands at the global
+            # check after it), and what B_IN kept for it (the last microbatch's is never
+            # offloaded). The moments above are B_IN's: with few microbatches (one: every
+            # B_W after every B_IN) none has them all.
+            own = self.w_keep[lay.runs[0].kind]
+            end = static + lay.zb_grads + own
             if end > best:
-                best, at_best = end, (lay.zb_grads, 0, 0, None, 0, 0)
+                best, at_best = end, (lay.zb_grads, own, 0, None, 0, 0)
+        if profile is not None and terms and m > 1:
+            # The first weight pass after the last B_IN, on the stage's first unit.
+            k = profile.weight_pass_after(m - 1)
+            kept = self._tail_kept(lay, profile, k, reload_w)
+            # With k = m - 1 the units above have run their last B_W: without a global
+            # check their syncs may have landed.
+            grads = lay.zb_grads if k < m - 1 or self.checked else 0
+            tail = static + grads + kept
+            if tail > best:
+                best, at_best = tail, (grads, kept, 0, None, 0, 0)
         if not parts:
             return best
         return self._parts(static - views, views, at_best)
+
+    def _reloaded_w(self, lay: Layout) -> int:
+        """What a deferred weight pass reloads before the compute action that precedes it
+        (`ratrain.schedule.lowering._add_weight_offload`): what B_IN kept for B_W of the
+        stage's last `RELOAD_AHEAD_UNITS` units, of those that offload it (the blocks, and
+        the head unless the fused chunked loss runs it whole; not the embedding). Held,
+        from the RELOADs' issue, while that action (B_IN of the stage's first unit)
+        runs."""
+        out, left = 0, RELOAD_AHEAD_UNITS
+        for run in reversed(lay.runs):
+            n = min(left, run.count)
+            if run.kind == "block" or (run.kind == "head" and not self.plan.loss_chunk_tokens):
+                out += n * self.w_keep[run.kind]
+            left -= n
+            if not left:
+                break
+        return out
+
+    def _tail_kept(self, lay: Layout, profile, k: int, reload_w: int) -> int:
+        """What B_IN passes kept that the ledger holds while the first weight pass after
+        the stage's last B_IN, B_W(k), runs on the stage's first unit: k's own for that
+        unit (the units above have run theirs), and of each later microbatch all of it,
+        or with offload (every later one but the last is deferred past k + 1,
+        `ZbProfile.deferred`, and moved off) only the last's, plus the reloads ahead of
+        k + 1's pass when it is deferred (`reload_w`). k: `weight_pass_after(m - 1)`."""
+        m = profile.m
+        kept = self.w_keep[lay.runs[0].kind]
+        if not self.plan.offload_activations:
+            return kept + (m - 1 - k) * lay.total_w
+        if k < m - 1:
+            kept += lay.total_w  # the last microbatch's: never offloaded
+        if k + 1 < m - 1:
+            kept += reload_w
+        return kept
+
+    def _next_view(self, lay: Layout, emb: bool, head: bool) -> int:
+        """With views prefetched, the view of the stage's last unit, which the next
+        backward pass reads first: held while the backward pass of the first unit runs
+        where no forward pass comes between (the cool-down; a weight pass reads no view).
+        Not counted where the two are one unit, or on the embedding's stage (its first
+        unit reads no view)."""
+        if not self.prefetch or emb or lay.runs[-1].start + lay.runs[-1].count < 2:
+            return 0
+        return self.params["head" if head else "block"] * self.vbp
 
     def _parts(self, states: int, views: int, at_best) -> dict[str, int]:
         """`_stage`'s maximum split into the ledger's state classes."""

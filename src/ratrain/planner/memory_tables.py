@@ -81,6 +81,28 @@ class ZbProfile:
             return steady < m - w
         return mb < m - 1
 
+    def weight_pass_after(self, mb: int) -> int | None:
+        """The microbatch whose B_W pass runs right after B_IN(mb)'s pass (`order_of`: a
+        weight pass follows an input-gradient pass, or none does), or None."""
+        done = self.done_w(mb)
+        if mb == self.m - 1 or self.done_w(mb + 1) > done:
+            return done
+        return None
+
+    def reload_moments(self) -> set[int]:
+        """The microbatches where whether a deferred weight pass follows B_IN(mb)'s pass
+        (`weight_pass_after`, `deferred`) can change, each with the one before: with
+        offload, that pass's first units are reloaded before B_IN(mb)'s last unit
+        (`MemoryBound`). The weight pass after B_IN(mb) is B_W(mb + w - limit + 1) in
+        the steady state and B_W(mb + w - m) in the cool-down; `deferred` changes at its
+        flips."""
+        m, w, limit = self.m, self.w, self.limit
+        steady = max(0, m - limit + 1)
+        points = {limit - w - 1, m - w - 1, m - w, m - 1}
+        for k in (steady, steady + w, m - 1):  # where `deferred` may change
+            points |= {k + limit - w - 1, k + m - w}
+        return {j + d for j in points for d in (-1, 0, 1) if 0 <= j + d < m}
+
     def at(self, mb: int) -> tuple[int, bool, bool]:
         """`zb_profile(...)[mb]`."""
         done = self.done_w(mb)
