@@ -34,6 +34,7 @@ from ratrain.sizes.states import (
 )
 
 __all__ = [
+    "gradients_bound_of",
     "persistent_bound_of",
     "persistent_lower_bound_bytes",
     "MemoryBound",
@@ -61,6 +62,35 @@ def persistent_bound_of(
 
 _PERSISTENT: Memo[tuple[int, ...]] = Memo(100_000)
 """`persistent_bound_of` by its arguments."""
+
+
+def gradients_bound_of(
+    spec: ModelSpec, split: tuple[int, ...], n_shards: int, grad_bpp: int, view_bpp: int
+) -> tuple[int, ...]:
+    """Per stage, the model states a step of two or more microbatches holds at once: the
+    fp32 master weights and Adam states of its units (their shard), every unit's full
+    gradient, and the views where they persist through the step (`view_bpp`: 0 where they
+    are transient). A unit's gradient exists from its first backward (or weight) pass to
+    its sync after its last: as the second pass starts on the stage's last unit, every
+    unit has run its first and none its last (`MemoryBound`'s moments from the second
+    backward pass, and its last weight pass under a split backward, hold it too)."""
+    key = (spec, split, n_shards, grad_bpp, view_bpp)
+    return _GRADIENTS.get_or(key, _gradients, spec, split, n_shards, grad_bpp, view_bpp)
+
+
+def _gradients(spec, split, n_shards: int, grad_bpp: int, view_bpp: int) -> tuple[int, ...]:
+    per_param = MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM
+    every = _unit_params(spec)
+    prefix, _ = _unit_prefix(spec)
+    out, start, pp = [], 1, len(split)
+    for s in range(pp):  # the units of stage s, as `Plan.stage_units` has them
+        lo, hi = (0 if s == 0 else start), (len(every) if s == pp - 1 else start + split[s])
+        start += split[s]
+        stored = prefix[hi] - prefix[lo]
+        if spec.tied_embeddings and lo == 0 and hi == len(every):  # `stored_params`
+            stored -= spec.vocab * spec.hidden
+        out.append(stored * per_param // n_shards + stored * (grad_bpp + view_bpp))
+    return tuple(out)
 
 
 def _persistent(spec: ModelSpec, split: tuple[int, ...], n_shards: int, most: int):
@@ -100,6 +130,8 @@ def _unit_params(spec: ModelSpec) -> tuple[int, ...]:
     return tuple(counts.unit_params(spec, u) for u in range(spec.n_layers + 2))
 
 
+_GRADIENTS: Memo[tuple] = Memo(100_000)
+"""`gradients_bound_of` by what it reads."""
 _STAGE_MEMO: Memo[int] = Memo(200_000)
 """`MemoryBound.stage` by what it reads (`MemoryBound._share`) and the stage's key."""
 _TABLES: Memo[tuple] = Memo(1024)

@@ -28,7 +28,7 @@ from ratrain.planner.fit import (
     options,
     time_bound_s,
 )
-from ratrain.planner.memory_bound import persistent_bound_of
+from ratrain.planner.memory_bound import gradients_bound_of, persistent_bound_of
 from ratrain.planner.result import (
     Candidate,
     Near,
@@ -51,6 +51,7 @@ from ratrain.planner.time_bound import (
     step_time_lower_bound_s,
     unit_times,
 )
+from ratrain.schedule.views import transient_views_of
 from ratrain.sizes.states import grad_bytes_per_param, view_bytes_per_param
 
 __all__ = [
@@ -349,8 +350,13 @@ def states_overflow(
     req: Request, st: Structure, fam: Family, kn: Knobs, limit: int, state: State
 ) -> bool:
     """Whether the model states alone overflow a stage under knobs `kn` (a miss is
-    recorded; its plan is built only if the explanation ranks it)."""
+    recorded; its plan is built only if the explanation ranks it): the states with the
+    largest unit's view or gradient, and with two or more microbatches every gradient
+    (`gradients_lower_bound_bytes`), which rules out deep pipelines' structures without
+    a `MemoryBound`."""
     persistent = max(states_lower_bound_bytes(req, st, kn))
+    if persistent <= limit and st.microbatches(req.global_batch) >= 2:
+        persistent = max(gradients_lower_bound_bytes(req, st, fam, kn))
     if persistent > limit:
         state.misses.append(Miss(persistent - limit, len(state.misses), True, st, kn, fam))
         return True
@@ -363,6 +369,17 @@ def states_lower_bound_bytes(req: Request, st: Structure, kn: Knobs) -> tuple[in
     n_shards = st.dp if kn.shard_optimizer else 1
     most = max(view_bytes_per_param(kn), grad_bytes_per_param(kn))
     return persistent_bound_of(req.spec, st.layer_split, n_shards, most)
+
+
+def gradients_lower_bound_bytes(
+    req: Request, st: Structure, fam: Family, kn: Knobs
+) -> tuple[int, ...]:
+    """`gradients_bound_of` of the plan `make_plan(req, st, kn, ...)` would build: the
+    states, every full gradient and the persistent views, held at once by a step of two
+    or more microbatches."""
+    n_shards = st.dp if kn.shard_optimizer else 1
+    views = 0 if transient_views_of(fam.schedule, kn.view_policy) else view_bytes_per_param(kn)
+    return gradients_bound_of(req.spec, st.layer_split, n_shards, grad_bytes_per_param(kn), views)
 
 
 def ruled_out(
