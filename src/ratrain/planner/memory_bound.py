@@ -378,7 +378,7 @@ class MemoryBound:
         # and each moment adds its own terms to it (integers: the same sums as unit by
         # unit, and the first unit at the largest, as before).
         terms = [self._unit(lay, u, r, j) for u, r, j in lay.at]
-        largest: dict[tuple[bool, bool, bool, tuple], tuple] = {}
+        largest: dict[tuple[bool, bool, bool], tuple] = {}
         # Held while the backward pass of the stage's first unit runs, besides its terms:
         # with offload, what a deferred weight pass right after reloads before it
         # (`_reloaded_w`); in the cool-down, with views prefetched, the view of the unit
@@ -386,27 +386,28 @@ class MemoryBound:
         reload_w = self._reloaded_w(lay) if self.zb and plan.offload_activations else 0
         next_view = self._next_view(lay, emb, head)
 
+        def value(term: tuple, grads_all: bool, off: bool, above: bool, first: tuple):
+            k, running, upto, mine_off, grads_some, ahead_view, above_w = term
+            grads = all_grads if grads_all else grads_some
+            mine = mine_off if off else upto
+            run = (running + above_w if above else running) + first[0] + first[1]
+            return grads + mine + run, (grads, mine, run, k, ahead_view + first[1])
+
         def largest_unit(grads_all: bool, off: bool, above: bool, first: tuple) -> tuple:
             """The largest unit's value and terms; `first`, (kept bytes, view bytes), held
-            besides the stage's first unit's (terms[0])."""
-            hit = largest.get((grads_all, off, above, first))
-            if hit is None:
-                top, arg = None, None
-                for n, (k, running, upto, mine_off, grads_some, ahead_view, above_w) in enumerate(
-                    terms
-                ):
-                    grads = all_grads if grads_all else grads_some
-                    mine = mine_off if off else upto
-                    run = running + above_w if above else running
-                    view = ahead_view
-                    if n == 0:
-                        run += first[0] + first[1]
-                        view += first[1]
-                    v = grads + mine + run
-                    if top is None or v > top:
-                        top, arg = v, (grads, mine, run, k, view)
-                hit = largest[(grads_all, off, above, first)] = (top, arg)
-            return hit
+            besides the stage's first unit's (terms[0]): the largest of the others is found
+            once per setting of the switches, the first unit's each time (the first unit
+            wins a tie, as in a walk from it)."""
+            rest = largest.get((grads_all, off, above))
+            if rest is None:
+                rest = (None, None)
+                for term in terms[1:]:
+                    v, arg = value(term, grads_all, off, above, (0, 0))
+                    if rest[0] is None or v > rest[0]:
+                        rest = (v, arg)
+                largest[(grads_all, off, above)] = rest
+            v0, arg0 = value(terms[0], grads_all, off, above, first)
+            return (v0, arg0) if rest[0] is None or v0 >= rest[0] else rest
 
         best, at_best = 0, None
         m = plan.microbatches
