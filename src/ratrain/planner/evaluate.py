@@ -143,12 +143,12 @@ class Evaluator:
             # The step just replayed in full: time it with the same schedule and ledger.
             _, schedule, ledger = self._schedule
             cost = CostModel(self.req.spec, plan, self.req.platform)
-            res = simulate_schedule(schedule, cost, ledger=ledger)
+            res = simulate_schedule(schedule, cost, ledger=ledger, keep_events=False)
         else:
             # Timed without a second ledger replay: the replay above has the full step's
             # peaks (the shortened step's equal them), as the steady-state path uses them.
             rep = self.memory(plan)
-            res = self._simulate_short(plan)
+            res = self._simulate_full(plan)
             res.peak_memory_bytes = list(rep.peak_bytes)
             res.memory_breakdown = [dict(b) for b in rep.breakdown]
         self.last_simulate_s = time.perf_counter() - t0
@@ -189,9 +189,16 @@ class Evaluator:
         return budget.over_soft(self._short_rate.expected_s(plan.microbatches * plan.pp))
 
     def _simulate_short(self, plan: Plan):
-        """A shortened step's timing alone (no ledger: its memory is the plan's replay)."""
+        """A shortened step's timing alone (no ledger: its memory is the plan's replay),
+        with the events the steady-state checks read."""
         cost = CostModel(self.req.spec, plan, self.req.platform)
         return simulate_schedule(build_schedule(self.req.spec, plan), cost)
+
+    def _simulate_full(self, plan: Plan):
+        """The whole step's timing alone, without its events (the search reads none)."""
+        cost = CostModel(self.req.spec, plan, self.req.platform)
+        schedule = build_schedule(self.req.spec, plan)
+        return simulate_schedule(schedule, cost, keep_events=False)
 
 
 class _Late(Exception):

@@ -31,10 +31,12 @@ _BOUND = operator.attrgetter("bound")
 _ALGORITHM = operator.attrgetter("algorithm")
 
 
-def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list]:
-    """Replay the schedule; return its events and the per-stage columns (actions,
-    resource values, start_s, end_s, issue_s) that `stage_metrics_flat` and
-    `_memory_starts` read."""
+def _timeline(
+    schedule: Schedule, cost: CostModel, keep_events: bool = True
+) -> tuple[list[SimEvent], list, float]:
+    """Replay the schedule; return its events (none unless `keep_events`), the per-stage
+    columns (actions, resource values, start_s, end_s, issue_s) that `stage_metrics_flat`
+    and `_memory_starts` read, and the step's end."""
     g = graph(schedule)
     deadline.check()  # between phases: a planner's deadline (`ratrain.deadline`)
     acts = g.acts
@@ -56,6 +58,13 @@ def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list
         issue, start, end = times
     deadline.check()
     res_values = [r._value_ for r in resources]  # Resource.value, without the enum descriptor
+    columns = []
+    for s in range(schedule.pp):
+        lo, hi = g.first[s], g.first[s + 1]
+        columns.append((acts[lo:hi], res_values[lo:hi], start[lo:hi], end[lo:hi], issue[lo:hi]))
+    step_s = max(end, default=0.0)
+    if not keep_events:
+        return [], columns, step_s
     # SimEvent(stage, action, resource, start_s, end_s, issue_s, bound, algorithm), built by
     # tuple.__new__ on its fields in order (no Python-level constructor per event).
     fields = zip(
@@ -70,11 +79,7 @@ def _timeline(schedule: Schedule, cost: CostModel) -> tuple[list[SimEvent], list
         strict=True,
     )
     events = list(map(tuple.__new__, itertools.repeat(SimEvent), fields))
-    columns = []
-    for s in range(schedule.pp):
-        lo, hi = g.first[s], g.first[s + 1]
-        columns.append((acts[lo:hi], res_values[lo:hi], start[lo:hi], end[lo:hi], issue[lo:hi]))
-    return events, columns
+    return events, columns, step_s
 
 
 def _links(schedule: Schedule, cost: CostModel, g) -> LinkUse | None:
@@ -159,11 +164,13 @@ def _memory(ledger, starts: list[list[float]]):
 
 
 @gc_paused()
-def simulate_schedule(schedule: Schedule, cost: CostModel, *, ledger=None) -> SimResult:
+def simulate_schedule(
+    schedule: Schedule, cost: CostModel, *, ledger=None, keep_events: bool = True
+) -> SimResult:
     """Time a given schedule with a given cost model; `ledger` (from `ratrain.memory.replay`)
-    adds memory over time, or None to leave memory out."""
-    events, columns = _timeline(schedule, cost)
-    step_s = max((e[4] for e in events), default=0.0)  # end_s
+    adds memory over time, or None to leave memory out; `keep_events=False` leaves the
+    per-action events out (a search reads the step's figures only)."""
+    events, columns, step_s = _timeline(schedule, cost, keep_events)
     bubble, util, exposed = stage_metrics_flat(columns, step_s)
     plan = cost.plan
     result = SimResult(
