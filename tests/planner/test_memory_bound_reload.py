@@ -50,7 +50,7 @@ def test_two_block_stages_are_bounded_within_one_percent(pipeline, views):
 
 
 def _switch(z: ZbProfile, mb: int) -> bool:
-    after = z.weight_pass_after(mb)
+    after = z.weight_pass_after(mb)  # `reloads_after`, spelt out
     return after is not None and z.deferred(after)
 
 

@@ -19,7 +19,13 @@ from ratrain.config import Plan
 from ratrain.models import counts
 from ratrain.models.spec import ModelSpec
 from ratrain.planner.cache import Memo
-from ratrain.planner.memory_tables import Layout, Run, unit_tables, zb_profile_of
+from ratrain.planner.memory_tables import (
+    Layout,
+    Run,
+    reload_moments_of,
+    unit_tables,
+    zb_profile_of,
+)
 from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS
 from ratrain.schedule.passes import global_checks
 from ratrain.schedule.views import prefetched_views_of, transient_views_of
@@ -247,6 +253,8 @@ class MemoryBound:
         # finished forward pass sent on, and every input gradient a finished backward pass
         # sent back, is still held.
         self.held_send_bytes = boundary if sends_held else 0
+        self._layouts: dict[tuple, tuple] = {}
+        """`_stage`'s layout and unit terms by (blocks, embedding, head, policy)."""
         self.extra: dict[tuple, object] = {}
         """Derived results memoised by their users on the same stage keys."""
 
@@ -370,15 +378,21 @@ class MemoryBound:
         self, n_blocks: int, emb: bool, head: bool, w: int, policy: str, parts: bool = False
     ):
         plan = self.plan
-        lay = self._layout(n_blocks, emb, head, policy)
+        # The layout and the units' terms read neither the warm-up nor the moment: one per
+        # (blocks, embedding, head, policy), shared by the stages of every warm-up.
+        hit = self._layouts.get((n_blocks, emb, head, policy))
+        if hit is None:
+            lay = self._layout(n_blocks, emb, head, policy)
+            hit = (lay, [self._unit(lay, u, r, j) for u, r, j in lay.at])
+            self._layouts[(n_blocks, emb, head, policy)] = hit
+        lay, terms = hit
         static, views, total_keep, all_grads = lay.static, lay.views, lay.total_keep, lay.all_grads
         # Per unit, what does not depend on the moment; two switches do: whether every
         # unit's gradient exists (from the second backward pass on) and whether the
         # microbatch is offloaded. The largest unit per setting of the two is found once,
         # and each moment adds its own terms to it (integers: the same sums as unit by
         # unit, and the first unit at the largest, as before).
-        terms = [self._unit(lay, u, r, j) for u, r, j in lay.at]
-        largest: dict[tuple[bool, bool, bool], tuple] = {}
+        largest: dict[tuple, tuple] = {}
         # Held while the backward pass of the stage's first unit runs, besides its terms:
         # with offload, what a deferred weight pass right after reloads before it
         # (`_reloaded_w`); in the cool-down, with views prefetched, the view of the unit
@@ -386,28 +400,25 @@ class MemoryBound:
         reload_w = self._reloaded_w(lay) if self.zb and plan.offload_activations else 0
         next_view = self._next_view(lay, emb, head)
 
-        def value(term: tuple, grads_all: bool, off: bool, above: bool, first: tuple):
-            k, running, upto, mine_off, grads_some, ahead_view, above_w = term
-            grads = all_grads if grads_all else grads_some
-            mine = mine_off if off else upto
-            run = (running + above_w if above else running) + first[0] + first[1]
-            return grads + mine + run, (grads, mine, run, k, ahead_view + first[1])
-
         def largest_unit(grads_all: bool, off: bool, above: bool, first: tuple) -> tuple:
             """The largest unit's value and terms; `first`, (kept bytes, view bytes), held
-            besides the stage's first unit's (terms[0]): the largest of the others is found
-            once per setting of the switches, the first unit's each time (the first unit
-            wins a tie, as in a walk from it)."""
-            rest = largest.get((grads_all, off, above))
-            if rest is None:
-                rest = (None, None)
-                for term in terms[1:]:
-                    v, arg = value(term, grads_all, off, above, (0, 0))
-                    if rest[0] is None or v > rest[0]:
-                        rest = (v, arg)
-                largest[(grads_all, off, above)] = rest
-            v0, arg0 = value(terms[0], grads_all, off, above, first)
-            return (v0, arg0) if rest[0] is None or v0 >= rest[0] else rest
+            besides the stage's first unit's (terms[0]; a few values per stage)."""
+            hit = largest.get((grads_all, off, above, first))
+            if hit is None:
+                top, arg, add = None, None, first
+                for k, running, upto, mine_off, grads_some, ahead_view, above_w in terms:
+                    grads = all_grads if grads_all else grads_some
+                    mine = mine_off if off else upto
+                    run = running + above_w if above else running
+                    if add:  # the first unit's, then no other's
+                        run += add[0] + add[1]
+                        ahead_view += add[1]
+                        add = None
+                    v = grads + mine + run
+                    if top is None or v > top:
+                        top, arg = v, (grads, mine, run, k, ahead_view)
+                hit = largest[(grads_all, off, above, first)] = (top, arg)
+            return hit
 
         best, at_best = 0, None
         m = plan.microbatches
@@ -425,7 +436,7 @@ class MemoryBound:
             # the changes, so the largest is at one end of a stretch without one.
             moments |= profile.moments()
             if reload_w:
-                moments |= profile.reload_moments()
+                moments |= reload_moments_of(plan.pp, m, w, plan.pipeline)
         for mb in sorted(moments) if terms else ():
             others, grads_all = min(w, m - 1 - mb), mb >= 1
             off, others_b = self._offload(mb, others, m, w, total_keep)
@@ -435,12 +446,11 @@ class MemoryBound:
             moved = at is not None and plan.offload_activations and at[2]
             view = next_view if m - 1 - w <= mb < m - 1 else 0  # no forward pass left
             kept = 0
-            if reload_w and at is not None:
-                after = profile.weight_pass_after(mb)
-                if after is not None and profile.deferred(after):
-                    kept = reload_w
+            if reload_w and at is not None and profile.reloads_after(mb):
+                kept = reload_w
+            first = (kept, view) if kept or view else None
             v, (grads, mine, running, k, ahead_view) = largest_unit(
-                grads_all, off, not moved, (kept, view)
+                grads_all, off, not moved, first
             )
             if at is not None:
                 waiting, w_started, _ = at

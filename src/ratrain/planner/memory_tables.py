@@ -21,7 +21,15 @@ from ratrain.sizes.activations import (
     weight_grad_bytes,
 )
 
-__all__ = ["Layout", "Run", "ZbProfile", "unit_tables", "zb_profile", "zb_profile_of"]
+__all__ = [
+    "Layout",
+    "Run",
+    "ZbProfile",
+    "reload_moments_of",
+    "unit_tables",
+    "zb_profile",
+    "zb_profile_of",
+]
 
 
 @lru_cache(maxsize=4096)
@@ -89,19 +97,31 @@ class ZbProfile:
             return done
         return None
 
-    def reload_moments(self) -> set[int]:
+    def reload_moments(self) -> frozenset[int]:
         """The microbatches where whether a deferred weight pass follows B_IN(mb)'s pass
-        (`weight_pass_after`, `deferred`) can change, each with the one before: with
-        offload, that pass's first units are reloaded before B_IN(mb)'s last unit
-        (`MemoryBound`). The weight pass after B_IN(mb) is B_W(mb + w - limit + 1) in
-        the steady state and B_W(mb + w - m) in the cool-down; `deferred` changes at its
-        flips."""
+        (`weight_pass_after`, `deferred`) changes, each with the one before: with offload,
+        that pass's first units are reloaded before B_IN(mb)'s last unit (`MemoryBound`).
+        The weight pass after B_IN(mb) is B_W(mb + w - limit + 1) in the steady state and
+        B_W(mb + w - m) in the cool-down, and `deferred` changes only at its flips: the
+        change points are among a few candidates, each tested."""
         m, w, limit = self.m, self.w, self.limit
         steady = max(0, m - limit + 1)
         points = {limit - w - 1, m - w - 1, m - w, m - 1}
         for k in (steady, steady + w, m - 1):  # where `deferred` may change
             points |= {k + limit - w - 1, k + m - w}
-        return {j + d for j in points for d in (-1, 0, 1) if 0 <= j + d < m}
+        near = {j + d for j in points for d in (-1, 0, 1)}
+        return frozenset(
+            i
+            for j in near
+            if 0 < j < m and self.reloads_after(j) != self.reloads_after(j - 1)
+            for i in (j - 1, j)
+        )
+
+    def reloads_after(self, mb: int) -> bool:
+        """Whether the weight pass right after B_IN(mb)'s pass is deferred (with offload,
+        reloaded ahead of it)."""
+        after = self.weight_pass_after(mb)
+        return after is not None and self.deferred(after)
 
     def at(self, mb: int) -> tuple[int, bool, bool]:
         """`zb_profile(...)[mb]`."""
@@ -128,6 +148,13 @@ class ZbProfile:
         out |= {k + d for k in kinks for d in (-1, 0, 1) if 0 <= k + d <= last}
         out |= {j for i in flips if i > last for j in (i - 1, i)}
         return out
+
+
+@lru_cache(maxsize=4096)
+def reload_moments_of(pp: int, m: int, w: int, pipeline: str) -> frozenset[int]:
+    """`ZbProfile.reload_moments` of `zb_profile_of(pp, m, w, pipeline)`, memoised (every
+    policy of a stage, and stages alike, read the same)."""
+    return zb_profile_of(pp, m, w, pipeline).reload_moments()
 
 
 @lru_cache(maxsize=4096)
