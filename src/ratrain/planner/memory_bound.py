@@ -86,35 +86,39 @@ def gradients_bound_of(
 
 def _gradients(spec, split, n_shards: int, grad_bpp: int, view_bpp: int) -> tuple[int, ...]:
     per_param = MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM
-    every = _unit_params(spec)
-    prefix, _ = _unit_prefix(spec)
-    out, start, pp = [], 1, len(split)
-    for s in range(pp):  # the units of stage s, as `Plan.stage_units` has them
-        lo, hi = (0 if s == 0 else start), (len(every) if s == pp - 1 else start + split[s])
-        start += split[s]
-        stored = prefix[hi] - prefix[lo]
-        if spec.tied_embeddings and lo == 0 and hi == len(every):  # `stored_params`
-            stored -= spec.vocab * spec.hidden
-        out.append(stored * per_param // n_shards + stored * (grad_bpp + view_bpp))
-    return tuple(out)
+    return tuple(
+        stored * per_param // n_shards + stored * (grad_bpp + view_bpp)
+        for _, _, stored in _stage_params(spec, split)
+    )
 
 
 def _persistent(spec: ModelSpec, split: tuple[int, ...], n_shards: int, most: int):
     per_param = MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM
     every = _unit_params(spec)
-    prefix, peak = _unit_prefix(spec)
-    out, start, pp = [], 1, len(split)
-    for s in range(pp):  # the units of stage s, as `Plan.stage_units` has them
-        lo, hi = (0 if s == 0 else start), (len(every) if s == pp - 1 else start + split[s])
-        start += split[s]
+    _, peak = _unit_prefix(spec)
+    out = []
+    for lo, hi, stored in _stage_params(spec, split):
         # The largest unit: the blocks share one size, so the largest of the range is
         # among its ends and one block.
         largest = max(every[lo], every[hi - 1], peak if hi - lo > 2 else 0)
-        stored = prefix[hi] - prefix[lo]
-        if spec.tied_embeddings and lo == 0 and hi == len(every):  # `stored_params`
-            stored -= spec.vocab * spec.hidden
         out.append(stored * per_param // n_shards + largest * most)
     return tuple(out)
+
+
+def _stage_params(spec: ModelSpec, split: tuple[int, ...]):
+    """Per stage: its units' range [lo, hi) (as `Plan.stage_units` has them) and the
+    parameters it stores, a tied embedding matrix once where the embedding and the head
+    share the stage (`stored_params`)."""
+    n_units = len(_unit_params(spec))
+    prefix, _ = _unit_prefix(spec)
+    start, pp = 1, len(split)
+    for s in range(pp):
+        lo, hi = (0 if s == 0 else start), (n_units if s == pp - 1 else start + split[s])
+        start += split[s]
+        stored = prefix[hi] - prefix[lo]
+        if spec.tied_embeddings and lo == 0 and hi == n_units:
+            stored -= spec.vocab * spec.hidden
+        yield lo, hi, stored
 
 
 @lru_cache(maxsize=64)
