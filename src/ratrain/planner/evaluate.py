@@ -191,14 +191,16 @@ class Evaluator:
     def _simulate_short(self, plan: Plan):
         """A shortened step's timing alone (no ledger: its memory is the plan's replay),
         with the events the steady-state checks read."""
-        cost = CostModel(self.req.spec, plan, self.req.platform)
-        return simulate_schedule(build_schedule(self.req.spec, plan), cost)
+        return self._timed(plan, keep_events=True)
 
     def _simulate_full(self, plan: Plan):
         """The whole step's timing alone, without its events (the search reads none)."""
+        return self._timed(plan, keep_events=False)
+
+    def _timed(self, plan: Plan, keep_events: bool):
         cost = CostModel(self.req.spec, plan, self.req.platform)
         schedule = build_schedule(self.req.spec, plan)
-        return simulate_schedule(schedule, cost, keep_events=False)
+        return simulate_schedule(schedule, cost, keep_events=keep_events)
 
 
 class _Late(Exception):
