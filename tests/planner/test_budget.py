@@ -15,10 +15,11 @@ from ratrain.platforms.load import load
 
 @pytest.mark.timeout(60)
 def test_no_fit_within_the_budget_is_said_not_claimed_infeasible(capsys):
+    """llama2-70b on 64 a100-80g clusters fits (the exact search finds 21.5k tokens/s):
+    with a budget of 1 ms no plan is found, and the answer says it does not know."""
     t0 = time.perf_counter()
-    rc = main(
-        ["plan", "--model", "llama2-70b", "--clusters", "64", "--quiet", "--time-budget", "0.001"]
-    )
+    argv = ["plan", "--model", "llama2-70b", "--platform", "a100-80g", "--clusters", "64"]
+    rc = main([*argv, "--quiet", "--time-budget", "0.001"])
     wall_s = time.perf_counter() - t0
     assert rc == 2
     text = capsys.readouterr().out
@@ -26,6 +27,19 @@ def test_no_fit_within_the_budget_is_said_not_claimed_infeasible(capsys):
     assert "--time-budget 0" in text
     assert "no plan fits" not in text and "cheapest change" not in text
     assert wall_s < 10  # a budget of 1 ms: one structure's work at most, not the search
+
+
+@pytest.mark.timeout(60)
+def test_a_job_the_states_rule_out_is_refused_with_the_proof_at_any_budget(capsys):
+    """llama2-70b on 64 mt3000 clusters (1,024 x 4,096) fits no plan (the exact search says
+    so): every structure's states with its full gradients overflow a stage
+    (`structure.states_overflow`), which the search checks as it gathers the structures,
+    before any budget applies."""
+    argv = ["plan", "--model", "llama2-70b", "--platform", "mt3000", "--clusters", "64"]
+    rc = main([*argv, "--quiet", "--time-budget", "0.001"])
+    assert rc == 2
+    text = capsys.readouterr().out
+    assert "no plan fits" in text and "unknown whether" not in text
 
 
 @pytest.mark.timeout(120)
