@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ratrain.errors import RatrainError
+from ratrain.validate.trial import DEFAULT_ROUNDS
 
 __all__ = [
     "Setup",
@@ -110,7 +111,9 @@ class Setup:
     """ratrain's entry: the trial's K (best structures measured before choosing); 0: the
     prediction-only pick."""
     trial_steps: int = 3
-    """Timed steps per trial plan (after `warmup` untimed)."""
+    """Timed steps per trial run (after `warmup` untimed)."""
+    trial_rounds: int = DEFAULT_ROUNDS
+    """Runs per trial plan at most (`ratrain.validate.trial.run_trial`'s rounds)."""
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     @property
@@ -605,7 +608,8 @@ def ratrain_trial(net, setup: Setup, rate: Rate, cap_gib: float, path: Path):
 
     setup.say(f"  {cap_gib:g} GiB ratrain: trial of {len(cands)} plans")
     trial = run_trial(cands, timer, warmup=setup.warmup, steps=setup.trial_steps,
-                      limit_s=None, progress=lambda m: setup.say(f"    {m}"))  # fmt: skip
+                      rounds=setup.trial_rounds, limit_s=None,
+                      progress=lambda m: setup.say(f"    {m}"))  # fmt: skip
     chosen = trial.pick.candidate if trial.pick is not None else cands[0]
     save_plan(chosen.plan, path, **_predicted(chosen))
     pred = cands[0]

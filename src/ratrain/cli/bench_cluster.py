@@ -16,6 +16,7 @@ from pathlib import Path
 from ratrain.bench.cluster import MEASURE
 from ratrain.cli.common import local_processes, name_list, nonempty, nonneg_int, positive_int
 from ratrain.errors import RatrainError
+from ratrain.validate.trial import DEFAULT_MARGIN, DEFAULT_ROUNDS
 
 __all__ = ["add_cluster_arguments", "run_cluster"]
 
@@ -130,7 +131,16 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=3,
         metavar="N",
-        help="cluster: timed steps per trial plan (default 3)",
+        help="cluster: timed steps per trial run (default 3)",
+    )
+    g.add_argument(
+        "--trial-rounds",
+        type=positive_int,
+        default=DEFAULT_ROUNDS,
+        metavar="N",
+        help="cluster: runs per trial plan at most: after the first round, the plans within "
+        f"{DEFAULT_MARGIN:.0%} of the fastest run again, interleaved, and the median of a "
+        f"plan's runs is its measure (default {DEFAULT_ROUNDS}; 1: one run each)",
     )
     g.add_argument("--json", metavar="OUT", help="cluster: also write all results to OUT")
     g.add_argument(
@@ -189,6 +199,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         trial=args.trial,
         trial_steps=args.trial_steps,
+        trial_rounds=args.trial_rounds,
     )
     if setup.warmup >= setup.steps:
         raise RatrainError(f"--warmup {setup.warmup} leaves no timed step of {setup.steps}")

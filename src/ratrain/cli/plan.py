@@ -150,7 +150,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_trial_arguments(p: argparse.ArgumentParser) -> None:
-    from ratrain.validate.trial import DEFAULT_LIMIT_S, DEFAULT_STEPS, DEFAULT_WARMUP
+    from ratrain.validate.trial import (
+        DEFAULT_LIMIT_S,
+        DEFAULT_MARGIN,
+        DEFAULT_ROUNDS,
+        DEFAULT_STEPS,
+        DEFAULT_WARMUP,
+    )
 
     p.add_argument(
         "--trial",
@@ -169,7 +175,17 @@ def _add_trial_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=DEFAULT_STEPS,
         metavar="N",
-        help=f"--trial: timed steps per plan, their median is its measure (default {DEFAULT_STEPS})",
+        help=f"--trial: timed steps per run, their median is its measure (default {DEFAULT_STEPS})",
+    )
+    p.add_argument(
+        "--trial-rounds",
+        type=positive_int,
+        default=DEFAULT_ROUNDS,
+        metavar="N",
+        help=f"--trial: runs per plan at most: after the first round, the plans within "
+        f"{DEFAULT_MARGIN:.0%} of the fastest run again, in the reverse order every other "
+        f"round, and the median of a plan's runs is its measure (default {DEFAULT_ROUNDS}; "
+        "1: one run each)",
     )
     p.add_argument(
         "--trial-time-limit",
@@ -427,6 +443,7 @@ def _trial(req, res, baselines, args, progress, budget: Budget):
         local_timer(req.spec),
         warmup=DEFAULT_WARMUP,
         steps=args.trial_steps,
+        rounds=args.trial_rounds,
         limit_s=args.trial_time_limit,
         progress=progress,
     )

@@ -3,10 +3,15 @@
 measured is kept (`ratrain plan --trial K`, `ratrain train --plan auto`, `ratrain bench
 cluster`'s ratrain entry).
 
-Each plan runs one job of `warmup` untimed steps then `steps` timed ones; its measure is
-the slowest rank's median step (each rank's median of the timed steps, as `ratrain
-validate` times a plan), as tokens/s of the global batch. A plan whose run fails (out of
-memory, an error, past the time limit) is reported in one line and skipped. The
+Each run of a plan is one job of `warmup` untimed steps then `steps` timed ones, measured
+by the slowest rank's median step (each rank's median of the timed steps, as `ratrain
+validate` times a plan). The plans run in rounds: every plan in the first; in each round
+after it (up to `rounds`, the order reversed every other round, so that a machine whose
+speed drifts favours none), only the plans whose measure is within `margin` of the
+fastest's run again. A plan's measure is the median of its runs, as tokens/s of the
+global batch: plans that one run cannot tell apart are told apart by several, taken at
+interleaved times, and plans far behind cost one run. A plan whose run fails (out of
+memory, an error, past the time limit) is reported in one line and dropped. The
 prediction-only pick is the search's first plan; its regret is how much slower it
 measured than the trial's pick.
 
@@ -29,7 +34,9 @@ if TYPE_CHECKING:  # the command line reads the defaults below without the plann
 
 __all__ = [
     "DEFAULT_LIMIT_S",
+    "DEFAULT_MARGIN",
     "DEFAULT_PLANS",
+    "DEFAULT_ROUNDS",
     "DEFAULT_STEPS",
     "DEFAULT_WARMUP",
     "Timer",
@@ -52,6 +59,14 @@ slower by far (2-5x on CPU) and is not timed."""
 DEFAULT_STEPS = 3
 """assumed: three timed steps, their median: one slow step on a shared machine does not
 move it, and a plan costs 4 steps in all."""
+DEFAULT_ROUNDS = 3
+"""assumed: at most three runs of a plan: the median of three is not moved by one run on a
+slow minute; plans still within `DEFAULT_MARGIN` after the first run get the other two."""
+DEFAULT_MARGIN = 0.08
+"""sourced: `python benchmarks/cluster_noise.py` (4 x 1 at 50 Mbit/s, bench-256 pp=4 mb=1 1F1B,
+8 interleaved rounds; docs/cluster-noise-4x1.json): two single runs of one plan measure
+within 0.974-1.059x of each other on 90% of draws, so plans 8% apart after one run each may
+still be in either order."""
 DEFAULT_LIMIT_S = 600.0
 """assumed: ten minutes for the whole trial, against a run of hours; plans not started by
 then are reported as not tried."""
@@ -63,21 +78,35 @@ times, warm-up included. Raises on a failed run."""
 
 @dataclass
 class TrialRun:
-    """One plan of a trial: its timed steps (the slowest rank's median is the measure), or
-    why it has none."""
+    """One plan of a trial: its runs (each the slowest rank's median step) and their median,
+    its measure; or why it has none."""
 
     candidate: TrialCandidate
     step_s: float | None = None
-    """The slowest rank's median of its timed steps."""
+    """The median over the plan's runs of the slowest rank's median timed step."""
     tokens_per_s: float | None = None
     error: str | None = None
     wall_s: float = 0.0
+    runs_s: list[float] = field(default_factory=list)
+    """Each run's slowest rank's median step, in the order run."""
+
+    def add(self, step_s: float) -> None:
+        self.runs_s.append(step_s)
+        self.step_s = statistics.median(self.runs_s)
+        self.tokens_per_s = self.candidate.plan.global_batch * self.candidate.plan.seq / self.step_s
+
+    def fail(self, why: str) -> None:
+        """Dropped: a plan whose run failed once is not one to choose, whatever it measured
+        before."""
+        self.error = why
+        self.step_s = self.tokens_per_s = None
 
     def to_json(self) -> dict:
         return {
             **self.candidate.to_json(),
             "measured_step_time_s": self.step_s,
             "measured_tokens_per_s": self.tokens_per_s,
+            "runs_step_time_s": list(self.runs_s),
             "error": self.error,
             "wall_s": self.wall_s,
         }
@@ -91,6 +120,9 @@ class TrialResult:
     wall_s: float
     limit_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    rounds: int = 1
+    """Rounds run (the first included)."""
+    margin: float = DEFAULT_MARGIN
 
     @property
     def measured(self) -> list[TrialRun]:
@@ -122,6 +154,8 @@ class TrialResult:
             "plans": [r.to_json() for r in self.runs],
             "warmup_steps": self.warmup,
             "timed_steps": self.steps,
+            "rounds": self.rounds,
+            "margin": self.margin,
             "wall_s": self.wall_s,
             "limit_s": self.limit_s,
             "pick": None if pick is None else self.runs.index(pick),
@@ -150,47 +184,78 @@ def run_trial(
     *,
     warmup: int = DEFAULT_WARMUP,
     steps: int = DEFAULT_STEPS,
+    rounds: int = DEFAULT_ROUNDS,
+    margin: float = DEFAULT_MARGIN,
     limit_s: float | None = DEFAULT_LIMIT_S,
     progress: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> TrialResult:
     """Run each candidate for `warmup` + `steps` steps with `timer`, one after the other;
-    a failed run is reported (`progress`, `TrialRun.error`) and skipped. Past `limit_s`
-    (None: no limit) the plans left are not started; each run may take what is left of
-    it."""
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"run_trial: steps must be >= 1 and warmup >= 0, got {steps}, {warmup}")
+    then, up to `rounds` in all, again each plan whose measure is within `margin` of the
+    fastest's while two or more are (the order reversed every other round). A failed run
+    is reported (`progress`, `TrialRun.error`) and its plan dropped. Past `limit_s` (None:
+    no limit) no run is started (plans never run are reported as not tried); each run may
+    take what is left of it."""
+    if steps < 1 or warmup < 0 or rounds < 1:
+        raise ValueError(
+            "run_trial: steps and rounds must be >= 1 and warmup >= 0, got "
+            f"{steps}, {rounds}, {warmup}"
+        )
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"run_trial: margin must be in [0, 1), got {margin}")
     say = progress or (lambda _msg: None)
     t0 = clock()
-    runs: list[TrialRun] = []
+    runs = [TrialRun(c) for c in candidates]
     n = len(candidates)
-    for i, c in enumerate(candidates):
-        left_s = None if limit_s is None else limit_s - (clock() - t0)
-        run = TrialRun(c)
-        runs.append(run)
-        if left_s is not None and left_s <= 0:
-            run.error = f"not tried: the trial's time limit ({limit_s:g} s) was reached"
-            say(f"trial {i + 1}/{n} [{c.source}] {c.name}: {run.error}")
-            continue
-        say(f"trial {i + 1}/{n} [{c.source}] {c.name}: {warmup} + {steps} steps ...")
-        start = clock()
-        try:
-            times = timer(c, warmup + steps, left_s if left_s is not None else float("inf"))
-            run.step_s = slowest_median_s(times, warmup)
-            run.tokens_per_s = c.plan.global_batch * c.plan.seq / run.step_s
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # a plan that fails is reported and skipped
-            run.error = _one_line(e)
-        run.wall_s = clock() - start
-        if run.error:
-            say(f"trial {i + 1}/{n} [{c.source}]: failed, skipped ({run.error})")
+    done = 0
+    for rnd in range(rounds):
+        if rnd == 0:
+            order = list(range(n))
         else:
+            best = max((r.tokens_per_s for r in runs if r.tokens_per_s is not None), default=None)
+            order = [
+                i
+                for i, r in enumerate(runs)
+                if r.tokens_per_s is not None and r.tokens_per_s >= (1.0 - margin) * best
+            ] if best is not None else []  # fmt: skip
+            if len(order) < 2 or (limit_s is not None and clock() - t0 >= limit_s):
+                break
+            if rnd % 2:
+                order.reverse()
             say(
-                f"trial {i + 1}/{n} [{c.source}]: {run.tokens_per_s:,.0f} tokens/s measured, "
-                f"{c.predicted_tokens_per_s:,.0f} predicted ({run.wall_s:.0f} s)"
+                f"trial round {rnd + 1}/{rounds}: {len(order)} plans within {margin:.0%} of the "
+                "fastest run again"
             )
-    return TrialResult(runs, warmup, steps, clock() - t0, limit_s)
+        for i in order:
+            run, c = runs[i], candidates[i]
+            left_s = None if limit_s is None else limit_s - (clock() - t0)
+            if left_s is not None and left_s <= 0:
+                if rnd == 0:
+                    run.error = f"not tried: the trial's time limit ({limit_s:g} s) was reached"
+                    say(f"trial {i + 1}/{n} [{c.source}] {c.name}: {run.error}")
+                continue
+            where = f"trial {i + 1}/{n} [{c.source}]" + (f" round {rnd + 1}" if rnd else "")
+            say(f"{where}{'' if rnd else ' ' + c.name}: {warmup} + {steps} steps ...")
+            start = clock()
+            try:
+                times = timer(c, warmup + steps, left_s if left_s is not None else float("inf"))
+                run.add(slowest_median_s(times, warmup))
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # a plan that fails is reported and dropped
+                run.fail(_one_line(e))
+            run.wall_s += clock() - start
+            if run.error:
+                say(f"{where}: failed, dropped ({run.error})")
+            else:
+                last = c.plan.global_batch * c.plan.seq / run.runs_s[-1]
+                say(
+                    f"{where}: {last:,.0f} tokens/s measured"
+                    + (f" (median of {len(run.runs_s)}: {run.tokens_per_s:,.0f})" if rnd else "")
+                    + f", {c.predicted_tokens_per_s:,.0f} predicted ({clock() - start:.0f} s)"
+                )
+        done = rnd + 1
+    return TrialResult(runs, warmup, steps, clock() - t0, limit_s, rounds=done, margin=margin)
 
 
 def local_timer(spec: ModelSpec) -> Timer:
@@ -211,9 +276,11 @@ def local_timer(spec: ModelSpec) -> Timer:
 def trial_lines(res: TrialResult) -> list[str]:
     """The trial as a table and the two picks, for a terminal."""
     lines = [
-        f"trial: {len(res.runs)} plans, {res.warmup} untimed + {res.steps} timed steps each "
-        f"(the slowest rank's median), {res.wall_s:.0f} s; * the measured pick",
-        f" #  {'source':<20} {'predicted tok/s':>16} {'measured tok/s':>15}  plan",
+        f"trial: {len(res.runs)} plans, {res.warmup} untimed + {res.steps} timed steps a run "
+        f"(the slowest rank's median), {res.rounds} round(s): the plans within "
+        f"{res.margin:.0%} of the fastest run again, each measured by the median of its runs; "
+        f"{res.wall_s:.0f} s; * the measured pick",
+        f" #  {'source':<20} {'predicted tok/s':>16} {'measured tok/s':>15} {'runs':>4}  plan",
     ]
     pick = res.pick
     for i, r in enumerate(res.runs):
@@ -223,7 +290,7 @@ def trial_lines(res: TrialResult) -> list[str]:
             measured = "not tried"
         lines.append(
             f"{i + 1:>2}{mark} {r.candidate.source:<20} {r.candidate.predicted_tokens_per_s:>16,.1f} "
-            f"{measured:>15}  {r.candidate.name}"
+            f"{measured:>15} {len(r.runs_s):>4}  {r.candidate.name}"
         )
         if r.error:
             lines.append(f"      {r.error}")
