@@ -29,6 +29,8 @@ def test_plan_trial_runs_the_plans_and_writes_the_fastest_measured(tmp_path, cap
     runs = trial["plans"]
     assert runs[0]["source"] == "#1" and runs[0]["plan"] == doc["ranked"][0]["plan"]
     assert len(runs) >= 2 and trial["timed_steps"] == 2 and trial["warmup_steps"] == 1
+    assert 1 <= trial["rounds"] <= 3  # the default rounds
+    assert all(len(r["runs_step_time_s"]) <= trial["rounds"] for r in runs)
     measured = [r for r in runs if r["measured_tokens_per_s"] is not None]
     assert measured, runs
     best = max(measured, key=lambda r: r["measured_tokens_per_s"])

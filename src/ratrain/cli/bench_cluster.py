@@ -139,7 +139,7 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_ROUNDS,
         metavar="N",
         help="cluster: runs per trial plan at most: after the first round, the plans within "
-        f"{DEFAULT_MARGIN:.0%} of the fastest run again, interleaved, and the median of a "
+        f"{DEFAULT_MARGIN:.0%}% of the fastest run again, interleaved, and the median of a "
         f"plan's runs is its measure (default {DEFAULT_ROUNDS}; 1: one run each)",
     )
     g.add_argument("--json", metavar="OUT", help="cluster: also write all results to OUT")

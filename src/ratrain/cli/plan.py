@@ -183,7 +183,7 @@ def _add_trial_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_ROUNDS,
         metavar="N",
         help=f"--trial: runs per plan at most: after the first round, the plans within "
-        f"{DEFAULT_MARGIN:.0%} of the fastest run again, in the reverse order every other "
+        f"{DEFAULT_MARGIN:.0%}% of the fastest run again, in the reverse order every other "
         f"round, and the median of a plan's runs is its measure (default {DEFAULT_ROUNDS}; "
         "1: one run each)",
     )
