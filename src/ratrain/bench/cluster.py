@@ -15,7 +15,7 @@ joined by links shaped to that rate (an emulated network, `ratrain.launch.emulat
    placement included; fp32 compute and gradients and no clipping are pinned, so that
    every system runs the same maths as the peers. ratrain's entry is measured before it
    is chosen (`--trial K`, `ratrain.validate.trial`): the best plans of its K best
-   structures and each other family's best structure under ratrain's lifecycle run a few
+   structures and each other family's best structure and plan under ratrain's lifecycle run a few
    steps on the emulated network, and the fastest measured is ratrain's plan; the
    prediction-only pick (the search's first) is timed beside it, and its regret reported.
 3. **Peers.** torch.distributed.pipelining (each pipeline that runs here, with DDP or

@@ -121,8 +121,8 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         default=3,
         metavar="K",
         help="cluster: ratrain's entry is measured before it is chosen: the best plans of "
-        "its K best structures, and each other family's best structure under ratrain's "
-        "lifecycle, run --warmup + --trial-steps steps on the emulated network and the "
+        "its K best structures, and each other family's best structure and best plan under "
+        "ratrain's lifecycle, run --warmup + --trial-steps steps on the emulated network and the "
         "fastest measured is kept; the prediction-only pick is timed beside it and its "
         "regret reported (default 3; 0: the prediction-only pick)",
     )

@@ -4,8 +4,8 @@ Prints a ranked table (predicted tokens/s, step time, bubble, peak memory agains
 and the winner's per-stage memory; `-o plan.yaml` writes the winner for `ratrain simulate
 --plan` and the runtime; `--plot` draws its memory per stage against the cap; `--json`
 prints one JSON object. When nothing fits it explains why and exits 2. `--trial K` runs
-the best K structures' plans, and each other family's best structure under ratrain's
-lifecycle, a few steps on this machine and keeps the fastest measured
+the best K structures' plans, and each other family's best structure and best plan under
+ratrain's lifecycle, a few steps on this machine and keeps the fastest measured
 (`ratrain.validate.trial`); only then is torch imported.
 """
 
@@ -164,7 +164,7 @@ def _add_trial_arguments(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="measure before choosing: run the best plan of each of the K best predicted "
         "structures, and each other family's (gpu-style, zero1-pp, fsdp-pp) best structure "
-        f"under ratrain's lifecycle, {DEFAULT_WARMUP} untimed + --trial-steps timed steps "
+        f"and best plan under ratrain's lifecycle, {DEFAULT_WARMUP} untimed + --trial-steps timed steps "
         "each on this machine's cores, and keep the fastest measured (it is what -o "
         "writes); prints each plan's predicted and measured tokens/s and how much slower the "
         "prediction-only pick measured (its regret). Plan for this machine (cpu-local, or "

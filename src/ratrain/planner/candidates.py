@@ -1,7 +1,9 @@
 """The plans a trial measures (`ratrain plan --trial K`, `ratrain train --plan auto`): the
 best predicted plans of a search's `K` best structures (pp, dp, micro-batch, split, pass
-order) per schedule, and each compared family's best structure run under ratrain's
-lifecycle; no structure twice under one schedule.
+order) per schedule, each compared family's best structure run under ratrain's lifecycle
+(the lifecycle choosing its knobs), and each compared family's best plan itself, knobs
+included, under ratrain's lifecycle; no structure twice under one schedule but for those
+last, and no plan twice.
 
 One plan per structure: the plans that differ only in knobs (views, gradient dtype, fused
 loss) are predicted within a fraction of a percent of each other, so the K best plans
@@ -12,7 +14,10 @@ The prediction ranks a space of thousands; its error on one plan (10-30% measure
 larger than the gaps between the last few, so those few are measured
 (`ratrain.validate.trial`). The other families' structures are among them because the
 prediction has ranked a ratrain plan on such a structure below the one it picked while it
-measured faster. Pure Python.
+measured faster; their plans, knobs and all, because it has also ranked a ratrain plan
+with another family's knobs (persistent views and an unsharded optimizer, where ratrain's
+pick sharded it and fetched views) below its pick on the same structure while it measured
+faster (docs/paper_eval.md, the 2 x 2 sweep with the trial's rounds). Pure Python.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from ratrain.planner.report import describe
 from ratrain.planner.result import Candidate
 from ratrain.planner.search import search
 from ratrain.planner.space import Request
+from ratrain.schema import pinnable
 
 __all__ = [
     "LIFECYCLE",
@@ -35,8 +41,10 @@ __all__ = [
     "WITHIN",
     "TrialCandidate",
     "family_bests",
+    "lifecycle_plans",
     "lifecycle_variants",
     "plan_key",
+    "plan_pins",
     "structure_key",
     "select",
     "structure_pins",
@@ -105,18 +113,28 @@ def structure_pins(plan: Plan) -> dict[str, object]:
     return pins
 
 
+def plan_pins(plan: Plan) -> dict[str, object]:
+    """The pins that hold a search to `plan` itself, knobs included, under any schedule:
+    every pinnable field but the schedule."""
+    return {f: getattr(plan, f) for f in pinnable(Plan) if f != "schedule"}
+
+
 def _of(c: Candidate, source: str) -> TrialCandidate:
     return TrialCandidate(c.plan, c.family, c.tokens_per_s, c.step_time_s, source, c)
 
 
 def select(
-    ranked: list[Candidate], k: int, variants: Mapping[str, Candidate | None]
+    ranked: list[Candidate],
+    k: int,
+    variants: Mapping[str, Candidate | None],
+    plans: Mapping[str, Candidate | None] | None = None,
 ) -> list[TrialCandidate]:
     """The best plan of each of the first `k` structures of `ranked` (fastest first: its
     first is the prediction-only pick, and stays first), then each family's structure under
     the lifecycle (`variants`: family -> that plan, None where none fits) whose structure
-    is not tried already (`structure_key`); none predicted slower than `WITHIN` x the
-    first."""
+    is not tried already (`structure_key`), then each family's own plan under the
+    lifecycle (`plans`, alike) that is not tried already (`plan_key`); none predicted
+    slower than `WITHIN` x the first."""
     if k < 1:
         raise ValueError(f"select: k must be >= 1, got {k}")
     out: list[TrialCandidate] = []
@@ -132,6 +150,11 @@ def select(
         if c is not None and structure_key(c.plan) not in seen and c.tokens_per_s >= floor:
             seen.add(structure_key(c.plan))
             out.append(_of(c, f"{fam} structure"))
+    tried = {plan_key(c.plan) for c in out}
+    for fam, c in (plans or {}).items():
+        if c is not None and plan_key(c.plan) not in tried and c.tokens_per_s >= floor:
+            tried.add(plan_key(c.plan))
+            out.append(_of(c, f"{fam} plan"))
     return out
 
 
@@ -173,6 +196,29 @@ def lifecycle_variants(
     return out
 
 
+def lifecycle_plans(
+    req: Request,
+    bests: Mapping[str, Candidate | None],
+    budget: Budget | None = None,
+) -> dict[str, Candidate | None]:
+    """Per family of `bests`: that family's best plan itself, knobs included, under
+    ratrain's lifecycle (`plan_pins`), predicted and checked by the ledger as ratrain's;
+    None where the family has none or it does not fit so. Nothing where `req` does not
+    let ratrain's lifecycle run."""
+    if LIFECYCLE not in req.families or req.pins.get("schedule") not in (None, LIFECYCLE):
+        return {}
+    budget = budget or Budget()
+    out: dict[str, Candidate | None] = {}
+    for fam, best in bests.items():
+        if best is None or fam == LIFECYCLE:
+            continue
+        pins = {**req.pins, **plan_pins(best.plan)}
+        out[fam] = search(
+            req.with_(families=(LIFECYCLE,), pins=pins), top=1, budget=budget.restarted()
+        ).best
+    return out
+
+
 def trial_candidates(
     req: Request,
     ranked: list[Candidate],
@@ -183,9 +229,11 @@ def trial_candidates(
     progress: Callable[[str], None] | None = None,
 ) -> list[TrialCandidate]:
     """The plans a trial of `k` measures for `req`, whose search ranked `ranked`: `select`
-    over the lifecycle variants of each compared family's best (`bests`, or searched here
-    by `family_bests`)."""
+    over the lifecycle variants and the lifecycle plans of each compared family's best
+    (`bests`, or searched here by `family_bests`)."""
     if bests is None:
         bests = family_bests(req, budget, progress)
     bests = {f: c for f, c in bests.items() if isinstance(c, Candidate)}
-    return select(ranked, k, lifecycle_variants(req, bests, budget))
+    return select(
+        ranked, k, lifecycle_variants(req, bests, budget), lifecycle_plans(req, bests, budget)
+    )
