@@ -175,15 +175,16 @@ def family_bests(
     return out
 
 
-def lifecycle_variants(
+def _under_lifecycle(
     req: Request,
     bests: Mapping[str, Candidate | None],
-    budget: Budget | None = None,
+    pins_of: Callable[[Plan], dict[str, object]],
+    budget: Budget | None,
 ) -> dict[str, Candidate | None]:
-    """Per family of `bests`: ratrain's best plan on that family's best structure
-    (`structure_pins`; the lifecycle chooses its own recompute, views, sharding), None
-    where the family has none or no ratrain plan fits it. Nothing where `req` does not let
-    ratrain's lifecycle run (its families or a schedule pin)."""
+    """Per family of `bests`: ratrain's best plan under `req`'s pins and `pins_of` that
+    family's best plan; None where the family has none or no ratrain plan fits so.
+    Nothing where `req` does not let ratrain's lifecycle run (its families or a schedule
+    pin)."""
     if LIFECYCLE not in req.families or req.pins.get("schedule") not in (None, LIFECYCLE):
         return {}
     budget = budget or Budget()
@@ -191,9 +192,20 @@ def lifecycle_variants(
     for fam, best in bests.items():
         if best is None or fam == LIFECYCLE:
             continue
-        pinned = req.with_(families=(LIFECYCLE,), pins={**req.pins, **structure_pins(best.plan)})
+        pinned = req.with_(families=(LIFECYCLE,), pins={**req.pins, **pins_of(best.plan)})
         out[fam] = search(pinned, top=1, budget=budget.restarted()).best
     return out
+
+
+def lifecycle_variants(
+    req: Request,
+    bests: Mapping[str, Candidate | None],
+    budget: Budget | None = None,
+) -> dict[str, Candidate | None]:
+    """Per family of `bests`: ratrain's best plan on that family's best structure
+    (`structure_pins`; the lifecycle chooses its own recompute, views, sharding), None
+    where the family has none or no ratrain plan fits it (`_under_lifecycle`)."""
+    return _under_lifecycle(req, bests, structure_pins, budget)
 
 
 def lifecycle_plans(
@@ -203,20 +215,8 @@ def lifecycle_plans(
 ) -> dict[str, Candidate | None]:
     """Per family of `bests`: that family's best plan itself, knobs included, under
     ratrain's lifecycle (`plan_pins`), predicted and checked by the ledger as ratrain's;
-    None where the family has none or it does not fit so. Nothing where `req` does not
-    let ratrain's lifecycle run."""
-    if LIFECYCLE not in req.families or req.pins.get("schedule") not in (None, LIFECYCLE):
-        return {}
-    budget = budget or Budget()
-    out: dict[str, Candidate | None] = {}
-    for fam, best in bests.items():
-        if best is None or fam == LIFECYCLE:
-            continue
-        pins = {**req.pins, **plan_pins(best.plan)}
-        out[fam] = search(
-            req.with_(families=(LIFECYCLE,), pins=pins), top=1, budget=budget.restarted()
-        ).best
-    return out
+    None where the family has none or it does not fit so (`_under_lifecycle`)."""
+    return _under_lifecycle(req, bests, plan_pins, budget)
 
 
 def trial_candidates(
