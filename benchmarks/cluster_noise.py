@@ -16,7 +16,8 @@ R = 2, the mean of two), over every pair of disjoint R-subsets of the rounds whe
 its median, 5th and 95th percentiles, and the share of draws under 0.98.
 
     python benchmarks/cluster_noise.py [--nodes 4 --ranks-per-node 1 --link-mbit 50]
-        [--pp 4 --micro-batch 1 --split 2,2,2,2 --pipeline 1f1b] [--rounds 8]
+        [--pp 4 --micro-batch 1 --split 2,2,2,2 --pipeline 1f1b --rank-layout pp-inner]
+        [--rounds 8]
         [--json out.json]
 
 Needs root (network namespaces); about 20 s per run at the defaults.
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--split", default="2,2,2,2")
     ap.add_argument("--pipeline", default="1f1b")
+    ap.add_argument("--rank-layout", default="pp-inner", choices=("pp-inner", "dp-inner"))
     ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=8)
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                     global_batch=args.global_batch, seq=args.seq, schedule=schedule,
                     layer_split=split, recompute=["none"] * args.pp, compute_dtype="fp32",
                     grad_dtype="fp32", clip_grad=None, model=args.model,
-                    pipeline=args.pipeline)  # fmt: skip
+                    pipeline=args.pipeline, rank_layout=args.rank_layout)  # fmt: skip
 
     tmp = Path(tempfile.mkdtemp(prefix="cluster-noise-"))
     setup = Setup(model=args.model, seq=args.seq, global_batch=args.global_batch,

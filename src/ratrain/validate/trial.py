@@ -66,7 +66,9 @@ DEFAULT_MARGIN = 0.08
 """sourced: `python benchmarks/cluster_noise.py` (4 x 1 at 50 Mbit/s, bench-256 pp=4 mb=1 1F1B,
 8 interleaved rounds; docs/cluster-noise-4x1.json): two single runs of one plan measure
 within 0.974-1.059x of each other on 90% of draws, so plans 8% apart after one run each may
-still be in either order."""
+still be in either order. At 2 x 2, 100 Mbit/s (pp=2 dp=2 dp-inner; docs/cluster-noise-2x2.json)
+the same pair spread 0.848-1.293x: there the margin holds fewer of the ties; a wider one
+costs more runs."""
 DEFAULT_LIMIT_S = 600.0
 """assumed: ten minutes for the whole trial, against a run of hours; plans not started by
 then are reported as not tried."""
