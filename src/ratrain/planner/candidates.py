@@ -14,10 +14,11 @@ The prediction ranks a space of thousands; its error on one plan (10-30% measure
 larger than the gaps between the last few, so those few are measured
 (`ratrain.validate.trial`). The other families' structures are among them because the
 prediction has ranked a ratrain plan on such a structure below the one it picked while it
-measured faster; their plans, knobs and all, because it has also ranked a ratrain plan
-with another family's knobs (persistent views and an unsharded optimizer, where ratrain's
-pick sharded it and fetched views) below its pick on the same structure while it measured
-faster (docs/paper_eval.md, the 2 x 2 sweep with the trial's rounds). Pure Python.
+measured faster; their plans, knobs and all, because another family's plan on the very
+structure of ratrain's pick, with other knobs (persistent views and an unsharded
+optimizer, where the pick sharded it and fetched views), has measured faster than the pick
+while no plan with those knobs was tried (docs/paper_eval.md, the 2 x 2 sweep with the
+trial's rounds). Pure Python.
 """
 
 from __future__ import annotations
