@@ -775,6 +775,8 @@ def step_time_lower_bound_s(
     B_W(embedding, m - 1), which its last sync and update wait for. RECOMPUTE(u, mb) runs
     just before B_IN(u, mb), so its seconds are on those paths as they are on B's under
     1F1B (less the first of a pass, which may run while the stage waits for the gradient)."""
+    if recompute is None and over is None and load_policies is None:
+        return _plain_bound_s(split, microbatches, ut, pipeline)
     m, pp = microbatches, len(split)
     zb = pipeline in SPLIT_PIPELINES
     over = over or Overheads.none(pp)
@@ -801,21 +803,20 @@ def step_time_lower_bound_s(
         trip[s] = trip[s + 1] + sf[s] + f1 + back[s + 1] + rcp[s + 1] + sb[s + 1]
     best = drain = 0.0
     fill = over.start_s
-    wups = _warmups(pp, m, pipeline)
+    firsts = _first_forwards(pp, m, pipeline)
     tail, upd, syncs, loads = over.tail_s, over.update_s, over.sync_s, over.loads
 
     def own(s: int, f: float, b: float, r: float, rp: float, p: str | None) -> float:
         """The largest of stage `s`'s own terms with its recompute `r` (`rp` on the
         paths) under policy `p` (None: no offload traffic or walk to read)."""
-        w = wups[s]
-        # Its first backward needs w + 1 forwards of its own and microbatch 0's round trip.
-        first_b = fill + max((w + 1) * f, f + trip[s])
-        end_b = max(fill + m * (f + b + r), first_b + (m - w - 1) * f + m * (b + r) - (r - rp))
+        k = firsts[s]
+        # Its first backward needs k forwards of its own and microbatch 0's round trip; the
+        # other m - k forwards follow it.
+        first_b = fill + max(k * f, f + trip[s])
+        end_b = max(fill + m * (f + b + r), first_b + (m - k) * f + m * (b + r) - (r - rp))
         if zb and s > 0:  # its last gradient sent back: after its forwards and B_IN's only
             bi = back[s]
-            last_in = max(
-                fill + m * (f + bi + r), first_b + (m - w - 1) * f + m * (bi + r) - (r - rp)
-            )
+            last_in = max(fill + m * (f + bi + r), first_b + (m - k) * f + m * (bi + r) - (r - rp))
             t = max(last_in + drain + tail, end_b + upd[s])
         else:
             t = max(end_b + drain + tail, end_b + upd[s])
@@ -861,6 +862,44 @@ def step_time_lower_bound_s(
     return best
 
 
+def _plain_bound_s(split: tuple[int, ...], m: int, ut: UnitTimes, pipeline: str) -> float:
+    """`step_time_lower_bound_s` with no recompute and no overheads (a structure's first
+    bound, thousands per search): the same terms and the same float operations, with every
+    zero term and the per-stage function call left out (adding 0.0 changes no sum of
+    non-negative terms). `tests/planner/test_time_bound_plain.py` checks it is the general
+    path's value, bit for bit."""
+    pp = len(split)
+    zb = pipeline in SPLIT_PIPELINES
+    if zb:
+        fwd = _per_stage(split, ut.f_block, ut.f_emb, ut.f_head)
+        back, ws = _split_times(split, ut)
+        bwd = [bi + bw for bi, bw in zip(back, ws, strict=True)]
+    else:
+        fwd = _per_stage(split, ut.f_block, ut.f_emb, ut.f_head)
+        bwd = back = _per_stage(split, ut.b_block, ut.b_emb, ut.b_head)
+    trip = [0.0] * pp
+    for s in range(pp - 2, -1, -1):
+        trip[s] = trip[s + 1] + fwd[s + 1] + back[s + 1]
+    firsts = _first_forwards(pp, m, pipeline)
+    best = drain = fill = 0.0
+    for s in range(pp):
+        f, b, k = fwd[s], bwd[s], firsts[s]
+        first_b = fill + max(k * f, f + trip[s])
+        lead = first_b + (m - k) * f
+        end_b = max(fill + m * (f + b), lead + m * b)
+        if zb and s > 0:
+            bi = back[s]
+            last_in = max(fill + m * (f + bi), lead + m * bi)
+            t = max(last_in + drain, end_b)
+        else:
+            t = end_b + drain
+        if t > best:
+            best = t
+        fill += f
+        drain += back[s]
+    return best
+
+
 def _on_paths(r: float, ut: UnitTimes) -> float:
     """Of a stage's recompute seconds `r`, what the paths back count: the first RECOMPUTE of
     a backward pass needs only its forward, so it may run while the stage waits for the
@@ -869,9 +908,13 @@ def _on_paths(r: float, ut: UnitTimes) -> float:
 
 
 @lru_cache(maxsize=4096)
-def _warmups(pp: int, m: int, pipeline: str) -> tuple[int, ...]:
-    """Each stage's warm-up forwards (`zerobubble.warmup`), once per shape."""
-    return tuple(warmup(pp, m, s, pipeline) for s in range(pp))
+def _first_forwards(pp: int, m: int, pipeline: str) -> tuple[int, ...]:
+    """Each stage's forwards before its first backward (or input-gradient) pass, once per
+    shape: its warm-up w (`zerobubble.warmup`) and the first steady forward, w + 1, where
+    w < m; all m where the warm-up holds every forward (w = m: a stage at least as many
+    stages from the last as there are microbatches; `onef1b.pass_order`,
+    `zerobubble.order_of`)."""
+    return tuple(min(warmup(pp, m, s, pipeline) + 1, m) for s in range(pp))
 
 
 def _split_times(split: tuple[int, ...], ut: UnitTimes) -> tuple[list[float], list[float]]:
