@@ -114,15 +114,20 @@ def link_use(cost, acts: list[Action], peers: list[int]) -> LinkUse | None:
     holds, notice = [], []
     for a, t in zip(acts, peers, strict=True):
         s = a.stage
-        crossing = t >= 0 and t != s and cross.setdefault((s, t), _crosses(s, t, cost))
+        if t < 0:  # no transfer: a DP collective's links, if any
+            holds.append(coll.get((a.op, s), none) if coll else none)
+            notice.append(none)
+            continue
+        crossing = False
+        if t != s:
+            crossing = cross.get((s, t))
+            if crossing is None:
+                crossing = cross[s, t] = _crosses(s, t, cost)
         if a.op in _RECVS:
             holds.append(none)
             notice.append((egress(s, fd),) if crossing and queues else none)
-        elif t >= 0:
-            holds.append(((egress(s, fd), ingress(t, fd)) if fd else (s, t)) if crossing else none)
-            notice.append(none)
         else:
-            holds.append(coll.get((a.op, s), none))
+            holds.append(((egress(s, fd), ingress(t, fd)) if fd else (s, t)) if crossing else none)
             notice.append(none)
     if not any(holds):
         return None

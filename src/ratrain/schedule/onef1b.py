@@ -112,12 +112,18 @@ def _backward_pass(
     return acts
 
 
-def _weight_pass(s: int, units: range, mb: int, deps: dict) -> list[Action]:
-    """ZB's B_W over the units in reverse; each depends on its B_IN only."""
+def _weight_pass(
+    s: int, units: range, mb: int, deps: dict, inputs: dict[int, Action] | None = None
+) -> list[Action]:
+    """ZB's B_W over the units in reverse; each depends on its B_IN only (`inputs`: the
+    B_IN actions of the stage's list by unit, reused as the dependency: the simulator
+    resolves deps by identity first)."""
     acts = []
+    op_w, op_in = Op.B_W, Op.B_IN
     for u in reversed(units):
-        w = Action(Op.B_W, s, (u,), mb)
-        deps[w] = (Action(Op.B_IN, s, (u,), mb),)
+        w = Action(op_w, s, (u,), mb)
+        b_in = inputs.get(u) if inputs is not None else None
+        deps[w] = (b_in if b_in is not None else Action(op_in, s, (u,), mb),)
         acts.append(w)
     return acts
 
@@ -148,16 +154,20 @@ def build_chunk_passes(
     for s, order in enumerate(orders):
         acts: list[Action] = []
         forward: dict[tuple[int, int], list[Action]] = {}
+        inputs: dict[tuple[int, int], dict[int, Action]] = {}  # B_IN by unit, until its B_W
         for op, c, mb in order:
             units = chunk_units[c]
             if op is Op.F:
                 forward[(c, mb)] = _forward_pass(s, units, owner, head, mb, deps)
                 acts += forward[(c, mb)]
             elif op is Op.B_W:
-                acts += _weight_pass(s, units, mb, deps)
+                acts += _weight_pass(s, units, mb, deps, inputs.pop((c, mb), None))
             else:
                 fwd = forward.pop((c, mb))
-                acts += _backward_pass(s, units, owner, head, fwd, deps, op)
+                back = _backward_pass(s, units, owner, head, fwd, deps, op)
+                if op is Op.B_IN:
+                    inputs[(c, mb)] = {a.units[0]: a for a in back if a.op is op}
+                acts += back
         sch.stages.append(acts)
     sch.meta["microbatches"] = plan.microbatches
     sch.meta["stage_units"] = [tuple(plan.stage_units(spec, s)) for s in range(plan.pp)]

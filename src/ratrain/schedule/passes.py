@@ -81,10 +81,22 @@ def add_recompute(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
         if not recomputed:
             continue
         before: dict[int, list[Action]] = {}
+        op_b, op_in, op_f, op_rc, get = Op.B, Op.B_IN, Op.F, Op.RECOMPUTE, sch.deps.get
         for i, a in enumerate(acts):
-            if (a.op is Op.B or a.op is Op.B_IN) and a.units[0] in recomputed:
-                rc = Action(Op.RECOMPUTE, s, a.units, a.mb)
-                sch.deps[rc] = (Action(Op.F, s, a.units, a.mb),)
+            if (a.op is op_b or a.op is op_in) and a.units[0] in recomputed:
+                rc = Action(op_rc, s, a.units, a.mb)
+                # Its F: the backward's own first dependency where the builder put it there
+                # (the very object in the list, which the simulator resolves by identity).
+                f = (get(a) or (None,))[0]
+                if (
+                    f is None
+                    or f.op is not op_f
+                    or f.units != a.units
+                    or f.mb != a.mb
+                    or f.stage != s
+                ):
+                    f = Action(op_f, s, a.units, a.mb)
+                sch.deps[rc] = (f,)
                 sch.add_dep(a, rc)
                 before[i] = [rc]
         sch.stages[s] = splice(acts, before)
