@@ -759,10 +759,12 @@ def step_time_lower_bound_s(
     over: Overheads | None = None,
     load_policies: tuple | None = None,
     pipeline: str = "1f1b",
+    stage_terms: list[float] | None = None,
 ) -> float:
     """The bound above; no recompute and no overheads when not given. `load_policies`
     (per stage, the recompute policies left) bounds the resource loads below all of them;
-    by default they are `recompute`'s.
+    by default they are `recompute`'s. `stage_terms`: a list that gets, per stage, the
+    largest of its own terms (the step is at least each; their largest is the bound).
 
     With `pipeline` zb-h1 or zb-h2 (`ratrain.schedule.zerobubble`), a bound of the split
     backward's step (a search bounding several pipelines takes the smallest): its own
@@ -775,7 +777,7 @@ def step_time_lower_bound_s(
     B_W(embedding, m - 1), which its last sync and update wait for. RECOMPUTE(u, mb) runs
     just before B_IN(u, mb), so its seconds are on those paths as they are on B's under
     1F1B (less the first of a pass, which may run while the stage waits for the gradient)."""
-    if recompute is None and over is None and load_policies is None:
+    if recompute is None and over is None and load_policies is None and stage_terms is None:
         return _plain_bound_s(split, microbatches, ut, pipeline)
     m, pp = microbatches, len(split)
     zb = pipeline in SPLIT_PIPELINES
@@ -852,11 +854,13 @@ def step_time_lower_bound_s(
                 least = min(least, own(s, f, b, r, _on_paths(r, ut), p))
         else:
             least = own(s, f, b, rc[s], rcp[s], None)
-        best = max(best, least)
         if syncs:
             # On the DP network with the fetches the forward passes surely make there.
             fetched = loads[s].fetch_other_s if loads else 0.0
-            best = max(best, fetched + syncs[s])
+            least = max(least, fetched + syncs[s])
+        best = max(best, least)
+        if stage_terms is not None:
+            stage_terms.append(least)
         fill += f + sf[s]
         drain += back[s] + rcp[s] + (sb[s + 1] if s + 1 < pp else 0.0)
     return best
