@@ -649,7 +649,7 @@ def _try_fitted(ctx: _Ctx, opts: Options, rec: tuple[str, ...]) -> Outcome:
     if got.kind is Tried.STOP:
         return got
     if got.kind is Tried.FITS and bound(then) >= ctx.last_step_s:
-        return got if first is rec else FITS
+        return got
     second = ctx.try_policy(then)
     return got if first is rec else second
 

@@ -874,12 +874,11 @@ def _plain_bound_s(split: tuple[int, ...], m: int, ut: UnitTimes, pipeline: str)
     path's value, bit for bit."""
     pp = len(split)
     zb = pipeline in SPLIT_PIPELINES
+    fwd = _per_stage(split, ut.f_block, ut.f_emb, ut.f_head)
     if zb:
-        fwd = _per_stage(split, ut.f_block, ut.f_emb, ut.f_head)
         back, ws = _split_times(split, ut)
         bwd = [bi + bw for bi, bw in zip(back, ws, strict=True)]
     else:
-        fwd = _per_stage(split, ut.f_block, ut.f_emb, ut.f_head)
         bwd = back = _per_stage(split, ut.b_block, ut.b_emb, ut.b_head)
     trip = [0.0] * pp
     for s in range(pp - 2, -1, -1):
