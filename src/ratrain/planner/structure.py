@@ -643,12 +643,16 @@ def _try_fitted(ctx: _Ctx, opts: Options, rec: tuple[str, ...]) -> Outcome:
     def bound(r: tuple[str, ...]) -> float:
         return step_time_lower_bound_s(st.layer_split, ctx.m, ctx.ut, r, ctx.over, pipeline=pipe)
 
-    first, then = (relieved, rec) if bound(relieved) < bound(rec) else (rec, relieved)
+    b_relieved, b_rec = bound(relieved), bound(rec)
+    if b_relieved < b_rec:
+        first, then, then_bound = relieved, rec, b_rec
+    else:
+        first, then, then_bound = rec, relieved, b_relieved
     ctx.last_step_s = None
     got = ctx.try_policy(first)
     if got.kind is Tried.STOP:
         return got
-    if got.kind is Tried.FITS and bound(then) >= ctx.last_step_s:
+    if got.kind is Tried.FITS and then_bound >= ctx.last_step_s:
         return got
     second = ctx.try_policy(then)
     return got if first is rec else second
