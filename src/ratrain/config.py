@@ -351,8 +351,9 @@ class Plan:
     def _checked_recompute(self) -> tuple[str, ...]:
         """The recompute policy per stage (one given for all is repeated)."""
         rec = self.recompute
-        if isinstance(rec, str):
-            rec = (rec,) * self.pp
+        if isinstance(rec, str):  # one for all: checked once (a planner builds thousands)
+            _parse_recompute(rec)
+            return (rec,) * self.pp
         if not isinstance(rec, (tuple, list)) or not all(isinstance(r, str) for r in rec):
             raise RatrainError(
                 f"plan: recompute must be a policy or a list of one per stage, got {rec!r}"
@@ -378,7 +379,7 @@ class Plan:
                 + ("" if self.chunks == 1 else f" under pipeline {self.pipeline}")
                 + f"; give one count per {what} ({n_parts})"
             )
-        if all(type(n) is int for n in split) and (
+        if set(map(type, split)) == {int} and (
             split[0] >= 1
             if n_parts == 1
             else min(split[0], split[-1]) >= 0 and min(split[1:-1], default=1) >= 1
