@@ -307,7 +307,9 @@ def floor_overheads(req: Request, st: Structure, kns: list[Knobs]) -> Overheads 
     )
 
 
-def forced_bound_s(req: Request, st: Structure, fam: Family, kns: list[Knobs]) -> float:
+def forced_bound_s(
+    req: Request, st: Structure, fam: Family, kns: list[Knobs], prune: bool = True
+) -> float:
     """A step-time bound below every knob combination of a structure, with the
     recomputation the memory bound forces: the smallest over its groups by loss, pass
     order and offload of the bound under the group's most memory-saving combination
@@ -319,7 +321,15 @@ def forced_bound_s(req: Request, st: Structure, fam: Family, kns: list[Knobs]) -
     combination of a group pays: its least gradient sync, and where it offloads, the
     offload traffic (`offload_loads`; apart from the groups that do not offload, whose
     lead would otherwise lend them its memory without its traffic). Cheap next to
-    `bound_knobs`: one `options` per group, not one per combination."""
+    `bound_knobs`: one `options` per group, not one per combination.
+
+    The groups are taken by their bound with no recomputation and no offload traffic
+    (no larger than theirs with them: both only add time to a stage's compute and paths,
+    or to a resource the step waits for), smallest first, and a group whose
+    one is no smaller than the least found so far is not worked out: the least is the
+    same, for a fraction of the memory bounds on a deep pipeline (12 groups of a
+    ratrain structure, each with a memory bound per stage and policy). `prune=False`
+    works out every group (the same bound: `tests/planner/test_forced_bound.py`)."""
     m = st.microbatches(req.global_batch)
     groups: dict[tuple, list[Knobs]] = {}
     for kn in kns:
@@ -327,12 +337,26 @@ def forced_bound_s(req: Request, st: Structure, fam: Family, kns: list[Knobs]) -
             kn
         )
     none = floor_overheads(req, st, kns) or Overheads.none(st.pp)
+    leads = {key: dominant_of(tuple(group)) for key, group in groups.items()}
+    unforced = {
+        key: step_time_lower_bound_s(
+            st.layer_split,
+            m,
+            unit_times_of(req, st, key[0]),
+            over=None if leads[key] is None else none,
+            pipeline=key[1],
+        )
+        for key in groups
+    }
     out = float("inf")
-    for (loss, pipe, offload), group in groups.items():
+    for key in sorted(groups, key=lambda k: unforced[k]):
+        if prune and unforced[key] >= out:
+            break  # this group's bound is no smaller, nor are those of the groups after it
+        loss, pipe, offload = key
         ut = unit_times_of(req, st, loss)
-        lead = dominant_of(tuple(group))
+        lead = leads[key]
         if lead is None:
-            lb = step_time_lower_bound_s(st.layer_split, m, ut, pipeline=pipe)
+            lb = unforced[key]
         else:
             opts = options(req, st, lead, ut)
             if not opts.feasible(fam.per_stage_recompute):
