@@ -519,22 +519,84 @@ class OffloadWalk:
     """Offloaded backward passes right after an offloaded microbatch's forward pass."""
     solos: int
     """The other offloaded backward passes."""
+    ahead: int = 0
+    """Offloaded microbatches among the forwards before the stage's first backward pass:
+    their OFFLOADs are all issued before that pass's first RELOAD (`backlog_s`)."""
+
+    def first_pass_s(self, policy: str, ut: UnitTimes, zb: bool) -> float:
+        """The stage's first backward pass (B, or B_IN under a split backward), at least:
+        from its first unit's compute to its last unit's end, its RELOADs issued as the
+        walk goes (`span`'s), those issued at the pass's start landed already."""
+        return _walk_idle_s(self, policy, ut, zb)[2]
+
+    def backlog_s(self, policy: str) -> float:
+        """From the stage's first forward's start to its first backward pass's first unit
+        of compute, at least, under `policy`: the copy engine runs in issue order, so the
+        RELOAD that unit waits for (of the stage's last unit) follows every OFFLOAD of the
+        `ahead` microbatches, each unit's after its forward (no earlier than the first
+        forward's start)."""
+        return _walk_backlog_s(self, policy)
 
     def idle_s(self, policy: str, ut: UnitTimes, zb: bool) -> float:
         """The compute's idle seconds over the step, at least, under `policy`."""
-        return _walk_idle_s(self, policy, ut, zb)
+        pair, solo, _, _ = _walk_idle_s(self, policy, ut, zb)
+        return self.pairs * pair + self.solos * solo
+
+    def later_idle_s(self, policy: str, ut: UnitTimes, zb: bool) -> float:
+        """`idle_s` less one pass's (the largest a pass has): the idles of every offloaded
+        backward pass but the stage's first, which may wait for its gradient while its
+        RELOADs run (the others start after the stage's first backward pass has ended),
+        and the first's from its first unit's compute on (`first_pass_s`)."""
+        pair, solo, _, first = _walk_idle_s(self, policy, ut, zb)
+        one = max(pair if self.pairs else 0.0, solo if self.solos else 0.0)
+        return self.pairs * pair + self.solos * solo - one + max(0.0, first)
 
 
-@lru_cache(maxsize=8192)
-def _walk_idle_s(walk: OffloadWalk, policy: str, ut: UnitTimes, zb: bool) -> float:
+def _unit_copies(walk: OffloadWalk, policy: str) -> tuple[list[float], list[float]]:
+    """Each unit's (OFFLOAD, RELOAD) seconds under `policy`, in the stage's unit order."""
     n_blocks = walk.kinds.count("block")
     k_full = n_blocks if policy == "full" else 0
     if policy.startswith("first:"):
         k_full = min(int(policy.split(":", 1)[1]), n_blocks)
     copy = {p: (o, r) for p, o, r in walk.block_copy}
-    f, w, off, rel = [], [], [], []
+    off, rel = [], []
     i = e = 0
     for kind in walk.kinds:
+        if kind == "block":
+            pol = "full" if i < k_full else "selective" if policy == "selective" else "none"
+            o, r = copy[pol]
+            i += 1
+        else:
+            o, r = walk.edge_copy[e]
+            e += 1
+        off.append(o)
+        rel.append(r)
+    return off, rel
+
+
+@lru_cache(maxsize=8192)
+def _walk_backlog_s(walk: OffloadWalk, policy: str) -> float:
+    if not walk.ahead:
+        return 0.0
+    off, rel = _unit_copies(walk, policy)
+    return walk.ahead * sum(off) + rel[-1]
+
+
+@lru_cache(maxsize=8192)
+def _walk_idle_s(
+    walk: OffloadWalk, policy: str, ut: UnitTimes, zb: bool
+) -> tuple[float, float, float]:
+    """The idle of one pass right after an offloaded forward, and of one other pass; and
+    the stage's first backward pass's length, at least (`first_pass_s`)."""
+    n_blocks = walk.kinds.count("block")
+    k_full = n_blocks if policy == "full" else 0
+    if policy.startswith("first:"):
+        k_full = min(int(policy.split(":", 1)[1]), n_blocks)
+    copy = {p: (o, r) for p, o, r in walk.block_copy}
+    f, w, off, rel, rcs = [], [], [], [], []
+    i = e = 0
+    for kind in walk.kinds:
+        rc = 0.0
         if kind == "block":
             if i < k_full:
                 pol, rc = "full", ut.rc_full
@@ -557,6 +619,7 @@ def _walk_idle_s(walk: OffloadWalk, policy: str, ut: UnitTimes, zb: bool) -> flo
                 w.append(ut.b_emb if emb else ut.b_head)
         off.append(o)
         rel.append(r)
+        rcs.append(rc)
 
     def span(after_forward: bool) -> float:
         n = len(w)
@@ -573,12 +636,31 @@ def _walk_idle_s(walk: OffloadWalk, policy: str, ut: UnitTimes, zb: bool) -> flo
             ends[u] = max(t0 if u == n - 1 else ends[u + 1], copy_free) + w[u]
         return ends[0] - (t0 + sum(w))
 
-    idle = 0.0
-    if walk.pairs:
-        idle += walk.pairs * span(True)
-    if walk.solos:
-        idle += walk.solos * span(False)
-    return idle
+    def first_pass() -> float:
+        # From its first unit's compute: the RELOADs issued at the pass's start may have
+        # landed while it waited for its gradient (counted as none), and so may its first
+        # RECOMPUTE; the others are issued as the pass goes, as in `span`.
+        n = len(w)
+        copy_free = 0.0
+        ends = [0.0] * n
+        for u in range(n - 1, -1, -1):
+            ahead = u + RELOAD_AHEAD_UNITS
+            if ahead >= n - 1:
+                issued, r = 0.0, 0.0
+            else:
+                issued, r = ends[ahead + 1], rel[u]
+            copy_free = max(issued, copy_free) + r
+            work = w[u] - rcs[u] if u == n - 1 else w[u]
+            ends[u] = max(0.0 if u == n - 1 else ends[u + 1], copy_free) + work
+        return ends[0]
+
+    first = first_pass()
+    return (
+        span(True) if walk.pairs else 0.0,
+        span(False) if walk.solos else 0.0,
+        first,
+        first - (sum(w) - rcs[-1]),
+    )
 
 
 _DEFERRING = {"1f1b": 1, "zb-h1": 1, "zb-h2": 2}
@@ -676,7 +758,8 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
                     "block" if counts.is_block(spec, u) else "emb" if u == 0 else "head"
                     for u in units[s]
                 )
-                walk = OffloadWalk(kinds, one_way, edge, pairs, solos)
+                ahead = _offloaded_ahead(plan.pp, m, s, plan.pipeline)
+                walk = OffloadWalk(kinds, one_way, edge, pairs, solos, ahead)
         else:
             n_off, other_units, block = 0, 0.0, ()
         weight = 0.0
@@ -696,6 +779,18 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
                 weight *= visits
         out.append(StageLoad(n_off, other_units, block, len(blocks), copy_s, other_s, walk, weight))
     return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _offloaded_ahead(pp: int, m: int, s: int, pipeline: str) -> int:
+    """`OffloadWalk.ahead` of stage `s`: its offloaded microbatches (`offloaded_mbs`) among
+    the forwards before its first backward pass (`_first_forwards`). From 2 pp + 2
+    microbatches on, under 1F1B, zb-h1 and zb-h2, every microbatch but the last is
+    offloaded on a stage before the last (`_offload_passes`): all of them but the last."""
+    k = _first_forwards(pp, m, pipeline)[s]
+    if pipeline in _DEFERRING and m >= 2 * pp + 2:
+        return 0 if s == pp - 1 else min(k, m - 1)
+    return sum(1 for mb in offloaded_mbs(pp, m, s, pipeline) if mb < k)
 
 
 @lru_cache(maxsize=4096)
@@ -807,6 +902,11 @@ def step_time_lower_bound_s(
     fill = over.start_s
     firsts = _first_forwards(pp, m, pipeline)
     tail, upd, syncs, loads = over.tail_s, over.update_s, over.sync_s, over.loads
+    # Where stages offload: when each stage's first backward may start at the earliest,
+    # its own copy backlog (`OffloadWalk.backlog_s`, the least over the policies it may
+    # take) and the next stage's first backward, whose gradient it waits for (`gate`);
+    # `after[s]`: the gradient's arrival from stage s + 1.
+    after = _gates(split, ut, fill, fb, sf, sb, back, firsts, loads, load_policies, recompute, zb)
 
     def own(s: int, f: float, b: float, r: float, rp: float, p: str | None) -> float:
         """The largest of stage `s`'s own terms with its recompute `r` (`rp` on the
@@ -815,6 +915,10 @@ def step_time_lower_bound_s(
         # Its first backward needs k forwards of its own and microbatch 0's round trip; the
         # other m - k forwards follow it.
         first_b = fill + max(k * f, f + trip[s])
+        if after:
+            first_b = max(first_b, after[s])
+            if p is not None and loads[s].walk is not None:
+                first_b = max(first_b, fill + loads[s].walk.backlog_s(p))
         end_b = max(fill + m * (f + b + r), first_b + (m - k) * f + m * (b + r) - (r - rp))
         if zb and s > 0:  # its last gradient sent back: after its forwards and B_IN's only
             bi = back[s]
@@ -833,6 +937,20 @@ def step_time_lower_bound_s(
                     f0, b0 = plain[s]
                     idle = load.walk.idle_s(p, ut, zb)
                     t = max(t, fill + m * (f0 + b0 + r) + idle + upd[s])
+                    # After its first backward pass (which needs microbatch 0's round
+                    # trip), the stage's other passes, their compute and their idles.
+                    later = load.walk.later_idle_s(p, ut, zb)
+                    if later > 0.0:
+                        first0 = fill + max(k * f0, f0 + trip[s])
+                        if after:
+                            first0 = max(first0, after[s], fill + load.walk.backlog_s(p))
+                        rest = first0 + (m - k) * f0 - (r - rp) + later
+                        end0 = rest + m * (b0 + r)
+                        if zb and s > 0:  # its last gradient sent: after its B_IN passes
+                            t = max(t, rest + m * (back[s] + r) + drain + tail)
+                        else:
+                            t = max(t, end0 + drain + tail)
+                        t = max(t, end0 + upd[s])
                 t = max(t, load.busiest_s((p,)))
             else:
                 t = max(t, load.busiest_s(pols or ("full",)))
@@ -864,6 +982,47 @@ def step_time_lower_bound_s(
         fill += f + sf[s]
         drain += back[s] + rcp[s] + (sb[s + 1] if s + 1 < pp else 0.0)
     return best
+
+
+def _gates(
+    split, ut, start, fb, sf, sb, back, firsts, loads, load_policies, recompute, _zb
+) -> list:
+    """Per stage s, when the gradient of microbatch 0 may arrive from stage s + 1 at the
+    earliest (0.0 on the last stage); [] where no stage's walk has a backlog. A stage's
+    first backward pass starts no earlier than its k forwards (`firsts`), that gradient
+    and its own backlog (`OffloadWalk.backlog_s`); the pass and the send back follow. Per
+    stage the least over the policies it may take of that pass's end, its recompute
+    (`_on_paths`) and its backlog under the same policy: the chain runs from the last
+    stage back (`step_time_lower_bound_s`'s round trip, each stage's start raised)."""
+    if not loads or not any(ld.walk is not None and ld.walk.ahead for ld in loads):
+        return []
+    pp = len(split)
+    fills = []
+    fill = start
+    for s in range(pp):
+        fills.append(fill)
+        fill += fb[s][0] + sf[s]
+    arrive = [0.0] * pp
+    for s in range(pp - 1, 0, -1):
+        g = fills[s] + firsts[s] * fb[s][0]
+        if s + 1 < pp:
+            g = max(g, arrive[s])
+        walk = loads[s].walk
+        pols = load_policies[s] if load_policies else (recompute[s],) if recompute else None
+        if walk is not None and walk.ahead and pols:
+            leave = min(
+                max(g, fills[s] + walk.backlog_s(p))
+                + max(
+                    back[s] + _on_paths(recompute_time_s(p, split[s], ut), ut),
+                    walk.first_pass_s(p, ut, _zb),
+                )
+                for p in pols
+            )
+        else:
+            r = recompute_time_s(recompute[s], split[s], ut) if recompute else 0.0
+            leave = g + back[s] + _on_paths(r, ut)
+        arrive[s - 1] = leave + sb[s]
+    return arrive
 
 
 def _plain_bound_s(split: tuple[int, ...], m: int, ut: UnitTimes, pipeline: str) -> float:
