@@ -62,8 +62,44 @@ def test_backlog_tightens_the_bound_and_never_exceeds_the_simulation():
         assert lb <= step * (1 + 1e-9), (pipe, pp, m, lb, step)
         assert lb >= before
         checked += 1
-        tighter += pipe != "1f1b" and lb > before * 1.05
+        tighter += pipe != "1f1b" and lb > before * 1.01
     assert checked == 18
     # Copy-bound stages with few microbatches, zero-bubble orders: half the bounds or more
-    # rise by over 5% (7 of 12 when written; 1F1B's by 1% at most).
+    # rise by over 1% (8 of 12 when written, by up to 9.5%; 1F1B's by 1% at most).
     assert tighter >= 6, tighter
+
+
+def _no_fetch_waits(over):
+    return replace(over, forward_pass_s=())
+
+
+def test_fetch_waits_of_backward_passes_and_the_last_syncs_raise_the_bound_below_the_step():
+    """Views fetched per use: a backward pass waits for its fetches as a forward pass does
+    (on a stage's own compute and on the paths back), and under 1F1B the last pass's
+    fetches share the DP network with the stage's gradient syncs."""
+    spec = get_preset("llama2-70b")
+    pf = load("h100-80g")
+    rises = 0
+    for pipe, pp, m, offload in itertools.product(
+        ("1f1b", "zb-h1"), (4, 8), (2, 8, 20), (False, True)
+    ):
+        plan = Plan(
+            pp=pp,
+            dp=16,
+            micro_batch=1,
+            global_batch=16 * m,
+            seq=4096,
+            pipeline=pipe,
+            offload_activations=offload,
+            shard_optimizer=True,
+            view_policy="transient",
+            recompute="full",
+            model="llama2-70b",
+        )
+        step = simulate(spec, plan, pf).step_time_s
+        over = overheads(spec, plan, pf)
+        assert over.forward_pass_s, "views fetched per use"
+        lb = _bound(spec, plan, pf, over)
+        assert lb <= step * (1 + 1e-9), (pipe, pp, m, offload, lb, step)
+        rises += lb > _bound(spec, plan, pf, _no_fetch_waits(over)) * 1.01
+    assert rises >= 20, rises  # all 24 when written (0.44-0.86 of the step -> 0.59-0.93)

@@ -889,6 +889,15 @@ def step_time_lower_bound_s(
         ]
     rc = [recompute_time_s(recompute[s], split[s], ut) if recompute else 0.0 for s in range(pp)]
     rcp = [_on_paths(r, ut) for r in rc]  # what the paths back count of it
+    # Views fetched per use: a backward pass on a path back lasts at least its fetches and
+    # the block that waits for the last of them (`own`, below).
+    one_back = ut.bi_block if zb else ut.b_block
+    pass_fetch = [x + one_back if x else 0.0 for x in over.forward_pass_s] or [0.0] * pp
+
+    def on_path(s: int, rp: float) -> float:
+        """Stage `s`'s backward pass of one microbatch on a path back, its recompute `rp`."""
+        return max(back[s] + rp, pass_fetch[s])
+
     sf = (*over.send_f_s, 0.0)  # sf[s]: s -> s+1
     sb = (0.0, *over.send_b_s)  # sb[s]: s -> s-1
     # What a gradient sent back waits for on each stage: B, or B_IN under zb-h1.
@@ -897,7 +906,7 @@ def step_time_lower_bound_s(
     trip = [0.0] * pp
     for s in range(pp - 2, -1, -1):
         f1 = fb[s + 1][0]
-        trip[s] = trip[s + 1] + sf[s] + f1 + back[s + 1] + rcp[s + 1] + sb[s + 1]
+        trip[s] = trip[s + 1] + sf[s] + f1 + on_path(s + 1, rcp[s + 1]) + sb[s + 1]
     best = drain = 0.0
     fill = over.start_s
     firsts = _first_forwards(pp, m, pipeline)
@@ -906,12 +915,29 @@ def step_time_lower_bound_s(
     # its own copy backlog (`OffloadWalk.backlog_s`, the least over the policies it may
     # take) and the next stage's first backward, whose gradient it waits for (`gate`);
     # `after[s]`: the gradient's arrival from stage s + 1.
-    after = _gates(split, ut, fill, fb, sf, sb, back, firsts, loads, load_policies, recompute, zb)
+    fetched_s = over.forward_pass_s
+    after = _gates(
+        split, ut, zb, fill, fb, sf, sb, on_path, firsts, loads, load_policies, recompute
+    )
 
     def own(s: int, f: float, b: float, r: float, rp: float, p: str | None) -> float:
         """The largest of stage `s`'s own terms with its recompute `r` (`rp` on the
         paths) under policy `p` (None: no offload traffic or walk to read)."""
         k = firsts[s]
+        bi = back[s]
+        if fetched_s and fetched_s[s]:
+            # Views fetched per use: a backward pass (B_IN's under a split backward) waits
+            # for as many fetches as a forward pass (`_fetched_forward_s`), each use k of
+            # it past the lookahead dropped since its previous use, at least 2 k + 1 uses
+            # back, and fetched once the pass's first unit has started; the block that
+            # waits for the last one runs its backward after it. Its recompute's seconds
+            # may run while the fetches do.
+            x = fetched_s[s]
+            if zb:
+                bi = max(bi, x + ut.bi_block - r)
+                b = bi + ws[s]
+            else:
+                b = max(b, x + ut.b_block - r)
         # Its first backward needs k forwards of its own and microbatch 0's round trip; the
         # other m - k forwards follow it.
         first_b = fill + max(k * f, f + trip[s])
@@ -921,7 +947,6 @@ def step_time_lower_bound_s(
                 first_b = max(first_b, fill + loads[s].walk.backlog_s(p))
         end_b = max(fill + m * (f + b + r), first_b + (m - k) * f + m * (b + r) - (r - rp))
         if zb and s > 0:  # its last gradient sent back: after its forwards and B_IN's only
-            bi = back[s]
             last_in = max(fill + m * (f + bi + r), first_b + (m - k) * f + m * (bi + r) - (r - rp))
             t = max(last_in + drain + tail, end_b + upd[s])
         else:
@@ -929,7 +954,12 @@ def step_time_lower_bound_s(
         if syncs:
             # The stage's last pass (B, or B_W under a split backward, of the last
             # microbatch) starts no earlier than its chain less the pass; the syncs follow.
-            t = max(t, end_b - (ws[s] if zb else b + r) + syncs[s])
+            last = end_b - (ws[s] if zb else b + r)
+            t = max(t, last + syncs[s])
+            if not zb and fetched_s and loads and loads[s].fetch_other_s:
+                # Under 1F1B the last pass's fetches (issued once it has started) share
+                # the DP network with those syncs (each after its unit's backward).
+                t = max(t, last + fetched_s[s] + syncs[s])
         if loads:
             load = loads[s]
             if p is not None:
@@ -980,12 +1010,12 @@ def step_time_lower_bound_s(
         if stage_terms is not None:
             stage_terms.append(least)
         fill += f + sf[s]
-        drain += back[s] + rcp[s] + (sb[s + 1] if s + 1 < pp else 0.0)
+        drain += on_path(s, rcp[s]) + (sb[s + 1] if s + 1 < pp else 0.0)
     return best
 
 
 def _gates(
-    split, ut, start, fb, sf, sb, back, firsts, loads, load_policies, recompute, _zb
+    split, ut, zb, start, fb, sf, sb, on_path, firsts, loads, load_policies, recompute
 ) -> list:
     """Per stage s, when the gradient of microbatch 0 may arrive from stage s + 1 at the
     earliest (0.0 on the last stage); [] where no stage's walk has a backlog. A stage's
@@ -1013,14 +1043,14 @@ def _gates(
             leave = min(
                 max(g, fills[s] + walk.backlog_s(p))
                 + max(
-                    back[s] + _on_paths(recompute_time_s(p, split[s], ut), ut),
-                    walk.first_pass_s(p, ut, _zb),
+                    on_path(s, _on_paths(recompute_time_s(p, split[s], ut), ut)),
+                    walk.first_pass_s(p, ut, zb),
                 )
                 for p in pols
             )
         else:
             r = recompute_time_s(recompute[s], split[s], ut) if recompute else 0.0
-            leave = g + back[s] + _on_paths(r, ut)
+            leave = g + on_path(s, _on_paths(r, ut))
         arrive[s - 1] = leave + sb[s]
     return arrive
 
