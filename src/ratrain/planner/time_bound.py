@@ -323,6 +323,10 @@ class Overheads:
     sync of a unit waits for that unit's last backward (its last B_W under a split
     backward), in the stage's last backward pass, each refresh for its unit's sync, and
     they run one at a time on the DP network."""
+    last_pass_net_s: tuple[float, ...] = ()
+    """Per stage (or empty): under 1F1B with views fetched per use over the DP network and
+    synced per unit there (ratrain's lifecycle), the DP network's work in the stage's last
+    backward pass before its last-fetched block's B (`_last_pass_net_s`)."""
 
     @staticmethod
     def none(pp: int) -> Overheads:
@@ -368,9 +372,49 @@ def overheads(spec: ModelSpec, plan: Plan, platform: Platform) -> Overheads:
     if _refreshes_over_dp(plan):
         # Each unit's refreshed view is gathered after its update, on the DP network too.
         syncs = tuple(t + stage_s(Op.VIEW_FETCH, s, units[s]) for s, t in enumerate(syncs))
+    last_net = _last_pass_net_s(spec, plan, cm, stage_s, units) if fwd else ()
     return Overheads(
-        upd, send_f, send_b, sync + after, start, fwd, load, syncs if any(syncs) else ()
+        upd,
+        send_f,
+        send_b,
+        sync + after,
+        start,
+        fwd,
+        load,
+        syncs if any(syncs) else (),
+        last_net,
     )
+
+
+def _last_pass_net_s(
+    spec: ModelSpec, plan: Plan, cm: CostModel, stage_s, units
+) -> tuple[float, ...]:
+    """`Overheads.last_pass_net_s`: in a stage's last backward pass (the last microbatch's,
+    under 1F1B), the fetches of the uses k >= L + 1 of its n blocks are issued as the pass
+    goes (`_fetched_forward_s`), and each block's GRAD_SYNC once its B has ended (its last
+    backward): both on the DP network, in issue order. The last fetch is issued after the
+    B of the block L + 1 uses before it, so behind the syncs of the n - L - 2 blocks before
+    that one: from the pass's first B on, the network runs n - L - 1 fetches and those
+    syncs before the last-fetched block's B can start. Empty where the views are not
+    gathered over the DP network, under a split backward (the syncs wait for B_W) or
+    outside ratrain's lifecycle (buckets, or syncs after the pass)."""
+    if plan.schedule != "ratrain" or plan.split_backward or plan.dp == 1 or plan.sync_bucket_bytes:
+        return ()
+    l_ahead = plan.view_lookahead
+    out = []
+    for s in range(plan.pp):
+        blocks = [u for u in units[s] if counts.is_block(spec, u)]
+        c = len(blocks) - l_ahead - 1
+        if c <= 0:
+            out.append(0.0)
+            continue
+        if cm.resource(Action(Op.VIEW_FETCH, s, (blocks[-1],))) is not Resource.DP_NET:
+            return ()
+        alike = {counts.unit_params(spec, u): u for u in blocks}
+        fetch = min(stage_s(Op.VIEW_FETCH, s, (u,)) for u in alike.values())
+        sync = min(stage_s(Op.GRAD_SYNC, s, (u,)) for u in alike.values())
+        out.append(c * fetch + (c - 1) * sync)
+    return tuple(out) if any(out) else ()
 
 
 def offload_loads(spec: ModelSpec, plan: Plan, platform: Platform) -> tuple[StageLoad, ...]:
@@ -898,6 +942,10 @@ def step_time_lower_bound_s(
         """Stage `s`'s backward pass of one microbatch on a path back, its recompute `rp`."""
         return max(back[s] + rp, pass_fetch[s])
 
+    # The last pass of a stage (the last microbatch's drain runs through them) waits for
+    # the DP network's fetches and syncs (`Overheads.last_pass_net_s`).
+    last_net = [x + one_back if x else 0.0 for x in over.last_pass_net_s] or [0.0] * pp
+
     sf = (*over.send_f_s, 0.0)  # sf[s]: s -> s+1
     sb = (0.0, *over.send_b_s)  # sb[s]: s -> s-1
     # What a gradient sent back waits for on each stage: B, or B_IN under zb-h1.
@@ -946,6 +994,8 @@ def step_time_lower_bound_s(
             if p is not None and loads[s].walk is not None:
                 first_b = max(first_b, fill + loads[s].walk.backlog_s(p))
         end_b = max(fill + m * (f + b + r), first_b + (m - k) * f + m * (b + r) - (r - rp))
+        if last_net[s] > b + r:  # its last pass: no shorter than its network's work
+            end_b += last_net[s] - (b + r)
         if zb and s > 0:  # its last gradient sent back: after its forwards and B_IN's only
             last_in = max(fill + m * (f + bi + r), first_b + (m - k) * f + m * (bi + r) - (r - rp))
             t = max(last_in + drain + tail, end_b + upd[s])
@@ -954,7 +1004,7 @@ def step_time_lower_bound_s(
         if syncs:
             # The stage's last pass (B, or B_W under a split backward, of the last
             # microbatch) starts no earlier than its chain less the pass; the syncs follow.
-            last = end_b - (ws[s] if zb else b + r)
+            last = end_b - (ws[s] if zb else max(b + r, last_net[s]))
             t = max(t, last + syncs[s])
             if not zb and fetched_s and loads and loads[s].fetch_other_s:
                 # Under 1F1B the last pass's fetches (issued once it has started) share
@@ -1010,7 +1060,7 @@ def step_time_lower_bound_s(
         if stage_terms is not None:
             stage_terms.append(least)
         fill += f + sf[s]
-        drain += on_path(s, rcp[s]) + (sb[s + 1] if s + 1 < pp else 0.0)
+        drain += max(on_path(s, rcp[s]), last_net[s]) + (sb[s + 1] if s + 1 < pp else 0.0)
     return best
 
 
