@@ -527,11 +527,17 @@ class StageLoad:
 
     def busiest_s(self, policies) -> float:
         """The busiest resource's work, at least, under any of `policies`."""
+        return max(self.traffic_s(policies) + self.fetch_copy_s, self.fetch_other_s)
+
+    def traffic_s(self, policies) -> float:
+        """The copy engine's OFFLOADs and RELOADs, at least, under any of `policies`: none
+        starts before the stage's first forward has (each OFFLOAD follows its unit's F,
+        each RELOAD its OFFLOAD), and each RELOAD is waited for by a compute action."""
         off = self.weight_s
         if self.offloaded_mbs:
             least = min(self.blocks_s(p) for p in policies)
             off += self.offloaded_mbs * (self.other_units_s + least)
-        return max(off + self.fetch_copy_s, self.fetch_other_s)
+        return off
 
 
 @dataclass(frozen=True)
@@ -566,6 +572,12 @@ class OffloadWalk:
     ahead: int = 0
     """Offloaded microbatches among the forwards before the stage's first backward pass:
     their OFFLOADs are all issued before that pass's first RELOAD (`backlog_s`)."""
+    weight_rel: tuple[float, ...] = ()
+    """Under a split backward, per unit in order: the RELOAD of what its B_IN kept for a
+    deferred B_W (`lowering._add_weight_offload`), 0.0 for a unit whose weight pass runs
+    whole (the embedding's, the head's under the fused loss)."""
+    weight_visits: int = 0
+    """The stage's weight passes (B_W) that reload so (`_weight_visits`)."""
 
     def first_pass_s(self, policy: str, ut: UnitTimes, zb: bool) -> float:
         """The stage's first backward pass (B, or B_IN under a split backward), at least:
@@ -583,17 +595,18 @@ class OffloadWalk:
 
     def idle_s(self, policy: str, ut: UnitTimes, zb: bool) -> float:
         """The compute's idle seconds over the step, at least, under `policy`."""
-        pair, solo, _, _ = _walk_idle_s(self, policy, ut, zb)
-        return self.pairs * pair + self.solos * solo
+        pair, solo, _, _, wpass = _walk_idle_s(self, policy, ut, zb)
+        return self.pairs * pair + self.solos * solo + self.weight_visits * wpass
 
     def later_idle_s(self, policy: str, ut: UnitTimes, zb: bool) -> float:
         """`idle_s` less one pass's (the largest a pass has): the idles of every offloaded
         backward pass but the stage's first, which may wait for its gradient while its
         RELOADs run (the others start after the stage's first backward pass has ended),
         and the first's from its first unit's compute on (`first_pass_s`)."""
-        pair, solo, _, first = _walk_idle_s(self, policy, ut, zb)
+        pair, solo, _, first, wpass = _walk_idle_s(self, policy, ut, zb)
         one = max(pair if self.pairs else 0.0, solo if self.solos else 0.0)
-        return self.pairs * pair + self.solos * solo - one + max(0.0, first)
+        later = self.pairs * pair + self.solos * solo - one + max(0.0, first)
+        return later + self.weight_visits * wpass  # weight passes: after the first B_IN
 
 
 def _unit_copies(walk: OffloadWalk, policy: str) -> tuple[list[float], list[float]]:
@@ -704,7 +717,33 @@ def _walk_idle_s(
         span(False) if walk.solos else 0.0,
         first,
         first - (sum(w) - rcs[-1]),
+        _weight_pass_idle_s(walk, ut) if walk.weight_visits else 0.0,
     )
+
+
+def _weight_pass_idle_s(walk: OffloadWalk, ut: UnitTimes) -> float:
+    """The compute's idle in one weight pass that reloads (`OffloadWalk.weight_rel`), at
+    least: the pass runs its units last first, each B_W waiting for its RELOAD, placed
+    `RELOAD_AHEAD_UNITS` units ahead in the pass (issued once the B_W before that one has
+    ended; at the pass's start for the unit that many below the first); the first units'
+    are placed before the compute before the pass, and counted as landed. The copy engine
+    is taken as free at the pass's start."""
+    w = [
+        ut.bw_block if k == "block" else ut.bw_emb if k == "emb" else ut.bw_head for k in walk.kinds
+    ]
+    rel = walk.weight_rel
+    n = len(w)
+    copy_free = 0.0
+    ends = [0.0] * n
+    for u in range(n - 1, -1, -1):
+        ahead = u + RELOAD_AHEAD_UNITS
+        if ahead > n - 1:  # placed before the compute before the pass
+            issued, r = 0.0, 0.0
+        else:
+            issued, r = (0.0 if ahead == n - 1 else ends[ahead + 1]), rel[u]
+        copy_free = max(issued, copy_free) + r
+        ends[u] = max(0.0 if u == n - 1 else ends[u + 1], copy_free) + w[u]
+    return ends[0] - sum(w)
 
 
 _DEFERRING = {"1f1b": 1, "zb-h1": 1, "zb-h2": 2}
@@ -818,9 +857,16 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
                 for u in split_units:
                     key = counts.unit_params(spec, u), u == head
                     if key not in trip:
-                        trip[key] = sum(_one_way_s(models["none"], s, u, WEIGHT_VISIT))
-                    weight += trip[key]
+                        trip[key] = _one_way_s(models["none"], s, u, WEIGHT_VISIT)
+                    weight += sum(trip[key])
                 weight *= visits
+                if walk is not None:
+                    split_set = set(split_units)
+                    rel = tuple(
+                        trip[counts.unit_params(spec, u), u == head][1] if u in split_set else 0.0
+                        for u in units[s]
+                    )
+                    walk = dataclasses.replace(walk, weight_rel=rel, weight_visits=visits)
         out.append(StageLoad(n_off, other_units, block, len(blocks), copy_s, other_s, walk, weight))
     return tuple(out)
 
@@ -1031,9 +1077,10 @@ def step_time_lower_bound_s(
                         else:
                             t = max(t, end0 + drain + tail)
                         t = max(t, end0 + upd[s])
-                t = max(t, load.busiest_s((p,)))
+                t = max(t, load.busiest_s((p,)), fill + load.traffic_s((p,)))
             else:
-                t = max(t, load.busiest_s(pols or ("full",)))
+                least = pols or ("full",)
+                t = max(t, load.busiest_s(least), fill + load.traffic_s(least))
         return t
 
     for s, (f, b) in enumerate(fb):
