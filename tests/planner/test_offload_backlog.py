@@ -17,6 +17,23 @@ from ratrain.platforms.load import load
 from ratrain.sim import simulate
 
 
+def _plan(pipe: str, pp: int, m: int, **knobs) -> Plan:
+    """llama2-70b, 16 replicas of `m` microbatches of one 4096-token sequence, views
+    fetched per use, the optimizer sharded."""
+    return Plan(
+        pp=pp,
+        dp=16,
+        micro_batch=1,
+        global_batch=16 * m,
+        seq=4096,
+        pipeline=pipe,
+        shard_optimizer=True,
+        view_policy="transient",
+        model="llama2-70b",
+        **knobs,
+    )
+
+
 def _bound(spec, plan, pf, over=None):
     ut = unit_times(spec, pf, plan.micro_batch, plan.seq, plan.compute_dtype)
     return step_time_lower_bound_s(
@@ -45,18 +62,7 @@ def test_backlog_tightens_the_bound_and_never_exceeds_the_simulation():
     pf = load("h100-80g")
     checked = tighter = 0
     for pipe, pp, m in itertools.product(("1f1b", "zb-h1", "zb-h2"), (4, 6), (2, 4, 8)):
-        plan = Plan(
-            pp=pp,
-            dp=16,
-            micro_batch=1,
-            global_batch=16 * m,
-            seq=4096,
-            pipeline=pipe,
-            offload_activations=True,
-            shard_optimizer=True,
-            view_policy="transient",
-            model="llama2-70b",
-        )
+        plan = _plan(pipe, pp, m, offload_activations=True)
         step = simulate(spec, plan, pf).step_time_s
         over = overheads(spec, plan, pf)
         lb = _bound(spec, plan, pf, over)
@@ -85,19 +91,7 @@ def test_fetch_waits_of_backward_passes_and_the_last_syncs_raise_the_bound_below
     for pipe, pp, m, offload in itertools.product(
         ("1f1b", "zb-h1"), (4, 8), (2, 8, 20), (False, True)
     ):
-        plan = Plan(
-            pp=pp,
-            dp=16,
-            micro_batch=1,
-            global_batch=16 * m,
-            seq=4096,
-            pipeline=pipe,
-            offload_activations=offload,
-            shard_optimizer=True,
-            view_policy="transient",
-            recompute="full",
-            model="llama2-70b",
-        )
+        plan = _plan(pipe, pp, m, offload_activations=offload, recompute="full")
         step = simulate(spec, plan, pf).step_time_s
         over = overheads(spec, plan, pf)
         assert over.forward_pass_s, "views fetched per use"
@@ -114,18 +108,7 @@ def test_the_last_pass_waits_for_the_dp_networks_fetches_and_syncs():
     (`Overheads.last_pass_net_s`)."""
     spec = get_preset("llama2-70b")
     pf = load("h100-80g")
-    plan = Plan(
-        pp=8,
-        dp=16,
-        micro_batch=1,
-        global_batch=32,
-        seq=4096,
-        pipeline="1f1b",
-        shard_optimizer=True,
-        view_policy="transient",
-        recompute="full",
-        model="llama2-70b",
-    )
+    plan = _plan("1f1b", 8, 2, recompute="full")
     step = simulate(spec, plan, pf).step_time_s
     over = overheads(spec, plan, pf)
     assert over.last_pass_net_s

@@ -400,19 +400,15 @@ def _last_pass_net_s(
     outside ratrain's lifecycle (buckets, or syncs after the pass)."""
     if plan.schedule != "ratrain" or plan.split_backward or plan.dp == 1 or plan.sync_bucket_bytes:
         return ()
-    l_ahead = plan.view_lookahead
     out = []
-    for s in range(plan.pp):
-        blocks = [u for u in units[s] if counts.is_block(spec, u)]
-        c = len(blocks) - l_ahead - 1
+    for s, (c, alike) in enumerate(_fetched_blocks(spec, plan, units)):
         if c <= 0:
             out.append(0.0)
             continue
-        if cm.resource(Action(Op.VIEW_FETCH, s, (blocks[-1],))) is not Resource.DP_NET:
+        if cm.resource(Action(Op.VIEW_FETCH, s, (alike[0],))) is not Resource.DP_NET:
             return ()
-        alike = {counts.unit_params(spec, u): u for u in blocks}
-        fetch = min(stage_s(Op.VIEW_FETCH, s, (u,)) for u in alike.values())
-        sync = min(stage_s(Op.GRAD_SYNC, s, (u,)) for u in alike.values())
+        fetch = min(stage_s(Op.VIEW_FETCH, s, (u,)) for u in alike)
+        sync = min(stage_s(Op.GRAD_SYNC, s, (u,)) for u in alike)
         out.append(c * fetch + (c - 1) * sync)
     return tuple(out) if any(out) else ()
 
@@ -906,6 +902,18 @@ def _one_way_s(cm: CostModel, s: int, u: int, visit: int = 0) -> tuple[float, fl
     return off, cm.time_s(Action(Op.RELOAD, s, (u,), 0, visit))
 
 
+def _fetched_blocks(spec: ModelSpec, plan: Plan, units) -> list[tuple[int, list[int]]]:
+    """Per stage, the fetches a pass of its n blocks surely waits for, n - L - 1 with L the
+    view lookahead (at most 0: none), and one block of each size (a fetch's or a sync's
+    time depends on the unit through its parameter count only)."""
+    out = []
+    for s in range(plan.pp):
+        blocks = [u for u in units[s] if counts.is_block(spec, u)]
+        alike = {counts.unit_params(spec, u): u for u in blocks}
+        out.append((len(blocks) - plan.view_lookahead - 1, list(alike.values())))
+    return out
+
+
 def _fetched_forward_s(spec: ModelSpec, plan: Plan, stage_s, units) -> tuple[float, ...]:
     """Per stage, fetch seconds within one forward pass: the pass's span (from its first
     F's start to its last F's end) is at least these plus one block's F, when views are
@@ -921,18 +929,12 @@ def _fetched_forward_s(spec: ModelSpec, plan: Plan, stage_s, units) -> tuple[flo
     resource (DP network or copy engine), so the last of them ends no earlier than the
     first F's start plus their total time, and the block that waits for it still runs its
     F after that."""
-    l_ahead = plan.view_lookahead
     out = []
-    for s in range(plan.pp):
-        blocks = [u for u in units[s] if counts.is_block(spec, u)]
-        c = len(blocks) - l_ahead - 1
+    for s, (c, alike) in enumerate(_fetched_blocks(spec, plan, units)):
         if c <= 0:
             out.append(0.0)
             continue
-        # A fetch's time depends on the unit through its parameter count only.
-        alike = {counts.unit_params(spec, u): u for u in blocks}
-        fetch = min(stage_s(Op.VIEW_FETCH, s, (u,)) for u in alike.values())
-        out.append(c * fetch)
+        out.append(c * min(stage_s(Op.VIEW_FETCH, s, (u,)) for u in alike))
     return tuple(out)
 
 
