@@ -73,7 +73,7 @@ def test_backlog_tightens_the_bound_and_never_exceeds_the_simulation():
         tighter += pipe != "1f1b" and lb > before * 1.01
     assert checked == 18
     # Copy-bound stages with few microbatches, zero-bubble orders: half the bounds or more
-    # rise by over 1% (8 of 12 when written, by up to 9.5%; 1F1B's by 1% at most).
+    # rise by over 1% (6 of 12 when written, by up to 8.6%; 1F1B's by 1% at most).
     assert tighter >= 6, tighter
 
 
@@ -98,7 +98,7 @@ def test_fetch_waits_of_backward_passes_and_the_last_syncs_raise_the_bound_below
         lb = _bound(spec, plan, pf, over)
         assert lb <= step * (1 + 1e-9), (pipe, pp, m, offload, lb, step)
         rises += lb > _bound(spec, plan, pf, _no_fetch_waits(over)) * 1.01
-    assert rises >= 20, rises  # all 24 when written (0.44-0.86 of the step -> 0.59-0.93)
+    assert rises >= 20, rises  # all 24 when written (0.51-0.89 of the step -> 0.68-0.96)
 
 
 def test_the_last_pass_waits_for_the_dp_networks_fetches_and_syncs():
