@@ -605,109 +605,103 @@ class OffloadWalk:
         return later + self.weight_visits * wpass  # weight passes: after the first B_IN
 
 
-def _unit_copies(walk: OffloadWalk, policy: str) -> tuple[list[float], list[float]]:
-    """Each unit's (OFFLOAD, RELOAD) seconds under `policy`, in the stage's unit order."""
+def _unit_policies(walk: OffloadWalk, policy: str) -> list[str | None]:
+    """Each unit's own recompute under the stage's `policy`, in the stage's unit order:
+    "full", "selective" or "none" for a block (first:K: its first K blocks full), None for
+    a unit that is not a block."""
     n_blocks = walk.kinds.count("block")
     k_full = n_blocks if policy == "full" else 0
     if policy.startswith("first:"):
         k_full = min(int(policy.split(":", 1)[1]), n_blocks)
-    copy = {p: (o, r) for p, o, r in walk.block_copy}
-    off, rel = [], []
-    i = e = 0
+    out: list[str | None] = []
+    i = 0
     for kind in walk.kinds:
         if kind == "block":
-            pol = "full" if i < k_full else "selective" if policy == "selective" else "none"
-            o, r = copy[pol]
+            out.append("full" if i < k_full else "selective" if policy == "selective" else "none")
             i += 1
         else:
-            o, r = walk.edge_copy[e]
-            e += 1
-        off.append(o)
-        rel.append(r)
-    return off, rel
+            out.append(None)
+    return out
+
+
+def _unit_copies(walk: OffloadWalk, pols: list[str | None]) -> tuple[list[float], list[float]]:
+    """Each unit's (OFFLOAD, RELOAD) seconds under its policy (`_unit_policies`)."""
+    copy = {p: (o, r) for p, o, r in walk.block_copy}
+    edges = iter(walk.edge_copy)
+    pairs = [copy[pol] if pol is not None else next(edges) for pol in pols]
+    return [o for o, _ in pairs], [r for _, r in pairs]
+
+
+def _reload_chain(
+    w: list[float], rel: list[float], t0: float, copy_free: float, landed_from: float
+) -> float:
+    """When a backward-order pass over units n - 1 .. 0 ends, from its start `t0` with the
+    copy engine free from `copy_free`: unit u's work `w[u]` waits for the unit above and for
+    its RELOAD `rel[u]`, which the walk places `RELOAD_AHEAD_UNITS` units ahead (issued when
+    the unit above that one ends, at `t0` for the first ones) and which runs on the copy
+    engine in issue order; a unit with u + `RELOAD_AHEAD_UNITS` >= `landed_from` has its
+    RELOAD landed already."""
+    n = len(w)
+    ends = [0.0] * n
+    for u in range(n - 1, -1, -1):
+        ahead = u + RELOAD_AHEAD_UNITS
+        if ahead >= landed_from:
+            issued, r = t0, 0.0
+        else:
+            issued, r = (t0 if ahead >= n - 1 else ends[ahead + 1]), rel[u]
+        copy_free = max(issued, copy_free) + r
+        ends[u] = max(t0 if u == n - 1 else ends[u + 1], copy_free) + w[u]
+    return ends[0]
 
 
 @lru_cache(maxsize=8192)
 def _walk_backlog_s(walk: OffloadWalk, policy: str) -> float:
     if not walk.ahead:
         return 0.0
-    off, rel = _unit_copies(walk, policy)
+    off, rel = _unit_copies(walk, _unit_policies(walk, policy))
     return walk.ahead * sum(off) + rel[-1]
 
 
 @lru_cache(maxsize=8192)
 def _walk_idle_s(
     walk: OffloadWalk, policy: str, ut: UnitTimes, zb: bool
-) -> tuple[float, float, float]:
-    """The idle of one pass right after an offloaded forward, and of one other pass; and
-    the stage's first backward pass's length, at least (`first_pass_s`)."""
-    n_blocks = walk.kinds.count("block")
-    k_full = n_blocks if policy == "full" else 0
-    if policy.startswith("first:"):
-        k_full = min(int(policy.split(":", 1)[1]), n_blocks)
-    copy = {p: (o, r) for p, o, r in walk.block_copy}
-    f, w, off, rel, rcs = [], [], [], [], []
-    i = e = 0
-    for kind in walk.kinds:
-        rc = 0.0
+) -> tuple[float, float, float, float, float]:
+    """The idle of one pass right after an offloaded forward and of one other pass; the
+    stage's first backward pass's length and its idle from its first unit's compute on
+    (`first_pass_s`), at least; and the idle of one weight pass that reloads."""
+    pols = _unit_policies(walk, policy)
+    off, rel = _unit_copies(walk, pols)
+    rc_of = {"full": ut.rc_full, "selective": ut.rc_selective, "none": 0.0}
+    f, w, rcs = [], [], []
+    for kind, pol in zip(walk.kinds, pols, strict=True):
         if kind == "block":
-            if i < k_full:
-                pol, rc = "full", ut.rc_full
-            elif policy == "selective":
-                pol, rc = "selective", ut.rc_selective
-            else:
-                pol, rc = "none", 0.0
-            o, r = copy[pol]
+            rc = rc_of[pol]
             f.append(ut.f_block)
             w.append(rc + (ut.bi_block if zb else ut.b_block))
-            i += 1
         else:
-            o, r = walk.edge_copy[e]
-            e += 1
+            rc = 0.0
             emb = kind == "emb"
             f.append(ut.f_emb if emb else ut.f_head)
             if zb:
                 w.append(ut.bi_emb if emb else ut.bi_head)
             else:
                 w.append(ut.b_emb if emb else ut.b_head)
-        off.append(o)
-        rel.append(r)
         rcs.append(rc)
+    n = len(w)
+    never = float("inf")
 
     def span(after_forward: bool) -> float:
-        n = len(w)
         t0 = copy_free = 0.0
         if after_forward:  # the forward from 0, its units back to back, OFFLOADs behind
             for u in range(n):
                 t0 += f[u]
                 copy_free = max(copy_free, t0) + off[u]
-        ends = [0.0] * n
-        for u in range(n - 1, -1, -1):
-            ahead = u + RELOAD_AHEAD_UNITS
-            issued = t0 if ahead >= n - 1 else ends[ahead + 1]
-            copy_free = max(issued, copy_free) + rel[u]
-            ends[u] = max(t0 if u == n - 1 else ends[u + 1], copy_free) + w[u]
-        return ends[0] - (t0 + sum(w))
+        return _reload_chain(w, rel, t0, copy_free, never) - (t0 + sum(w))
 
-    def first_pass() -> float:
-        # From its first unit's compute: the RELOADs issued at the pass's start may have
-        # landed while it waited for its gradient (counted as none), and so may its first
-        # RECOMPUTE; the others are issued as the pass goes, as in `span`.
-        n = len(w)
-        copy_free = 0.0
-        ends = [0.0] * n
-        for u in range(n - 1, -1, -1):
-            ahead = u + RELOAD_AHEAD_UNITS
-            if ahead >= n - 1:
-                issued, r = 0.0, 0.0
-            else:
-                issued, r = ends[ahead + 1], rel[u]
-            copy_free = max(issued, copy_free) + r
-            work = w[u] - rcs[u] if u == n - 1 else w[u]
-            ends[u] = max(0.0 if u == n - 1 else ends[u + 1], copy_free) + work
-        return ends[0]
-
-    first = first_pass()
+    # The first pass, from its first unit's compute: the RELOADs issued at the pass's
+    # start may have landed while it waited for its gradient (counted as none), and so may
+    # its first RECOMPUTE; the others are issued as the pass goes, as in `span`.
+    first = _reload_chain([*w[:-1], w[-1] - rcs[-1]], rel, 0.0, 0.0, n - 1)
     return (
         span(True) if walk.pairs else 0.0,
         span(False) if walk.solos else 0.0,
@@ -727,19 +721,7 @@ def _weight_pass_idle_s(walk: OffloadWalk, ut: UnitTimes) -> float:
     w = [
         ut.bw_block if k == "block" else ut.bw_emb if k == "emb" else ut.bw_head for k in walk.kinds
     ]
-    rel = walk.weight_rel
-    n = len(w)
-    copy_free = 0.0
-    ends = [0.0] * n
-    for u in range(n - 1, -1, -1):
-        ahead = u + RELOAD_AHEAD_UNITS
-        if ahead > n - 1:  # placed before the compute before the pass
-            issued, r = 0.0, 0.0
-        else:
-            issued, r = (0.0 if ahead == n - 1 else ends[ahead + 1]), rel[u]
-        copy_free = max(issued, copy_free) + r
-        ends[u] = max(0.0 if u == n - 1 else ends[u + 1], copy_free) + w[u]
-    return ends[0] - sum(w)
+    return _reload_chain(w, list(walk.weight_rel), 0.0, 0.0, len(w)) - sum(w)
 
 
 _DEFERRING = {"1f1b": 1, "zb-h1": 1, "zb-h2": 2}
@@ -1034,13 +1016,20 @@ def step_time_lower_bound_s(
                 b = bi + ws[s]
             else:
                 b = max(b, x + ut.b_block - r)
-        # Its first backward needs k forwards of its own and microbatch 0's round trip; the
-        # other m - k forwards follow it.
-        first_b = fill + max(k * f, f + trip[s])
-        if after:
-            first_b = max(first_b, after[s])
-            if p is not None and loads[s].walk is not None:
-                first_b = max(first_b, fill + loads[s].walk.backlog_s(p))
+        walk = loads[s].walk if loads and p is not None else None
+
+        def first_backward(f: float) -> float:
+            """When its first backward may start, its forwards taking `f` each: after k of
+            them and microbatch 0's round trip (the other m - k forwards follow it), the
+            gradient's arrival and its copy backlog (`_gates`)."""
+            t = fill + max(k * f, f + trip[s])
+            if after:
+                t = max(t, after[s])
+                if walk is not None:
+                    t = max(t, fill + walk.backlog_s(p))
+            return t
+
+        first_b = first_backward(f)
         end_b = max(fill + m * (f + b + r), first_b + (m - k) * f + m * (b + r) - (r - rp))
         if last_net[s] > b + r:  # its last pass: no shorter than its network's work
             end_b += last_net[s] - (b + r)
@@ -1069,10 +1058,7 @@ def step_time_lower_bound_s(
                     # trip), the stage's other passes, their compute and their idles.
                     later = load.walk.later_idle_s(p, ut, zb)
                     if later > 0.0:
-                        first0 = fill + max(k * f0, f0 + trip[s])
-                        if after:
-                            first0 = max(first0, after[s], fill + load.walk.backlog_s(p))
-                        rest = first0 + (m - k) * f0 - (r - rp) + later
+                        rest = first_backward(f0) + (m - k) * f0 - (r - rp) + later
                         end0 = rest + m * (b0 + r)
                         if zb and s > 0:  # its last gradient sent: after its B_IN passes
                             t = max(t, rest + m * (back[s] + r) + drain + tail)
@@ -1133,9 +1119,7 @@ def _gates(
         fill += fb[s][0] + sf[s]
     arrive = [0.0] * pp
     for s in range(pp - 1, 0, -1):
-        g = fills[s] + firsts[s] * fb[s][0]
-        if s + 1 < pp:
-            g = max(g, arrive[s])
+        g = max(fills[s] + firsts[s] * fb[s][0], arrive[s])
         walk = loads[s].walk
         pols = load_policies[s] if load_policies else (recompute[s],) if recompute else None
         if walk is not None and walk.ahead and pols:
