@@ -233,22 +233,32 @@ def _same_as_full(opt: str, n_blocks: int) -> bool:
 
 
 def time_bound_s(
-    fam: Family, st: Structure, m: int, ut: UnitTimes, opts: Options, over, pipeline="1f1b"
+    fam: Family,
+    st: Structure,
+    m: int,
+    ut: UnitTimes,
+    opts: Options,
+    over,
+    pipeline="1f1b",
+    walked: bool = True,
 ) -> float:
     """Step-time lower bound over every policy choice the memory bound leaves (of the
-    knobs' `pipeline`)."""
+    knobs' `pipeline`); `walked`: with the offloading stages' whole walks
+    (`step_time_lower_bound_s`)."""
     # The resource loads (offload traffic) shrink with recomputation: bounded per stage by
     # the least of every policy left.
     if fam.per_stage_recompute:
         rec = tuple(o[0] for o in opts.per_stage)
         left = tuple(tuple(o) for o in opts.per_stage)
-        return step_time_lower_bound_s(st.layer_split, m, ut, rec, over, left, pipeline)
+        return step_time_lower_bound_s(
+            st.layer_split, m, ut, rec, over, left, pipeline, walked=walked
+        )
     # Per stage the cheapest of the uniform policies left: one bound below all of them.
     rec = tuple(
         min(opts.uniform, key=lambda o, n=n: recompute_time_s(o, n, ut)) for n in st.layer_split
     )
     left = (tuple(opts.uniform),) * st.pp
-    return step_time_lower_bound_s(st.layer_split, m, ut, rec, over, left, pipeline)
+    return step_time_lower_bound_s(st.layer_split, m, ut, rec, over, left, pipeline, walked=walked)
 
 
 def _depth(opt: str, n_blocks: int) -> int | None:

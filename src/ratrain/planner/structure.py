@@ -365,7 +365,9 @@ def forced_bound_s(
             if offload:
                 plan = make_plan(req, st, lead, ("none",) * st.pp)
                 over = dataclasses.replace(none, loads=offload_loads(req.spec, plan, req.platform))
-            lb = time_bound_s(fam, st, m, ut, opts, over, pipe)
+            # Without the stages' whole walks (`_stage_walk_s`): a structure's first
+            # refinement, thousands per search, where a knob queue's bounds have them.
+            lb = time_bound_s(fam, st, m, ut, opts, over, pipe, walked=False)
         out = min(out, lb)
     return out
 

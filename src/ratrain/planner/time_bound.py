@@ -574,6 +574,8 @@ class OffloadWalk:
     whole (the embedding's, the head's under the fused loss)."""
     weight_visits: int = 0
     """The stage's weight passes (B_W) that reload so (`_weight_visits`)."""
+    weight_off: tuple[float, ...] = ()
+    """The OFFLOAD, right after its B_IN, of what `weight_rel` reloads (0.0 where none)."""
 
     def first_pass_s(self, policy: str, ut: UnitTimes, zb: bool) -> float:
         """The stage's first backward pass (B, or B_IN under a split backward), at least:
@@ -724,6 +726,203 @@ def _weight_pass_idle_s(walk: OffloadWalk, ut: UnitTimes) -> float:
     return _reload_chain(w, list(walk.weight_rel), 0.0, 0.0, len(w)) - sum(w)
 
 
+@lru_cache(maxsize=4096)
+def _stage_walk_s(
+    walk: OffloadWalk, policy: str, ut: UnitTimes, pp: int, m: int, s: int, pipeline: str
+) -> tuple[float, float]:
+    """Stage `s`'s whole step as its walk runs it alone, from its first F's start: (the end
+    of its last backward pass, B or B_IN; the end of its last compute action), at least.
+
+    Its list as the lowering makes it (`onef1b.pass_order` or `zerobubble.pass_order`;
+    `passes.add_recompute`; `lowering._add_activation_offload` and `_add_weight_offload`),
+    with the other stages infinitely fast: every F, RECOMPUTE, B, B_IN and B_W of the stage
+    in list order on its compute, each once the one before has ended and its RELOAD has
+    landed; every OFFLOAD and RELOAD on the copy engine, one at a time in issue order, each
+    issued when the walk reaches it (once the compute before it has ended). Left out: the
+    receives a pass waits for, the sends, the view fetches and drops, the syncs and the
+    update. The step's events are a max-plus system in the durations (each start the
+    largest of its issue, its dependencies' ends and the end of what its queue ran before),
+    so an action's time only grows with longer durations and more dependencies: the real
+    stage, which waits for its neighbours and runs what is left out too, ends its passes no
+    earlier after its first F's start. Where the copy engine runs behind, the per-pass
+    idles (`OffloadWalk.idle_s`, each pass from a free copy engine) miss the OFFLOADs and
+    weight-pass RELOADs that earlier passes left queued; this carries them."""
+    zb = pipeline in SPLIT_PIPELINES
+    pols = _unit_policies(walk, policy)
+    off, rel = _unit_copies(walk, pols)
+    n = len(pols)
+    rc_of = {"full": ut.rc_full, "selective": ut.rc_selective, None: 0.0, "none": 0.0}
+    rc = [rc_of[p] for p in pols]
+    f, back, bw = [], [], []
+    for kind in walk.kinds:
+        if kind == "block":
+            f.append(ut.f_block)
+            back.append(ut.bi_block if zb else ut.b_block)
+            bw.append(ut.bw_block)
+        elif kind == "emb":
+            f.append(ut.f_emb)
+            back.append(ut.bi_emb if zb else ut.b_emb)
+            bw.append(ut.bw_emb)
+        else:
+            f.append(ut.f_head)
+            back.append(ut.bi_head if zb else ut.b_head)
+            bw.append(ut.bw_head)
+    wrel = walk.weight_rel or (0.0,) * n
+    woff = walk.weight_off or (0.0,) * n
+    ahead = RELOAD_AHEAD_UNITS
+    first_w = [u for u in range(n - 1, -1, -1) if u + ahead > n - 1 and wrel[u] > 0.0]
+    sig, runs = _walk_passes(pp, m, s, pipeline, bool(walk.weight_visits), bool(first_w))
+    op_f, op_w = Op.F, Op.B_W
+    period = 3 if zb else 2
+    t = cf = last_back = 0.0  # the walk (end of the last compute), the copy engine
+    landed: dict[int, float] = {}  # unit -> its weight RELOAD's end, for the next B_W pass
+    nxt_landed: dict[int, float] = {}  # the same, issued within a weight pass for the next
+    seen: list[tuple] = []  # the state at each pass's start
+    i = 0
+    while i < len(sig):
+        # What the rest reads of the copy engine and the weight RELOADs landed is their
+        # time past the walk's (every copy is issued, every B_W runs, at t or later): as
+        # such, a steady run's state advances alike in every part.
+        cf = max(cf, t)
+        landed = {u: max(e, t) for u, e in landed.items()}
+        seen.append((t, cf, last_back, tuple(sorted(landed.items()))))
+        jump = _jump(seen, sig, runs, i, period)
+        if jump is not None:
+            blocks, delta, back_too = jump
+            shift = blocks * delta
+            t, cf = t + shift, cf + shift
+            last_back += shift if back_too else 0.0
+            landed = {u: e + shift for u, e in landed.items()}
+            i += blocks * period
+            seen.clear()
+            continue
+        op, mine, w_mine, lead = sig[i]
+        i += 1
+        if op is op_f:
+            for u in range(n):
+                if lead and u == n - 1:
+                    for v in first_w:
+                        cf = max(cf, t) + wrel[v]
+                        landed[v] = cf
+                t += f[u]
+                if mine:
+                    cf = max(cf, t) + off[u]
+        elif op is op_w:
+            for u in range(n - 1, -1, -1):
+                v = u - ahead
+                if w_mine and v >= 0 and wrel[v] > 0.0:
+                    cf = max(cf, t) + wrel[v]
+                    landed[v] = cf
+                if lead and u == 0:
+                    for x in first_w:
+                        cf = max(cf, t) + wrel[x]
+                        nxt_landed[x] = cf
+                t = (max(t, landed.pop(u, 0.0)) if w_mine else t) + bw[u]
+            landed.update(nxt_landed)
+            nxt_landed.clear()
+        else:  # B, or B_IN
+            ends: dict[int, float] = {}
+            if mine:  # the last units' RELOADs at the pass's start
+                for u in range(n - 1, n - 1 - ahead, -1):
+                    if u >= 0:
+                        cf = max(cf, t) + rel[u]
+                        ends[u] = cf
+            for u in range(n - 1, -1, -1):
+                v = u - ahead
+                if mine and v >= 0:  # before unit u's backward work
+                    cf = max(cf, t) + rel[v]
+                    ends[v] = cf
+                start = max(t, ends.get(u, 0.0)) if mine else t
+                if lead and u == 0:  # before the pass's last compute (its B or B_IN)
+                    issued = start + rc[u] if rc[u] else t  # after its RECOMPUTE, if any
+                    for x in first_w:
+                        cf = max(cf, issued) + wrel[x]
+                        landed[x] = cf
+                t = start + rc[u] + back[u]
+                if w_mine and woff[u] > 0.0:  # right after its B_IN
+                    cf = max(cf, t) + woff[u]
+            last_back = t
+    return last_back, t
+
+
+@lru_cache(maxsize=4096)
+def _walk_passes(
+    pp: int, m: int, s: int, pipeline: str, weights: bool, leads: bool
+) -> tuple[list[tuple], list[int]]:
+    """Stage `s`'s passes as `_stage_walk_s` reads them, (op, its microbatch offloaded,
+    its weight pass deferred, the next pass a deferred weight pass that reloads its first
+    units before this pass's last compute); and per pass the end of the run of passes from
+    it that repeat the kinds of the period before them (one microbatch's passes: 2 under
+    1F1B, 3 under a split backward)."""
+    zb = pipeline in SPLIT_PIPELINES
+    order = zb_pass_order(pp, m, s, pipeline) if zb else pass_order(pp, m, s)
+    moved = offloaded_mbs(pp, m, s, pipeline)
+    wmoved = weight_offloaded_mbs(pp, m, s, pipeline) if zb and weights else set()
+    op_w = Op.B_W
+    sig = []
+    for i, (op, mb) in enumerate(order):
+        nxt = order[i + 1] if i + 1 < len(order) else None
+        lead = leads and nxt is not None and nxt[0] is op_w and nxt[1] in wmoved
+        sig.append((op, mb in moved, mb in wmoved, lead))
+    period = 3 if zb else 2
+    runs = [0] * (len(sig) + 1)
+    runs[len(sig)] = len(sig)
+    for j in range(len(sig) - 1, -1, -1):
+        runs[j] = runs[j + 1] if j >= period and sig[j] == sig[j - period] else j
+    return sig, runs
+
+
+_SETTLE_BLOCKS = 32
+"""assumed: a steady run whose per-period advance has not settled after this many periods
+walked is jumped over at the least advance seen in its last period (`_jump`): a lower
+bound all the same, and the walk of a step of thousands of microbatches stays short."""
+
+
+def _jump(seen: list[tuple], sig: list[tuple], runs: list[int], i: int, period: int):
+    """Where the passes from `i` on repeat the period before them (the same kinds, pass by
+    pass, `sig`; `runs`: where each run of such passes ends) for whole periods: (how many,
+    the least advance per period, whether the period holds a backward pass), once the
+    state's advance over the last period equals that over the one before and is alike in
+    every part (to 1e-12, relative), or after `_SETTLE_BLOCKS` periods; None to walk on. `seen`: the state at each pass's start since the last jump.
+
+    Sound: each pass's times are maxima and sums of the state's times and fixed durations,
+    so a period's map of the state (t, the copy engine, the weight RELOADs landed) is
+    monotone and commutes with adding a constant to every time. The next period, of the
+    same kinds, maps a state at least the last one plus the least advance d to one at least
+    its own result plus d; by induction every time k periods on is at least the time now
+    plus k d, and the walk goes on from there (a state no later than the real one). A
+    period's last backward pass ends no earlier than k d after the last one's, likewise."""
+    k = len(seen) - 1
+    if k < 2 * period or (len(sig) - i) < period:
+        return None
+    now, one, two = seen[k], seen[k - period], seen[k - 2 * period]
+    if not (now[3].__len__() == one[3].__len__() == two[3].__len__()):
+        return None
+    if [u for u, _ in now[3]] != [u for u, _ in one[3]]:
+        return None
+    if i - 2 * period < period or runs[i - 2 * period] < i:
+        return None  # the two periods before are not alike
+    blocks = (runs[i] - i) // period
+    if blocks < 1:
+        return None
+    x_now = (now[0], now[1], *(e for _, e in now[3]))
+    x_one = (one[0], one[1], *(e for _, e in one[3]))
+    adv = [a - b for a, b in zip(x_now, x_one, strict=True)]
+    if len(seen) <= _SETTLE_BLOCKS * period:
+        x_two = (two[0], two[1], *(e for _, e in two[3]))
+        before = [a - b for a, b in zip(x_one, x_two, strict=True)]
+        tol = 1e-12 * max(1.0, *map(abs, x_now))
+        if any(abs(a - b) > tol for a, b in zip(adv, before, strict=True)):
+            return None
+        if max(adv) - min(adv) > tol:
+            return None
+    delta = min(adv)
+    if delta <= 0.0:
+        return None
+    back_too = any(sig[j][0] is not Op.F and sig[j][0] is not Op.B_W for j in range(i - period, i))
+    return blocks, delta, back_too
+
+
 _DEFERRING = {"1f1b": 1, "zb-h1": 1, "zb-h2": 2}
 """Per pass order with a closed form: the backward passes per warm-up forward that do not
 follow an offloaded forward in the steady state (`_offload_passes`)."""
@@ -840,11 +1039,16 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
                 weight *= visits
                 if walk is not None:
                     split_set = set(split_units)
-                    rel = tuple(
-                        trip[counts.unit_params(spec, u), u == head][1] if u in split_set else 0.0
+                    unit_trips = [
+                        trip[counts.unit_params(spec, u), u == head] if u in split_set else None
                         for u in units[s]
+                    ]
+                    walk = dataclasses.replace(
+                        walk,
+                        weight_rel=tuple(t[1] if t else 0.0 for t in unit_trips),
+                        weight_visits=visits,
+                        weight_off=tuple(t[0] if t else 0.0 for t in unit_trips),
                     )
-                    walk = dataclasses.replace(walk, weight_rel=rel, weight_visits=visits)
         out.append(StageLoad(n_off, other_units, block, len(blocks), copy_s, other_s, walk, weight))
     return tuple(out)
 
@@ -929,11 +1133,15 @@ def step_time_lower_bound_s(
     load_policies: tuple | None = None,
     pipeline: str = "1f1b",
     stage_terms: list[float] | None = None,
+    walked: bool = True,
 ) -> float:
     """The bound above; no recompute and no overheads when not given. `load_policies`
     (per stage, the recompute policies left) bounds the resource loads below all of them;
     by default they are `recompute`'s. `stage_terms`: a list that gets, per stage, the
     largest of its own terms (the step is at least each; their largest is the bound).
+    `walked`: an offloading stage's terms include its whole walk (`_stage_walk_s`), its
+    copy engine's queue carried from pass to pass (False: the per-pass terms alone, for
+    the cheaper bounds of a structure's first refinement).
 
     With `pipeline` zb-h1 or zb-h2 (`ratrain.schedule.zerobubble`), a bound of the split
     backward's step (a search bounding several pipelines takes the smallest): its own
@@ -1066,6 +1274,15 @@ def step_time_lower_bound_s(
                             t = max(t, end0 + drain + tail)
                         t = max(t, end0 + upd[s])
                 t = max(t, load.busiest_s((p,)), fill + load.traffic_s((p,)))
+                if walked and load.walk is not None:
+                    # The stage's own walk, its copy engine's queue carried from pass to
+                    # pass (`_stage_walk_s`), from its first forward on.
+                    last_back, last = _stage_walk_s(load.walk, p, ut, pp, m, s, pipeline)
+                    t = max(t, fill + last + upd[s])
+                    if zb and s > 0:  # its last gradient sent back: after its last B_IN
+                        t = max(t, fill + last_back + drain + tail)
+                    else:
+                        t = max(t, fill + last + drain + tail)
             else:
                 least = pols or ("full",)
                 t = max(t, load.busiest_s(least), fill + load.traffic_s(least))
