@@ -22,11 +22,13 @@ def _run(monkeypatch, loose: float, cut_after: int):
     req, st, fam, queue = _queue()
     ran = []
     state = structure.State()
+    first = structure._bound_group(queue[0].kn)
 
     def fake_fit(ctx, opts):
         ran.append(ctx.kn)
-        # The split backward's bounds prove loose; 1F1B's tight.
-        ctx.last_step_s = ctx.lb * (loose if ctx.kn.pipeline != "1f1b" else 1.0)
+        # The group of the queue's least bound proves loose; the others tight.
+        over = loose if structure._bound_group(ctx.kn) == first else 1.0
+        ctx.last_step_s = ctx.lb * over
         if len(ran) == cut_after:
             state.cut_at(ctx.lb)
 
@@ -38,12 +40,14 @@ def _run(monkeypatch, loose: float, cut_after: int):
 def test_a_loose_group_waits_behind_a_tight_one(monkeypatch):
     queue, ran, _ = _run(monkeypatch, loose=1.2, cut_after=0)
     assert len(ran) == len(queue)
-    # The queue's least bound is a split backward's; after it ran 20% over, 1F1B's
-    # combinations (bounds within 20% of it) run before the rest of its group.
-    assert ran[0].pipeline != "1f1b"
-    first_1f1b = next(i for i, kn in enumerate(ran) if kn.pipeline == "1f1b")
-    by_bound = [q.kn for q in queue]
-    assert first_1f1b < next(i for i, kn in enumerate(by_bound) if kn.pipeline == "1f1b")
+    # After the queue's least bound ran 20% over, the other groups' combinations (bounds
+    # within 20% of it) run before the rest of its group.
+    group = structure._bound_group
+    first = group(queue[0].kn)
+    assert ran[0] is queue[0].kn
+    other_ran = next(i for i, kn in enumerate(ran) if group(kn) != first)
+    other_bound = next(i for i, q in enumerate(queue) if group(q.kn) != first)
+    assert other_ran < other_bound
 
 
 def test_a_cut_leaves_the_least_bound_left_as_its_floor(monkeypatch):
