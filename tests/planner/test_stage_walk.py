@@ -121,3 +121,70 @@ def test_the_walk_lifts_the_bound_and_never_exceeds_the_simulation(monkeypatch):
     for pipe in ("zb-h1", "zb-h2"):
         first, after = ratios[pipe]
         assert after >= 0.93 and after > first + 0.06, ratios
+
+
+def test_the_passes_kinds_are_the_lowerings():
+    from ratrain.schedule.lowering import offloaded_mbs, weight_offloaded_mbs
+    from ratrain.schedule.onef1b import pass_order
+    from ratrain.schedule.zerobubble import pass_order as zb_pass_order
+
+    checked = 0
+    for pipe, pp, m in itertools.product(
+        ("1f1b", "zb-h1", "zb-h2"), (1, 2, 3, 5, 8), (1, 2, 5, 13, 30)
+    ):
+        for s in range(pp):
+            kinds, runs = time_bound._walk_passes(pp, m, s, pipe, True, False)
+            order = pass_order(pp, m, s) if pipe == "1f1b" else zb_pass_order(pp, m, s, pipe)
+            moved, wmoved = offloaded_mbs(pp, m, s, pipe), weight_offloaded_mbs(pp, m, s, pipe)
+            assert [(op, mb in moved, mb in wmoved, False) for op, mb in order] == kinds
+            for j, end in enumerate(runs[:-1]):  # each run: the kinds of the period before
+                period = 2 if pipe == "1f1b" else 3
+                assert all(kinds[x] == kinds[x - period] for x in range(j, end))
+                assert end == len(kinds) or end < period or kinds[end] != kinds[end - period]
+            checked += 1
+    assert checked == 3 * 19 * 5  # pipelines x stages of every depth x microbatch counts
+
+
+@pytest.mark.parametrize("pipe", ["1f1b", "zb-h2"])
+def test_a_long_step_is_jumped_over_and_comes_out_the_same(monkeypatch, pipe):
+    # 96 microbatches on 4 stages: the steady run is jumped over once settled, and the walk
+    # is still the stage alone in the simulator (to rounding). Jumped over before it has
+    # settled (`_SETTLE_BLOCKS` 1: at the least advance seen), it is no later.
+    spec, pf = get_preset("llama3.2-1b"), load("h100-80g")
+    ut = unit_times(spec, pf, 1, 4096, "bf16")
+    plan = Plan(
+        pp=4,
+        dp=1,
+        micro_batch=1,
+        global_batch=96,
+        seq=4096,
+        pipeline=pipe,
+        offload_activations=True,
+        recompute=("none", "selective", "full", "first:2"),
+        model="llama3.2-1b",
+    )
+    sch = build_schedule(spec, plan)
+    cm = CostModel(spec, plan, pf)
+    jumps = []
+    jump = time_bound._jump
+
+    def counted(*a):
+        out = jump(*a)
+        jumps.append(out is not None)
+        return out
+
+    monkeypatch.setattr(time_bound, "_jump", counted)
+    for s, load_s in enumerate(overheads(spec, plan, pf).loads):
+        if load_s.walk is None:
+            continue
+        args = (load_s.walk, plan.recompute[s], ut, 4, 96, s, pipe)
+        time_bound._stage_walk_s.cache_clear()
+        got = time_bound._stage_walk_s(*args)
+        assert got == pytest.approx(_alone(sch, cm, s), rel=1e-12, abs=0)
+        with monkeypatch.context() as mp:
+            mp.setattr(time_bound, "_SETTLE_BLOCKS", 1)
+            time_bound._stage_walk_s.cache_clear()
+            early = time_bound._stage_walk_s(*args)
+        assert early[0] <= got[0] * (1 + 1e-12) and early[1] <= got[1] * (1 + 1e-12)
+    time_bound._stage_walk_s.cache_clear()
+    assert any(jumps)

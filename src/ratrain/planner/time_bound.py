@@ -845,7 +845,7 @@ def _stage_walk_s(
     return last_back, t
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1024)
 def _walk_passes(
     pp: int, m: int, s: int, pipeline: str, weights: bool, leads: bool
 ) -> tuple[list[tuple], list[int]]:
@@ -856,14 +856,30 @@ def _walk_passes(
     1F1B, 3 under a split backward)."""
     zb = pipeline in SPLIT_PIPELINES
     order = zb_pass_order(pp, m, s, pipeline) if zb else pass_order(pp, m, s)
-    moved = offloaded_mbs(pp, m, s, pipeline)
-    wmoved = weight_offloaded_mbs(pp, m, s, pipeline) if zb and weights else set()
-    op_w = Op.B_W
+    # `lowering.offloaded_mbs` and `weight_offloaded_mbs` in one scan: a microbatch is
+    # offloaded where a forward (of a later one: they run in order) comes between its F
+    # and its B or B_IN, and its weight pass deferred where a pass other than B_W comes
+    # between its B_IN and its B_W.
+    op_f, op_w = Op.F, Op.B_W
+    moved, wmoved = [False] * m, [False] * m
+    others_at = [0] * m
+    forwards = others = 0
+    for op, mb in order:
+        if op is op_f:
+            forwards += 1
+        elif op is op_w:
+            wmoved[mb] = weights and others > others_at[mb]
+            continue
+        else:
+            moved[mb] = forwards > mb + 1
+            others_at[mb] = others + 1
+        others += 1
+    kinds: dict[tuple, tuple] = {}  # one tuple per kind
     sig = []
     for i, (op, mb) in enumerate(order):
-        nxt = order[i + 1] if i + 1 < len(order) else None
-        lead = leads and nxt is not None and nxt[0] is op_w and nxt[1] in wmoved
-        sig.append((op, mb in moved, mb in wmoved, lead))
+        lead = leads and i + 1 < len(order) and order[i + 1][0] is op_w and wmoved[order[i + 1][1]]
+        key = (op, moved[mb], wmoved[mb], lead)
+        sig.append(kinds.setdefault(key, key))
     period = 3 if zb else 2
     runs = [0] * (len(sig) + 1)
     runs[len(sig)] = len(sig)
