@@ -703,7 +703,9 @@ def _walk_idle_s(
     # The first pass, from its first unit's compute: the RELOADs issued at the pass's
     # start may have landed while it waited for its gradient (counted as none), and so may
     # its first RECOMPUTE; the others are issued as the pass goes, as in `span`.
-    first = _reload_chain([*w[:-1], w[-1] - rcs[-1]], rel, 0.0, 0.0, n - 1)
+    first = sum(w) - rcs[-1]  # a stage that offloads only its weight visits: no RELOAD
+    if walk.pairs or walk.solos:
+        first = _reload_chain([*w[:-1], w[-1] - rcs[-1]], rel, 0.0, 0.0, n - 1)
     return (
         span(True) if walk.pairs else 0.0,
         span(False) if walk.solos else 0.0,
@@ -1029,11 +1031,11 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
             block = tuple((pol, o + r) for pol, o, r in one_way) or tuple(
                 (pol, 0.0) for pol in models
             )
+            kinds = tuple(
+                "block" if counts.is_block(spec, u) else "emb" if u == 0 else "head"
+                for u in units[s]
+            )
             if n_off:
-                kinds = tuple(
-                    "block" if counts.is_block(spec, u) else "emb" if u == 0 else "head"
-                    for u in units[s]
-                )
                 ahead = _offloaded_ahead(plan.pp, m, s, plan.pipeline)
                 walk = OffloadWalk(kinds, one_way, edge, pairs, solos, ahead)
         else:
@@ -1053,6 +1055,8 @@ def _stage_loads(spec, plan: Plan, platform, cm: CostModel, units, fetched) -> t
                         trip[key] = _one_way_s(models["none"], s, u, WEIGHT_VISIT)
                     weight += sum(trip[key])
                 weight *= visits
+                if walk is None:  # no microbatch offloaded: the weight visits alone
+                    walk = OffloadWalk(kinds, one_way, edge, 0, 0)
                 if walk is not None:
                     split_set = set(split_units)
                     unit_trips = [
@@ -1313,7 +1317,7 @@ def step_time_lower_bound_s(
         # compute: bounded apart (the least traffic beside the least recompute), the
         # terms let a stage take full's traffic and none's compute at once. Elsewhere
         # every term grows with the recompute: the cheapest is the least.
-        if loads and loads[s].offloaded_mbs and pols is not None:
+        if loads and loads[s].walk is not None and pols is not None:
             least = float("inf")
             for p in pols:
                 r = recompute_time_s(p, split[s], ut)
