@@ -51,6 +51,7 @@ from ratrain.sizes.states import view_bytes_per_param
 
 __all__ = [
     "UnitTimes",
+    "WALK_MAX_MICROBATCHES",
     "unit_times",
     "unit_times_known",
     "unit_times_cheap",
@@ -728,6 +729,16 @@ def _weight_pass_idle_s(walk: OffloadWalk, ut: UnitTimes) -> float:
     return _reload_chain(w, list(walk.weight_rel), 0.0, 0.0, len(w)) - sum(w)
 
 
+WALK_MAX_MICROBATCHES = 512
+"""assumed: the stage walk (`_stage_walk_s`) bounds steps of at most this many microbatches.
+Its scan of a stage's passes is linear in them (`_walk_passes`, per pass order and depth:
+0.6-1.0 ms a stage at 512 on the 2-core machine, 2.8-3.9 ms at 2,048); with it on every
+offload knob queue's bound and a scan three times slower, answers on long steps took up to
+0.9 s longer on the wide grid (llama2-70b on 24 a100-80g clusters at 8192 x 2048: 4,096
+microbatches) for the same plan and gap. The steps it tightens most have few microbatches per stage (a warm-up and cool-down
+that are most of the step, and copy backlogs that never drain in between)."""
+
+
 @lru_cache(maxsize=4096)
 def _stage_walk_s(
     walk: OffloadWalk, policy: str, ut: UnitTimes, pp: int, m: int, s: int, pipeline: str
@@ -1294,7 +1305,7 @@ def step_time_lower_bound_s(
                             t = max(t, end0 + drain + tail)
                         t = max(t, end0 + upd[s])
                 t = max(t, load.busiest_s((p,)), fill + load.traffic_s((p,)))
-                if walked and load.walk is not None:
+                if walked and load.walk is not None and m <= WALK_MAX_MICROBATCHES:
                     # The stage's own walk, its copy engine's queue carried from pass to
                     # pass (`_stage_walk_s`), from its first forward on.
                     last_back, last = _stage_walk_s(load.walk, p, ut, pp, m, s, pipeline)
