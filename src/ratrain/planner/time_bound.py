@@ -1305,15 +1305,6 @@ def step_time_lower_bound_s(
                             t = max(t, end0 + drain + tail)
                         t = max(t, end0 + upd[s])
                 t = max(t, load.busiest_s((p,)), fill + load.traffic_s((p,)))
-                if walked and load.walk is not None and m <= WALK_MAX_MICROBATCHES:
-                    # The stage's own walk, its copy engine's queue carried from pass to
-                    # pass (`_stage_walk_s`), from its first forward on.
-                    last_back, last = _stage_walk_s(load.walk, p, ut, pp, m, s, pipeline)
-                    t = max(t, fill + last + upd[s])
-                    if zb and s > 0:  # its last gradient sent back: after its last B_IN
-                        t = max(t, fill + last_back + drain + tail)
-                    else:
-                        t = max(t, fill + last + drain + tail)
             else:
                 least = pols or ("full",)
                 t = max(t, load.busiest_s(least), fill + load.traffic_s(least))
@@ -1329,10 +1320,27 @@ def step_time_lower_bound_s(
         # terms let a stage take full's traffic and none's compute at once. Elsewhere
         # every term grows with the recompute: the cheapest is the least.
         if loads and loads[s].walk is not None and pols is not None:
-            least = float("inf")
+            terms = []
             for p in pols:
                 r = recompute_time_s(p, split[s], ut)
-                least = min(least, own(s, f, b, r, _on_paths(r, ut), p))
+                terms.append((own(s, f, b, r, _on_paths(r, ut), p), p))
+            least = min(t for t, _ in terms)
+            if walked and m <= WALK_MAX_MICROBATCHES:
+                # The stage's own walk, its copy engine's queue carried from pass to pass
+                # (`_stage_walk_s`), from its first forward on: it only raises a policy's
+                # terms, so it is walked for those whose terms are under the least so far
+                # (the same least, for fewer walks).
+                least = float("inf")
+                for t, p in sorted(terms, key=lambda tp: tp[0]):
+                    if t >= least:
+                        break
+                    last_back, last = _stage_walk_s(loads[s].walk, p, ut, pp, m, s, pipeline)
+                    t = max(t, fill + last + upd[s])
+                    if zb and s > 0:  # its last gradient sent back: after its last B_IN
+                        t = max(t, fill + last_back + drain + tail)
+                    else:
+                        t = max(t, fill + last + drain + tail)
+                    least = min(least, t)
         else:
             least = own(s, f, b, rc[s], rcp[s], None)
         if syncs:
