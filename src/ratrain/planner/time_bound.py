@@ -1310,6 +1310,8 @@ def step_time_lower_bound_s(
                 t = max(t, load.busiest_s(least), fill + load.traffic_s(least))
         return t
 
+    leasts: list[float] = []
+    walks: list[tuple] = []  # offloading stages to walk, after the others' terms
     for s, (f, b) in enumerate(fb):
         pols = load_policies[s] if load_policies else (recompute[s],) if recompute else None
         # A stage's own terms under each policy it may take, the other stages at their
@@ -1326,32 +1328,47 @@ def step_time_lower_bound_s(
                 terms.append((own(s, f, b, r, _on_paths(r, ut), p), p))
             least = min(t for t, _ in terms)
             if walked and m <= WALK_MAX_MICROBATCHES:
-                # The stage's own walk, its copy engine's queue carried from pass to pass
-                # (`_stage_walk_s`), from its first forward on: it only raises a policy's
-                # terms, so it is walked for those whose terms are under the least so far
-                # (the same least, for fewer walks).
-                least = float("inf")
-                for t, p in sorted(terms, key=lambda tp: tp[0]):
-                    if t >= least:
-                        break
-                    last_back, last = _stage_walk_s(loads[s].walk, p, ut, pp, m, s, pipeline)
-                    t = max(t, fill + last + upd[s])
-                    if zb and s > 0:  # its last gradient sent back: after its last B_IN
-                        t = max(t, fill + last_back + drain + tail)
-                    else:
-                        t = max(t, fill + last + drain + tail)
-                    least = min(least, t)
+                walks.append((s, sorted(terms, key=lambda tp: tp[0]), fill, drain))
         else:
             least = own(s, f, b, rc[s], rcp[s], None)
         if syncs:
             # On the DP network with the fetches the forward passes surely make there.
             fetched = loads[s].fetch_other_s if loads else 0.0
             least = max(least, fetched + syncs[s])
-        best = max(best, least)
-        if stage_terms is not None:
-            stage_terms.append(least)
+        leasts.append(least)
         fill += f + sf[s]
         drain += max(on_path(s, rcp[s]), last_net[s]) + (sb[s + 1] if s + 1 < pp else 0.0)
+    best = max(leasts, default=0.0)
+    # The offloading stages' own walks, their copy engine's queue carried from pass to
+    # pass (`_stage_walk_s`), from their first forward on. A walk only raises a policy's
+    # terms: a stage is walked under the policies whose terms are under its least so far
+    # (the same least), and, where only the bound is asked, not at all where its walk
+    # cannot end past the largest stage term (it lasts no longer than the stage's compute
+    # and copies one after the other: at any moment the compute runs, or waits for a
+    # RELOAD that the copy engine runs or has queued behind what it runs).
+    for s, terms, fill_s, drain_s in sorted(walks, key=lambda w: -leasts[w[0]]):
+        load, f0, b0 = loads[s], plain[s][0], plain[s][1]
+        after = max(upd[s], drain_s + tail)
+        if stage_terms is None:
+            t, p = terms[0]
+            work = m * (f0 + b0 + recompute_time_s(p, split[s], ut)) + load.traffic_s((p,))
+            if t <= best and (fill_s + work + after) * (1 + 1e-9) <= best:
+                continue
+        least = float("inf")
+        for t, p in terms:
+            if t >= least:
+                break
+            last_back, last = _stage_walk_s(load.walk, p, ut, pp, m, s, pipeline)
+            t = max(t, fill_s + last + upd[s])
+            if zb and s > 0:  # its last gradient sent back: after its last B_IN
+                t = max(t, fill_s + last_back + drain_s + tail)
+            else:
+                t = max(t, fill_s + last + drain_s + tail)
+            least = min(least, t)
+        leasts[s] = max(leasts[s], least)
+        best = max(best, leasts[s])
+    if stage_terms is not None:
+        stage_terms.extend(leasts)
     return best
 
 
