@@ -50,6 +50,23 @@ def _alone(sch: Schedule, cm: CostModel, s: int) -> tuple[float, float]:
     return back - t0, last - t0
 
 
+def _offloading(model: str, pp: int, dp: int, m: int, pipe: str, rec, seq=4096, **knobs):
+    """`model` on `pp` stages x `dp` replicas of `m` microbatches of one sequence each,
+    under `pipe`, every microbatch's activations offloaded where the lowering does."""
+    return Plan(
+        pp=pp,
+        dp=dp,
+        micro_batch=1,
+        global_batch=dp * m,
+        seq=seq,
+        pipeline=pipe,
+        offload_activations=True,
+        recompute=rec,
+        model=model,
+        **knobs,
+    )
+
+
 @pytest.mark.parametrize("pipe", ["1f1b", "zb-h1", "zb-h2"])
 def test_the_walk_is_the_stage_alone_in_the_simulator(pipe):
     spec, pf = get_preset("llama3.2-1b"), load("h100-80g")
@@ -61,17 +78,7 @@ def test_the_walk_is_the_stage_alone_in_the_simulator(pipe):
         ("none", "selective", "full", ("first:1", "full", "none", "first:2")),
     ):
         recompute = rec[:pp] if isinstance(rec, tuple) else rec
-        plan = Plan(
-            pp=pp,
-            dp=1,
-            micro_batch=1,
-            global_batch=m,
-            seq=4096,
-            pipeline=pipe,
-            offload_activations=True,
-            recompute=recompute,
-            model="llama3.2-1b",
-        )
+        plan = _offloading("llama3.2-1b", pp, 1, m, pipe, recompute)
         sch = build_schedule(spec, plan)
         cm = CostModel(spec, plan, pf)
         for s, load_s in enumerate(overheads(spec, plan, pf).loads):
@@ -94,18 +101,8 @@ def test_the_walk_lifts_the_bound_and_never_exceeds_the_simulation(monkeypatch):
     ut = unit_times(spec, pf, 1, 4096, "bf16")
     ratios = {}
     for pipe in ("1f1b", "zb-h1", "zb-h2"):
-        plan = Plan(
-            pp=12,
-            dp=2,
-            micro_batch=1,
-            global_batch=64,
-            seq=4096,
-            pipeline=pipe,
-            offload_activations=True,
-            shard_optimizer=True,
-            recompute=("none",) + ("first:1",) * 5 + ("first:3",) * 3 + ("full",) * 2 + ("none",),
-            model="llama2-70b",
-        )
+        rec = ("none",) + ("first:1",) * 5 + ("first:3",) * 3 + ("full",) * 2 + ("none",)
+        plan = _offloading("llama2-70b", 12, 2, 32, pipe, rec, shard_optimizer=True)
         step = simulate(spec, plan, pf).step_time_s
         args = (plan.blocks_per_stage(spec), plan.microbatches, ut, tuple(plan.recompute))
         over = overheads(spec, plan, pf)
@@ -152,17 +149,7 @@ def test_a_long_step_is_jumped_over_and_comes_out_the_same(monkeypatch, pipe):
     # settled (`_SETTLE_BLOCKS` 1: at the least advance seen), it is no later.
     spec, pf = get_preset("llama3.2-1b"), load("h100-80g")
     ut = unit_times(spec, pf, 1, 4096, "bf16")
-    plan = Plan(
-        pp=4,
-        dp=1,
-        micro_batch=1,
-        global_batch=96,
-        seq=4096,
-        pipeline=pipe,
-        offload_activations=True,
-        recompute=("none", "selective", "full", "first:2"),
-        model="llama3.2-1b",
-    )
+    plan = _offloading("llama3.2-1b", 4, 1, 96, pipe, ("none", "selective", "full", "first:2"))
     sch = build_schedule(spec, plan)
     cm = CostModel(spec, plan, pf)
     jumps = []
@@ -202,18 +189,16 @@ def test_a_stage_that_offloads_only_its_weight_visits_is_walked_and_bounded_belo
     spec = get_preset("llama2-7b")
     for platform, rec, shard, layout in cases:
         pf = load(platform)
-        plan = Plan(
-            pp=2,
-            dp=1,
-            micro_batch=1,
-            global_batch=2,
+        plan = _offloading(
+            "llama2-7b",
+            2,
+            1,
+            2,
+            "zb-h1",
+            rec,
             seq=512,
-            recompute=rec,
             shard_optimizer=shard,
             grad_dtype="fp32",
-            offload_activations=True,
-            model="llama2-7b",
-            pipeline="zb-h1",
             rank_layout=layout,
         )
         over = overheads(spec, plan, pf)
