@@ -635,6 +635,26 @@ def _unit_copies(walk: OffloadWalk, pols: list[str | None]) -> tuple[list[float]
     return [o for o, _ in pairs], [r for _, r in pairs]
 
 
+def _unit_work(
+    walk: OffloadWalk, pols: list[str | None], ut: UnitTimes, zb: bool
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Each unit's (F, backward: B or B_IN, B_W, RECOMPUTE) seconds, in the stage's unit
+    order, under its own policy (`_unit_policies`)."""
+    rc_of = {"full": ut.rc_full, "selective": ut.rc_selective, "none": 0.0, None: 0.0}
+    by_kind = {
+        "block": (ut.f_block, ut.bi_block if zb else ut.b_block, ut.bw_block),
+        "emb": (ut.f_emb, ut.bi_emb if zb else ut.b_emb, ut.bw_emb),
+        "head": (ut.f_head, ut.bi_head if zb else ut.b_head, ut.bw_head),
+    }
+    times = [by_kind[kind] for kind in walk.kinds]
+    return (
+        [t[0] for t in times],
+        [t[1] for t in times],
+        [t[2] for t in times],
+        [rc_of[p] for p in pols],
+    )
+
+
 def _reload_chain(
     w: list[float], rel: list[float], t0: float, copy_free: float, landed_from: float
 ) -> float:
@@ -674,22 +694,8 @@ def _walk_idle_s(
     (`first_pass_s`), at least; and the idle of one weight pass that reloads."""
     pols = _unit_policies(walk, policy)
     off, rel = _unit_copies(walk, pols)
-    rc_of = {"full": ut.rc_full, "selective": ut.rc_selective, "none": 0.0}
-    f, w, rcs = [], [], []
-    for kind, pol in zip(walk.kinds, pols, strict=True):
-        if kind == "block":
-            rc = rc_of[pol]
-            f.append(ut.f_block)
-            w.append(rc + (ut.bi_block if zb else ut.b_block))
-        else:
-            rc = 0.0
-            emb = kind == "emb"
-            f.append(ut.f_emb if emb else ut.f_head)
-            if zb:
-                w.append(ut.bi_emb if emb else ut.bi_head)
-            else:
-                w.append(ut.b_emb if emb else ut.b_head)
-        rcs.append(rc)
+    f, back, _, rcs = _unit_work(walk, pols, ut, zb)
+    w = [rc + b for rc, b in zip(rcs, back, strict=True)]
     n = len(w)
     never = float("inf")
 
@@ -723,9 +729,7 @@ def _weight_pass_idle_s(walk: OffloadWalk, ut: UnitTimes) -> float:
     ended; at the pass's start for the unit that many below the first); the first units'
     are placed before the compute before the pass, and counted as landed. The copy engine
     is taken as free at the pass's start."""
-    w = [
-        ut.bw_block if k == "block" else ut.bw_emb if k == "emb" else ut.bw_head for k in walk.kinds
-    ]
+    w = _unit_work(walk, _unit_policies(walk, "none"), ut, True)[2]
     return _reload_chain(w, list(walk.weight_rel), 0.0, 0.0, len(w)) - sum(w)
 
 
@@ -764,22 +768,7 @@ def _stage_walk_s(
     pols = _unit_policies(walk, policy)
     off, rel = _unit_copies(walk, pols)
     n = len(pols)
-    rc_of = {"full": ut.rc_full, "selective": ut.rc_selective, None: 0.0, "none": 0.0}
-    rc = [rc_of[p] for p in pols]
-    f, back, bw = [], [], []
-    for kind in walk.kinds:
-        if kind == "block":
-            f.append(ut.f_block)
-            back.append(ut.bi_block if zb else ut.b_block)
-            bw.append(ut.bw_block)
-        elif kind == "emb":
-            f.append(ut.f_emb)
-            back.append(ut.bi_emb if zb else ut.b_emb)
-            bw.append(ut.bw_emb)
-        else:
-            f.append(ut.f_head)
-            back.append(ut.bi_head if zb else ut.b_head)
-            bw.append(ut.bw_head)
+    f, back, bw, rc = _unit_work(walk, pols, ut, zb)
     wrel = walk.weight_rel or (0.0,) * n
     woff = walk.weight_off or (0.0,) * n
     ahead = RELOAD_AHEAD_UNITS
