@@ -125,6 +125,19 @@ def test_the_passes_kinds_are_the_lowerings():
     from ratrain.schedule.onef1b import pass_order
     from ratrain.schedule.zerobubble import pass_order as zb_pass_order
 
+    def between(order, first, then, counted) -> set[int]:
+        """Microbatches with a pass of kind `counted` between their `first` and `then`."""
+        at = {(op, mb): i for i, (op, mb) in enumerate(order)}
+        return {
+            mb
+            for op, mb in order
+            if op in first
+            and any(
+                counted(order[x][0])
+                for x in range(at[op, mb] + 1, next(at[o, mb] for o in then if (o, mb) in at))
+            )
+        }
+
     checked = 0
     for pipe, pp, m in itertools.product(
         ("1f1b", "zb-h1", "zb-h2"), (1, 2, 3, 5, 8), (1, 2, 5, 13, 30)
@@ -132,7 +145,13 @@ def test_the_passes_kinds_are_the_lowerings():
         for s in range(pp):
             kinds, runs = time_bound._walk_passes(pp, m, s, pipe, True, False)
             order = pass_order(pp, m, s) if pipe == "1f1b" else zb_pass_order(pp, m, s, pipe)
-            moved, wmoved = offloaded_mbs(pp, m, s, pipe), weight_offloaded_mbs(pp, m, s, pipe)
+            # The lowering's definitions, pass by pass: a forward between a microbatch's F
+            # and its B or B_IN; a pass other than B_W between its B_IN and its B_W.
+            moved = between(order, (Op.F,), (Op.B, Op.B_IN), lambda op: op is Op.F)
+            wmoved = between(order, (Op.B_IN,), (Op.B_W,), lambda op: op is not Op.B_W)
+            assert offloaded_mbs(pp, m, s, pipe) == moved
+            if pipe != "1f1b":
+                assert weight_offloaded_mbs(pp, m, s, pipe) == wmoved
             assert [(op, mb in moved, mb in wmoved, False) for op, mb in order] == kinds
             for j, end in enumerate(runs[:-1]):  # each run: the kinds of the period before
                 period = 2 if pipe == "1f1b" else 3

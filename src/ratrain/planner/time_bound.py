@@ -41,7 +41,13 @@ from ratrain.models.spec import ModelSpec
 from ratrain.planner.cache import Memo
 from ratrain.platforms import Platform
 from ratrain.schedule.ir import WEIGHT_VISIT, Action, Op, Resource
-from ratrain.schedule.lowering import RELOAD_AHEAD_UNITS, offloaded_mbs, weight_offloaded_mbs
+from ratrain.schedule.lowering import (
+    RELOAD_AHEAD_UNITS,
+    deferred_weight_mbs,
+    offloaded_mbs,
+    offloaded_of,
+    weight_offloaded_mbs,
+)
 from ratrain.schedule.onef1b import pass_order
 from ratrain.schedule.passes import global_checks
 from ratrain.schedule.views import transient_views_of
@@ -736,11 +742,12 @@ def _weight_pass_idle_s(walk: OffloadWalk, ut: UnitTimes) -> float:
 WALK_MAX_MICROBATCHES = 512
 """assumed: the stage walk (`_stage_walk_s`) bounds steps of at most this many microbatches.
 Its scan of a stage's passes is linear in them (`_walk_passes`, per pass order and depth:
-0.6-1.0 ms a stage at 512 on the 2-core machine, 2.8-3.9 ms at 2,048); with it on every
+0.7-1.8 ms a stage at 512 on the 2-core machine, 2.5-4.6 ms at 2,048, noisy); with it on every
 offload knob queue's bound and a scan three times slower, answers on long steps took up to
 0.9 s longer on the wide grid (llama2-70b on 24 a100-80g clusters at 8192 x 2048: 4,096
-microbatches) for the same plan and gap. The steps it tightens most have few microbatches per stage (a warm-up and cool-down
-that are most of the step, and copy backlogs that never drain in between)."""
+microbatches) for the same plan and gap. The steps it tightens most have few microbatches
+per stage (a warm-up and cool-down that are most of the step, and copy backlogs that never
+drain in between)."""
 
 
 @lru_cache(maxsize=4096)
@@ -858,29 +865,16 @@ def _walk_passes(
     1F1B, 3 under a split backward)."""
     zb = pipeline in SPLIT_PIPELINES
     order = zb_pass_order(pp, m, s, pipeline) if zb else pass_order(pp, m, s)
-    # `lowering.offloaded_mbs` and `weight_offloaded_mbs` in one scan: a microbatch is
-    # offloaded where a forward (of a later one: they run in order) comes between its F
-    # and its B or B_IN, and its weight pass deferred where a pass other than B_W comes
-    # between its B_IN and its B_W.
-    op_f, op_w = Op.F, Op.B_W
-    moved, wmoved = [False] * m, [False] * m
-    others_at = [0] * m
-    forwards = others = 0
-    for op, mb in order:
-        if op is op_f:
-            forwards += 1
-        elif op is op_w:
-            wmoved[mb] = weights and others > others_at[mb]
-            continue
-        else:
-            moved[mb] = forwards > mb + 1
-            others_at[mb] = others + 1
-        others += 1
+    moved = offloaded_of(order)
+    wmoved = deferred_weight_mbs(order) if zb and weights else set()
+    op_w = Op.B_W
     kinds: dict[tuple, tuple] = {}  # one tuple per kind
     sig = []
     for i, (op, mb) in enumerate(order):
-        lead = leads and i + 1 < len(order) and order[i + 1][0] is op_w and wmoved[order[i + 1][1]]
-        key = (op, moved[mb], wmoved[mb], lead)
+        lead = (
+            leads and i + 1 < len(order) and order[i + 1][0] is op_w and order[i + 1][1] in wmoved
+        )
+        key = (op, mb in moved, mb in wmoved, lead)
         sig.append(kinds.setdefault(key, key))
     period = 3 if zb else 2
     runs = [0] * (len(sig) + 1)
@@ -901,7 +895,8 @@ def _jump(seen: list[tuple], sig: list[tuple], runs: list[int], i: int, period: 
     pass, `sig`; `runs`: where each run of such passes ends) for whole periods: (how many,
     the least advance per period, whether the period holds a backward pass), once the
     state's advance over the last period equals that over the one before and is alike in
-    every part (to 1e-12, relative), or after `_SETTLE_BLOCKS` periods; None to walk on. `seen`: the state at each pass's start since the last jump.
+    every part (to 1e-12, relative), or after `_SETTLE_BLOCKS` periods; None to walk on.
+    `seen`: the state at each pass's start since the last jump.
 
     Sound: each pass's times are maxima and sums of the state's times and fixed durations,
     so a period's map of the state (t, the copy engine, the weight RELOADs landed) is
@@ -914,10 +909,9 @@ def _jump(seen: list[tuple], sig: list[tuple], runs: list[int], i: int, period: 
     if k < 2 * period or (len(sig) - i) < period:
         return None
     now, one, two = seen[k], seen[k - period], seen[k - 2 * period]
-    if not (now[3].__len__() == one[3].__len__() == two[3].__len__()):
-        return None
-    if [u for u, _ in now[3]] != [u for u, _ in one[3]]:
-        return None
+    units = [u for u, _ in now[3]]
+    if units != [u for u, _ in one[3]] or units != [u for u, _ in two[3]]:
+        return None  # not the same weight RELOADs pending
     if i - 2 * period < period or runs[i - 2 * period] < i:
         return None  # the two periods before are not alike
     blocks = (runs[i] - i) // period

@@ -90,6 +90,7 @@ __all__ = [
     "lower_ratrain",
     "action_bytes",
     "offloaded_mbs",
+    "offloaded_of",
     "weight_offloaded_mbs",
     "deferred_weight_mbs",
     "RELOAD_AHEAD_UNITS",
@@ -199,12 +200,21 @@ def offloaded_mbs(pp: int, m: int, s: int, pipeline: str = "1f1b") -> set[int]:
         order = zb_pass_order(pp, m, s, pipeline)
     else:
         order = pass_order(pp, m, s)
-    f_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.F}
-    b_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.B or op is Op.B_IN}
-    forwards_before = [0]
-    for op, _ in order:
-        forwards_before.append(forwards_before[-1] + (op is Op.F))
-    return {mb for mb in range(m) if forwards_before[b_at[mb]] - forwards_before[f_at[mb] + 1] > 0}
+    return offloaded_of(order)
+
+
+def offloaded_of(order: list[tuple[Op, int]]) -> set[int]:
+    """`offloaded_mbs` of a 1F1B or zero-bubble pass order, whose forwards run in
+    microbatch order (microbatch mb's F is the (mb + 1)-th): one scan."""
+    out = set()
+    forwards = 0
+    f, b, b_in = Op.F, Op.B, Op.B_IN
+    for op, mb in order:
+        if op is f:
+            forwards += 1
+        elif (op is b or op is b_in) and forwards > mb + 1:
+            out.add(mb)
+    return out
 
 
 def weight_offloaded_mbs(pp: int, m: int, s: int, pipeline: str) -> set[int]:
@@ -219,12 +229,19 @@ def weight_offloaded_mbs(pp: int, m: int, s: int, pipeline: str) -> set[int]:
 
 def deferred_weight_mbs(order: list[tuple[Op, int]]) -> set[int]:
     """`weight_offloaded_mbs` of a zero-bubble pass order."""
-    bi_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.B_IN}
-    bw_at = {mb: i for i, (op, mb) in enumerate(order) if op is Op.B_W}
-    others = [0]  # passes other than B_W before each position: one scan, not one per mb
-    for op, _ in order:
-        others.append(others[-1] + (op is not Op.B_W))
-    return {mb for mb, i in bi_at.items() if others[bw_at[mb]] - others[i + 1] > 0}
+    after_in: dict[int, int] = {}  # mb -> passes other than B_W up to its B_IN's end
+    out = set()
+    others = 0
+    op_in, op_w = Op.B_IN, Op.B_W
+    for op, mb in order:
+        if op is op_w:
+            if others > after_in[mb]:
+                out.add(mb)
+            continue
+        others += 1
+        if op is op_in:
+            after_in[mb] = others
+    return out
 
 
 def _add_offload(sch: Schedule, spec: ModelSpec, plan: Plan) -> None:
