@@ -1,6 +1,6 @@
 """Throughput features of the runtime keep its exactness: compiled block units, the fused
-chunked loss (and, with both, Baseline-1F1B and RATrain bit-identical in fp32), on 4
-local gloo ranks (pp=2 x dp=2) of the tiny model."""
+chunked loss and bucketed gradient syncs (with them, Baseline-1F1B, gpu-style and RATrain
+bit-identical in fp32), on 4 local gloo ranks (pp=2 x dp=2) of the tiny model."""
 
 from __future__ import annotations
 
@@ -59,6 +59,13 @@ def test_chunked_loss_runtime_bitwise_across_schedules_and_near_reference(eager_
 # Compiled units under the lifecycle's other mechanisms: sharded masters with transient
 # views (storage dropped and refilled), full recompute (the no-grad compiled forward),
 # offloaded checkpoints.
+# Bucketed gradient syncs (`sync_bucket_bytes`: the tiny model's blocks 1+2 and 3+4 share a
+# bucket, `tests/runtime/test_runtime_buckets.py`), gpu-style with its own buckets.
+BUCKETED = [
+    (f"{kind}-bucketed", {"schedule": kind, "clip_grad": 1.0, "sync_bucket_bytes": 200_000, **kw})
+    for kind, kw in (("baseline", {}), ("ratrain", {}), ("gpu-style", {"bucket_bytes": 300_000}))
+]
+
 LIFECYCLE = {
     "clip_grad": None,
     "shard_optimizer": True,
@@ -73,8 +80,18 @@ LIFECYCLE = {
 def test_compiled_units_equal_eager_and_bitwise_across_schedules(eager_chunked):
     lifecycle = [(f"{k}-lifecycle", {"schedule": k, **LIFECYCLE}) for k in ("baseline", "ratrain")]
     plan = PLAN.replace(loss_chunk_tokens=5)
-    compiled = _run(plan, VARIANTS + lifecycle, launch=Launch(compile_units=True))
+    # One launch (the compile is most of its time) for the bucketed syncs too.
+    compiled = _run(plan, VARIANTS + lifecycle + BUCKETED, launch=Launch(compile_units=True))
     assert any(r.runs["ratrain-clip"].compile_s > 0 for r in compiled)
+    ratrain = _losses(compiled, "ratrain-bucketed")
+    assert all(math.isfinite(x) for x in ratrain)
+    assert ratrain == _losses(compiled, "baseline-bucketed")  # bit for bit
+    assert ratrain == _losses(compiled, "gpu-style-bucketed")
+    # other buffers, other collectives: the same model to fp32 rounding
+    assert _max_rel(ratrain, _losses(compiled, "ratrain-clip")) <= 1e-5
+    bucketed = plan.replace(clip_grad=1.0, sync_bucket_bytes=200_000)
+    ref = ReferenceTrainer(SPEC, bucketed, CFG, _source(bucketed, CFG)()).train()
+    assert _max_rel(ratrain, ref) <= 1e-5
     for clip in ("clip", "noclip"):
         ratrain = _losses(compiled, f"ratrain-{clip}")
         assert ratrain == _losses(compiled, f"baseline-{clip}")  # bit for bit
