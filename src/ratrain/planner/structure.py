@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import heapq
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -348,13 +349,25 @@ def forced_bound_s(
         )
         for key in groups
     }
-    out = float("inf")
+    found: list[tuple] = []  # heap of (bound, order, the walk to raise it or None)
+
+    def least() -> float:
+        # The least bound, its group's stages walked where it offloads: a walk only raises
+        # a group's bound, so only the least one's is worked out, until the least is
+        # walked (the same least as walking every offloading group, for one or two walks
+        # where every group's would take one per group).
+        while found and found[0][2] is not None:
+            lb, k, walk = heapq.heappop(found)
+            heapq.heappush(found, (max(lb, time_bound_s(*walk, walked=True)), k, None))
+        return found[0][0] if found else float("inf")
+
     for key in sorted(groups, key=lambda k: unforced[k]):
-        if prune and unforced[key] >= out:
+        if prune and unforced[key] >= least():
             break  # this group's bound is no smaller, nor are those of the groups after it
         loss, pipe, offload = key
         ut = unit_times_of(req, st, loss)
         lead = leads[key]
+        walk = None
         if lead is None:
             lb = unforced[key]
         else:
@@ -365,11 +378,13 @@ def forced_bound_s(
             if offload:
                 plan = make_plan(req, st, lead, ("none",) * st.pp)
                 over = dataclasses.replace(none, loads=offload_loads(req.spec, plan, req.platform))
-            # Without the stages' whole walks (`_stage_walk_s`): a structure's first
-            # refinement, thousands per search, where a knob queue's bounds have them.
+            # First without the stages' whole walks (`_stage_walk_s`): a structure's first
+            # refinement, thousands per search; `least` walks the least one's.
             lb = time_bound_s(fam, st, m, ut, opts, over, pipe, walked=False)
-        out = min(out, lb)
-    return out
+            if offload:
+                walk = (fam, st, m, ut, opts, over, pipe)
+        heapq.heappush(found, (lb, len(found), walk))
+    return least()
 
 
 def states_overflow(
