@@ -241,6 +241,7 @@ def time_bound_s(
     over,
     pipeline="1f1b",
     walked: bool = True,
+    max_walks: int | None = None,
 ) -> float:
     """Step-time lower bound over every policy choice the memory bound leaves (of the
     knobs' `pipeline`); `walked`: with the offloading stages' whole walks
@@ -251,14 +252,16 @@ def time_bound_s(
         rec = tuple(o[0] for o in opts.per_stage)
         left = tuple(tuple(o) for o in opts.per_stage)
         return step_time_lower_bound_s(
-            st.layer_split, m, ut, rec, over, left, pipeline, walked=walked
+            st.layer_split, m, ut, rec, over, left, pipeline, walked=walked, max_walks=max_walks
         )
     # Per stage the cheapest of the uniform policies left: one bound below all of them.
     rec = tuple(
         min(opts.uniform, key=lambda o, n=n: recompute_time_s(o, n, ut)) for n in st.layer_split
     )
     left = (tuple(opts.uniform),) * st.pp
-    return step_time_lower_bound_s(st.layer_split, m, ut, rec, over, left, pipeline, walked=walked)
+    return step_time_lower_bound_s(
+        st.layer_split, m, ut, rec, over, left, pipeline, walked=walked, max_walks=max_walks
+    )
 
 
 def _depth(opt: str, n_blocks: int) -> int | None:

@@ -1148,6 +1148,7 @@ def step_time_lower_bound_s(
     pipeline: str = "1f1b",
     stage_terms: list[float] | None = None,
     walked: bool = True,
+    max_walks: int | None = None,
 ) -> float:
     """The bound above; no recompute and no overheads when not given. `load_policies`
     (per stage, the recompute policies left) bounds the resource loads below all of them;
@@ -1155,7 +1156,9 @@ def step_time_lower_bound_s(
     largest of its own terms (the step is at least each; their largest is the bound).
     `walked`: an offloading stage's terms include its whole walk (`_stage_walk_s`), its
     copy engine's queue carried from pass to pass (False: the per-pass terms alone, for
-    the cheaper bounds of a structure's first refinement).
+    the cheaper bounds of a structure's first refinement); `max_walks`: at most that many
+    stages walked, those of the largest terms first (a bound still: a walk only raises a
+    stage's terms).
 
     With `pipeline` zb-h1 or zb-h2 (`ratrain.schedule.zerobubble`), a bound of the split
     backward's step (a search bounding several pipelines takes the smallest): its own
@@ -1322,6 +1325,7 @@ def step_time_lower_bound_s(
         fill += f + sf[s]
         drain += max(on_path(s, rcp[s]), last_net[s]) + (sb[s + 1] if s + 1 < pp else 0.0)
     best = max(leasts, default=0.0)
+
     # The offloading stages' own walks, their copy engine's queue carried from pass to
     # pass (`_stage_walk_s`), from their first forward on. A walk only raises a policy's
     # terms: a stage is walked under the policies whose terms are under its least so far
@@ -1329,14 +1333,25 @@ def step_time_lower_bound_s(
     # cannot end past the largest stage term (it lasts no longer than the stage's compute
     # and copies one after the other: at any moment the compute runs, or waits for a
     # RELOAD that the copy engine runs or has queued behind what it runs).
-    for s, terms, fill_s, drain_s in sorted(walks, key=lambda w: -leasts[w[0]]):
-        load, f0, b0 = loads[s], plain[s][0], plain[s][1]
-        after = max(upd[s], drain_s + tail)
+    def ceiling(w) -> float:
+        s, terms, fill_s, drain_s = w
+        p = terms[0][1]
+        work = m * (plain[s][0] + plain[s][1] + recompute_time_s(p, split[s], ut))
+        work += loads[s].traffic_s((p,))
+        return fill_s + work + max(upd[s], drain_s + tail)
+
+    # Where only `max_walks` are taken: the stages whose walks may end latest first.
+    key = (lambda w: -ceiling(w)) if max_walks is not None else (lambda w: -leasts[w[0]])
+    for s, terms, fill_s, drain_s in sorted(walks, key=key):
+        load = loads[s]
         if stage_terms is None:
-            t, p = terms[0]
-            work = m * (f0 + b0 + recompute_time_s(p, split[s], ut)) + load.traffic_s((p,))
-            if t <= best and (fill_s + work + after) * (1 + 1e-9) <= best:
+            t = terms[0][0]
+            if t <= best and ceiling((s, terms, fill_s, drain_s)) * (1 + 1e-9) <= best:
                 continue
+        if max_walks is not None:
+            if max_walks <= 0:
+                break
+            max_walks -= 1
         least = float("inf")
         for t, p in terms:
             if t >= least:
