@@ -311,12 +311,12 @@ def floor_overheads(req: Request, st: Structure, kns: list[Knobs]) -> Overheads 
 FORCED_WALKS: int | None = 2
 """measured: how many offloading stages a group's walk in `forced_bound_s` takes, those
 whose walks may end latest first (`step_time_lower_bound_s`'s `max_walks`; a knob queue's
-bounds walk every one that may raise them). On the first 150 structures of wide-grid jobs
-(warm caches, the 2-core machine), per structure and the bound's 10th percentile against
-all walks: llama3-405b over 1000 h100-80g clusters at 4096 x 4096, 12.3 ms and 1.000 (all
-walks 52.0 ms; none 11.1 ms and 0.963); llama2-70b over 1000 a100-80g at 4096 x 4096,
-9.9 ms and 1.000 (20.0 ms; 6.6 ms and 0.956); qwen2.5-32b over 24 h100-80g at 32 x 8192,
-4.0 ms and 0.965 (4.7 ms; 3.5 ms and 0.884)."""
+bounds walk every one that may raise them). `benchmarks/forced_bound_sweep.py` (595
+structures of six wide-grid jobs, the 2-core machine): on llama3-405b over 1000 h100-80g
+clusters at 4096 x 4096, 19.5 ms a structure against 65.1 ms for every walk (none: 16.9
+ms), the bound at its 10th percentile 0.994 of its knob queue's least (every walk 0.999,
+none 0.943); on the other jobs every walk costs about what two do, for 0.997-1.000
+against 0.966-1.000."""
 
 
 def forced_bound_s(
