@@ -1157,8 +1157,8 @@ def step_time_lower_bound_s(
     `walked`: an offloading stage's terms include its whole walk (`_stage_walk_s`), its
     copy engine's queue carried from pass to pass (False: the per-pass terms alone, for
     the cheaper bounds of a structure's first refinement); `max_walks`: at most that many
-    stages walked, those of the largest terms first (a bound still: a walk only raises a
-    stage's terms).
+    stages walked, those whose walks may end latest first (their compute and copies one
+    after the other: a bound still, a walk only raises a stage's terms).
 
     With `pipeline` zb-h1 or zb-h2 (`ratrain.schedule.zerobubble`), a bound of the split
     backward's step (a search bounding several pipelines takes the smallest): its own
@@ -1342,12 +1342,11 @@ def step_time_lower_bound_s(
 
     # Where only `max_walks` are taken: the stages whose walks may end latest first.
     key = (lambda w: -ceiling(w)) if max_walks is not None else (lambda w: -leasts[w[0]])
-    for s, terms, fill_s, drain_s in sorted(walks, key=key):
+    for w in sorted(walks, key=key):
+        s, terms, fill_s, drain_s = w
         load = loads[s]
-        if stage_terms is None:
-            t = terms[0][0]
-            if t <= best and ceiling((s, terms, fill_s, drain_s)) * (1 + 1e-9) <= best:
-                continue
+        if stage_terms is None and terms[0][0] <= best and ceiling(w) * (1 + 1e-9) <= best:
+            continue
         if max_walks is not None:
             if max_walks <= 0:
                 break
