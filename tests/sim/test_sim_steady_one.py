@@ -192,3 +192,38 @@ def test_a_near_repeat_is_timed_within_near_of_the_full_step():
     assert near is not None and not near.events
     assert near.step_time_s == pytest.approx(full.step_time_s, rel=steady.NEAR)
     assert near.step_time_s != full.step_time_s  # extrapolated, not simulated in full
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("pp", [4, 8])
+def test_a_split_backward_repeats_from_past_its_warm_up(pp):
+    """zb-h2's warm-up (2 (pp - 1) forwards on stage 0) reaches past the middle of the
+    short step: the three periods are checked from the first microbatch past it, and the
+    step then equals its full simulation."""
+    from ratrain.sim.steady_one import _anchors, _from_run, _grouped
+
+    pl = load("a100-80g")
+    plan = Plan(
+        pp=pp,
+        dp=1,
+        global_batch=16 * pp + 5,
+        seq=128,
+        schedule="ratrain",
+        compute_dtype="fp16",
+        grad_dtype="fp16",
+        pipeline="zb-h2",
+    )
+
+    def short(p):
+        return simulate(DEEP, p, pl, memory_timeline=False)
+
+    m2 = one_point(plan, 0, 0, MIN_SAVING, MIN_MICROBATCHES)
+    mid, past = _anchors(plan, m2, pp)
+    assert past == 2 * (pp - 1) + 1 > mid
+    run = short(plan.replace(global_batch=m2))
+    grouped = _grouped(run.events)
+    # From the middle it is no repeat: stage 0 still runs its warm-up forwards there.
+    assert _from_run(plan, run, m2, pp, None, steady.REL_TOL, 0.0, grouped, mid) is None
+    got = from_one_run(plan, m2, short, None, steady.REL_TOL)
+    assert got is not None
+    assert_same_result(got, simulate(DEEP, plan, pl, memory_timeline=False))

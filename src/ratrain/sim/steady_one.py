@@ -7,7 +7,8 @@ clear of warm-up and cool-down), and the period P is read from the run itself, f
 and, where m - m2 allows, d = 2 pp (`SPANS`; later tries take m2 = m mod 2 pp):
 
 - P is the shift between stage 0's forward of its first unit at microbatch c + d and at
-  c, c the first microbatch of the middle 3d;
+  c, c the first microbatch of the middle 3d, or else (`_anchors`) the first past stage
+  0's warm-up;
 - per stage, from that forward at c on, over two whole periods, every action (by stage,
   op and units) starts and ends exactly P after its occurrence q before, q being how many
   times it occurs in one period, [a, a + P); an action that occurs in the three periods
@@ -34,6 +35,7 @@ from ratrain import deadline
 from ratrain.config import Plan
 from ratrain.schedule.ir import Op
 from ratrain.schedule.rendezvous import SENDS
+from ratrain.schedule.zerobubble import warmup
 from ratrain.sim.result import busy_s
 from ratrain.sim.simulate import memory_microbatches
 
@@ -84,10 +86,25 @@ def from_one_run(plan: Plan, m2: int, simulate, memory, rel_tol: float, near: fl
             d = span * max(1, plan.pp)
             if (plan.microbatches - m2) % d:
                 continue
-            out = _from_run(plan, res, m2, d, memory, rel_tol, slack, grouped)
-            if out is not None:
-                return out
+            for c in _anchors(plan, m2, d):
+                out = _from_run(plan, res, m2, d, memory, rel_tol, slack, grouped, c)
+                if out is not None:
+                    return out
     return None
+
+
+def _anchors(plan: Plan, m2: int, d: int) -> list[int]:
+    """The microbatches c whose three periods from stage 0's forward at c are checked, in
+    the order tried: the middle 3d of the run's m2, then the first microbatch past stage
+    0's warm-up (its forwards run ahead of the steady state until then), where that leaves
+    the three periods inside the run and differs. A split backward's warm-up is longer
+    (2 (pp - 1) forwards under zb-h2) and its cool-down shorter: qwen2.5-32b on 96 mt3000
+    clusters, pp=24 zb-h2, 1024 microbatches, repeats in a run of 136 from c = 47, not from
+    the middle's 32, where the full step's steady state begins at 47 on stage 0 (the step
+    was simulated at 136 and, that failing, at 256 microbatches)."""
+    mid = (m2 - 3 * d) // 2
+    past = warmup(plan.pp, m2, 0, plan.pipeline) + 1
+    return [mid] if past == mid or past + 3 * d >= m2 else [mid, past]
 
 
 class _Grouped(NamedTuple):
@@ -132,6 +149,7 @@ def _from_run(
     rel_tol: float,
     near: float = 0.0,
     grouped: _Grouped | None = None,
+    c: int | None = None,
 ):
     """`from_one_run` for one period of `d` microbatches. `near` > 0: a near repeat, every
     action's shift and every resource's work per period within δ of the period P, δ such
@@ -145,7 +163,7 @@ def _from_run(
     before the full simulation)."""
     tol = rel_tol * res.step_time_s
     k = (plan.microbatches - m2) // d
-    c = (m2 - 3 * d) // 2
+    c = (m2 - 3 * d) // 2 if c is None else c
     if c < 0:
         return None
     per_stage, anchor, by_key = grouped or _grouped(res.events)
