@@ -31,6 +31,7 @@ __all__ = [
     "EXPLAIN_BUDGET_FACTOR",
     "EXPLAIN_MIN_FACTOR",
     "FLOOR_BUDGET_FRACTION",
+    "GAP_ENOUGH",
     "INFEASIBLE_BUDGET_FACTOR",
     "LOOK_APART_AT",
     "LOOK_APART_LATE",
@@ -77,6 +78,14 @@ budget (the closest miss and its worst stage are described in any case)."""
 FLOOR_BUDGET_FRACTION = 0.2
 """assumed: after a cut, a fifth of the budget more for tightening the bounds left (no
 simulation), which shrinks the gap reported."""
+
+GAP_ENOUGH = 0.01
+"""assumed: a `ratrain plan` search stops, before its time budget, once its best plan is
+certified within 1% of the optimum over the space (the step-time bound left is at least the
+best step / 1.01), and the tightening after a cut stops there too. A hundredth is a tenth
+of the cost model's own error against measured steps (about 10%, `docs/validation.md`) and
+a fifth of the 5% gap the planner aims to certify within its budget; `--gap 0` searches to
+the budget (and `--time-budget 0` to the optimum, whatever the gap)."""
 
 
 LOOK_APART_AT = 0.25
@@ -153,14 +162,20 @@ class Budget:
     origin: float | None = None
     """When the answer began (the command's start, before its imports), where earlier than
     `start`: that time counts against the explanation's share (`explanation`)."""
+    gap: float = 0.0
+    """With a soft limit: the search stops sooner, once its best plan is certified within
+    this of the optimum, relative (`close_enough`); 0: only at its limits."""
 
     @classmethod
-    def for_plan(cls, budget_s: float | None, origin: float | None = None) -> Budget:
+    def for_plan(
+        cls, budget_s: float | None, origin: float | None = None, gap: float = GAP_ENOUGH
+    ) -> Budget:
         """`ratrain plan`'s budget: `budget_s` (None: none), and `NO_FIT_BUDGET_FACTOR` x
-        that with no plan fitting yet; its clock starts now."""
+        that with no plan fitting yet, stopping sooner at a certified `gap`; its clock
+        starts now."""
         if budget_s is None:
             return cls(origin=origin)
-        return cls(budget_s, budget_s * NO_FIT_BUDGET_FACTOR, origin=origin)
+        return cls(budget_s, budget_s * NO_FIT_BUDGET_FACTOR, origin=origin, gap=gap)
 
     def restarted(self) -> Budget:
         """The same limits on a clock started now (each search of a command its own)."""
@@ -187,6 +202,14 @@ class Budget:
         """Past the soft limit, or past it after `ahead_s` more seconds of work."""
         soft = self.soft
         return soft is not None and time.perf_counter() + ahead_s > soft
+
+    def close_enough(self, step_s: float, floor_s: float | None) -> bool:
+        """Whether a best step of `step_s` against the least step-time bound left
+        (`floor_s`; None: none known) is within `gap` of the optimum (never without a
+        soft limit or a gap)."""
+        if not self.gap or self.soft_s is None or floor_s is None:
+            return False
+        return step_s <= floor_s * (1.0 + self.gap)
 
     def look_apart_due(self, stuck: bool = True) -> bool:
         """Past `LOOK_APART_AT` of the soft limit where the search is `stuck` (something it
@@ -241,7 +264,7 @@ class Budget:
         `FLOOR_BUDGET_FRACTION` of the soft limit (None without one, or at 0)."""
         if not self.soft_s:
             return None
-        return Budget(FLOOR_BUDGET_FRACTION * self.soft_s)
+        return Budget(FLOOR_BUDGET_FRACTION * self.soft_s, gap=self.gap)
 
 
 @dataclass

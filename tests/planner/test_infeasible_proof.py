@@ -183,7 +183,7 @@ def test_the_commands_start_up_counts_against_the_infeasible_budget(monkeypatch)
     import ratrain.cli
     from ratrain.cli.plan import _budget
 
-    args = SimpleNamespace(time_budget=1.2)
+    args = SimpleNamespace(time_budget=1.2, gap=0.01)
     monkeypatch.setattr(ratrain.cli, "STARTED_AT", None)
     assert _budget(args).spent_s(0.1) == 0.1
     monkeypatch.setattr(ratrain.cli, "STARTED_AT", time.perf_counter() - 0.5)

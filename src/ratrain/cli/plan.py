@@ -29,6 +29,7 @@ from ratrain.cli.common import (
 from ratrain.deadline import (
     DEFAULT_TIME_BUDGET_S,
     EXPLAIN_BUDGET_FACTOR,
+    GAP_ENOUGH,
     INFEASIBLE_BUDGET_FACTOR,
     NO_FIT_BUDGET_FACTOR,
     Budget,
@@ -146,6 +147,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{INFEASIBLE_BUDGET_FACTOR - EXPLAIN_BUDGET_FACTOR:g}x); 0 searches until proven "
         "optimal or infeasible "
         f"(default {DEFAULT_TIME_BUDGET_S:g})",
+    )
+    p.add_argument(
+        "--gap",
+        type=nonneg_float,
+        default=GAP_ENOUGH,
+        metavar="FRACTION",
+        help="with a time budget, stop sooner once the best plan is certified within this "
+        "fraction of the optimum (no plan of the space can be faster than the best step / "
+        f"(1 + FRACTION)); 0 searches to the time budget (default {GAP_ENOUGH:g})",
     )
 
 
@@ -341,7 +351,7 @@ def _budget(args) -> Budget:
 
     if args.time_budget < 0:
         raise RatrainError(f"--time-budget must be >= 0, got {args.time_budget:g}")
-    return Budget.for_plan(args.time_budget or None, origin=STARTED_AT)
+    return Budget.for_plan(args.time_budget or None, origin=STARTED_AT, gap=args.gap)
 
 
 UNFINISHED = "unfinished"
@@ -531,6 +541,13 @@ def _print(res, baselines, args, trial=None) -> None:
             f"({args.time_budget:g} s): no plan of the space is faster than "
             f"{res.floor_step_s:.3f} s/step (the smallest bound left), so it is within "
             f"{res.gap:.1%} of the optimum; --time-budget 0 searches to the end"
+        )
+    elif res.cut and args.gap and res.gap <= args.gap:
+        print(
+            f"search stopped once its best plan was within {args.gap:.1%} of the optimum: no "
+            f"plan of the space is faster than {res.floor_step_s:.3f} s/step (the smallest "
+            f"bound left), so the best is within {res.gap:.1%} of it; --gap 0 searches to "
+            "the time budget, --time-budget 0 to the end"
         )
     elif res.cut:
         print(

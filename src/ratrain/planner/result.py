@@ -173,11 +173,14 @@ class Top:
         """No plan whose step is at least `lower_bound_s` can enter the top."""
         return len(self.items) >= self.k and lower_bound_s >= self.items[-1].step_time_s
 
-    def cut_by(self, budget: Budget, ahead_s: float = 0.0) -> bool:
+    def cut_by(self, budget: Budget, ahead_s: float = 0.0, floor_s: float | None = None) -> bool:
         """Past `budget`'s soft limit with some plan ranked (without one, the search goes
         on), or past it after `ahead_s` more seconds of work (a simulation about to
-        start)."""
-        return bool(self.items) and budget.over_soft(ahead_s)
+        start), or the best plan within `budget`'s gap of `floor_s`, the least step-time
+        bound left (`Budget.close_enough`; None: not known)."""
+        if not self.items:
+            return False
+        return budget.over_soft(ahead_s) or budget.close_enough(self.items[0].step_time_s, floor_s)
 
 
 def _signature(c: Candidate) -> tuple:

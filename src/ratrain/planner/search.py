@@ -33,6 +33,7 @@ the result types `ratrain.planner.result`. Pure Python.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -277,7 +278,10 @@ def search(
         if tightening is not None:
             # Cut: refine the bounds left (no simulation) for a little longer, for a
             # smaller gap; a structure's queue cut midway keeps its own bound.
-            left = _tighten(req, tasks, tightening)
+            enough_s = best.items[0].step_time_s / (1.0 + budget.gap)
+            if queue_floor is not None:
+                enough_s = min(enough_s, queue_floor)
+            left = _tighten(req, tasks, tightening, enough_s)
             floors = [f for f in (left, queue_floor) if f is not None]
             # Nothing left that may fit: the ranking is the search's to the end.
             state.floor = max(state.floor, min(floors)) if floors else best.items[0].step_time_s
@@ -287,7 +291,7 @@ def search(
         step_s = best.items[0].step_time_s
         tightening = budget.tightening()
         if tightening is not None:
-            left = _tighten(req, tasks, tightening)
+            left = _tighten(req, tasks, tightening, step_s / (1.0 + budget.gap))
         else:
             left = tasks[0].lb if tasks else None
         state.floor = min(left, step_s) if left is not None else step_s
@@ -397,7 +401,11 @@ def _work(
             entry = _deepen(req, entry, state)
             if entry is None:
                 continue
-        run_queue(ev, req, entry.st, entry.fam, entry.queue or [], best, state, prune)
+        state.heap_floor = tasks[0].lb if tasks else math.inf
+        try:
+            run_queue(ev, req, entry.st, entry.fam, entry.queue or [], best, state, prune)
+        finally:
+            state.heap_floor = None
         state.missed += not best.items
         if best.items and state.first_fit_s is None:
             state.first_fit_s = state.budget.elapsed_s()
@@ -462,7 +470,7 @@ def _stops_at(tasks: list[_Entry], entry: _Entry, best: Top, state: State, prune
     if prune and best.beaten(entry.lb):
         state.pruned = len(tasks) + 1
         return True
-    if best.cut_by(state.budget):
+    if best.cut_by(state.budget, floor_s=entry.lb):
         # The heap's smallest bound is below every bound left (those of the knob queues
         # left are no smaller than their structure's). Back in the heap, to be tightened.
         heapq.heappush(tasks, entry)
@@ -585,15 +593,18 @@ TILE_MODEL_S = 0.2
 mt3000 (the 2-core machine); `_tighten` starts one only with this long left."""
 
 
-def _tighten(req: Request, tasks: list[_Entry], budget: Budget) -> float | None:
+def _tighten(
+    req: Request, tasks: list[_Entry], budget: Budget, enough_s: float = math.inf
+) -> float | None:
     """Refine the heap's smallest bounds (memory pass, kernel times, then per knob
-    combination) until `budget`'s soft limit or until the smallest is refined as far as
-    bounds go; the smallest bound left then (None if nothing is left). Stops at a
-    micro-batch size whose kernel times are not known yet, once its memory pass has kept
-    some knobs, where less than `TILE_MODEL_S` is left (the kernel model may take that
-    long)."""
+    combination) until `budget`'s soft limit, until the smallest is refined as far as
+    bounds go, or until it is at least `enough_s` (where a higher floor no longer changes
+    the gap reported, or the gap is within the budget's: the caller's); the smallest bound
+    left then (None if nothing is left). Stops at a micro-batch size whose kernel times
+    are not known yet, once its memory pass has kept some knobs, where less than
+    `TILE_MODEL_S` is left (the kernel model may take that long)."""
     scratch = State()  # a plan fits: the misses and near misses are not needed
-    while tasks and not budget.over_soft():
+    while tasks and tasks[0].lb < enough_s and not budget.over_soft():
         head = tasks[0]
         if head.level == _KNOBS:
             break

@@ -105,8 +105,12 @@ class State:
     near: Near | None = None
     misses: list[Miss] = field(default_factory=list)
     floor: float | None = None
-    """Set when the search is cut at the budget's soft limit: the smallest step-time bound
-    left."""
+    """Set when the search is cut (at the budget's soft limit, or with its best plan within
+    the budget's gap of every bound left): the smallest step-time bound left."""
+    heap_floor: float | None = None
+    """While a structure's knob queue runs in the search: the least step-time bound of the
+    structures left beside it (inf: none; None: not known, as in the walk of a plan
+    looked for apart), for the cut at the budget's gap (`Budget.close_enough`)."""
     stopped: bool = False
     """Set when the search stops at the budget's hard limit with no plan ranked."""
     untimed: Untimed | None = None
@@ -526,7 +530,8 @@ def run_queue(
         left = min(q.lb, pending[0].lb) if pending else q.lb  # the least bound left
         if prune and best.beaten(q.lb):
             continue
-        if best.cut_by(state.budget):
+        floor = None if state.heap_floor is None else min(left, state.heap_floor)
+        if best.cut_by(state.budget, floor_s=floor):
             state.floor = left
             return
         if state.budget.over_hard() and not best.items:
