@@ -52,3 +52,11 @@ def test_not_before_its_time_nor_with_a_plan_nor_with_none_refined():
     heapq.heapify(peaks)
     assert search_mod._refined_first(peaks, Top(1), _state(REFINED_FIRST_AT + 0.2)) is None
     assert len(peaks) == 3
+
+
+def test_not_past_the_hard_limit():
+    """A look apart that ends past the hard limit (its grace): the search stops, rather
+    than refine and deepen a structure it can no longer run."""
+    tasks = _heap()
+    assert search_mod._refined_first(tasks, Top(1), _state(5.5)) is None
+    assert len(tasks) == 6

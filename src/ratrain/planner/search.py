@@ -434,8 +434,8 @@ def _refined_first(tasks: list[_Entry], best: Top, state: State) -> _Entry | Non
     of smallest refined bound (pp=16, 36.5 s) was never run. Running one out of order
     changes no bound: the heap's smallest still bounds every structure left."""
     budget = state.budget
-    if best.items or state.ran_refined or budget.soft_s is None:
-        return None
+    if best.items or state.ran_refined or budget.soft_s is None or budget.over_hard():
+        return None  # past the hard limit (a look apart's grace): the search stops
     if budget.elapsed_s() < state.work_start_s + REFINED_FIRST_AT * budget.soft_s:
         return None
     at = min(
