@@ -60,3 +60,24 @@ def test_not_past_the_hard_limit():
     tasks = _heap()
     assert search_mod._refined_first(tasks, Top(1), _state(5.5)) is None
     assert len(tasks) == 6
+
+
+def test_it_goes_before_a_look_apart_due_at_the_same_time(monkeypatch):
+    """Past both `REFINED_FIRST_AT` and `LOOK_APART_LATE` with nothing run come to nothing:
+    the refined structure runs first, the look apart after it (where still no plan); a
+    search stuck (a structure run came to no plan) looks apart first."""
+    from ratrain.deadline import LOOK_APART_LATE
+
+    calls = []
+    monkeypatch.setattr(search_mod, "_dive", lambda req, ev, state: calls.append("look"))
+    monkeypatch.setattr(
+        search_mod, "_deepen", lambda req, entry, state: calls.append(("run", entry.seq))
+    )
+    monkeypatch.setattr(search_mod, "_refine", lambda *a, **k: None)  # dropped
+    late = max(REFINED_FIRST_AT, LOOK_APART_LATE) + 0.1
+    for missed, first in ((0, [("run", 3), "look"]), (1, ["look", ("run", 3)])):
+        calls.clear()
+        state = _state(late)
+        state.missed = missed
+        search_mod._work(None, None, _heap(), Top(1), state, True, lambda: None)
+        assert calls[:2] == first, calls  # then the heap's other refined ones, in order
