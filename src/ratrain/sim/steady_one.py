@@ -102,9 +102,14 @@ def _anchors(plan: Plan, m2: int, d: int) -> list[int]:
     clusters, pp=24 zb-h2, 1024 microbatches, repeats in a run of 136 from c = 47, not from
     the middle's 32, where the full step's steady state begins at 47 on stage 0 (the step
     was simulated at 136 and, that failing, at 256 microbatches)."""
-    mid = (m2 - 3 * d) // 2
+    mid = _middle(m2, d)
     past = warmup(plan.pp, m2, 0, plan.pipeline) + 1
     return [mid] if past == mid or past + 3 * d >= m2 else [mid, past]
+
+
+def _middle(m2: int, d: int) -> int:
+    """The first microbatch of the middle 3d of m2."""
+    return (m2 - 3 * d) // 2
 
 
 class _Grouped(NamedTuple):
@@ -163,7 +168,7 @@ def _from_run(
     before the full simulation)."""
     tol = rel_tol * res.step_time_s
     k = (plan.microbatches - m2) // d
-    c = (m2 - 3 * d) // 2 if c is None else c
+    c = _middle(m2, d) if c is None else c
     if c < 0:
         return None
     per_stage, anchor, by_key = grouped or _grouped(res.events)
