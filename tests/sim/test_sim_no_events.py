@@ -13,7 +13,11 @@ from ratrain.planner.evaluate import Evaluator
 from ratrain.planner.space import Request
 from ratrain.platforms.load import load
 from ratrain.schedule import build_schedule
+from ratrain.schedule.ir import Op
 from ratrain.sim import simulate, simulate_schedule
+from ratrain.sim.flat import Needed, graph
+from ratrain.sim.result import stage_metrics_flat
+from ratrain.sim.simulate import _timeline
 
 _FIGURES = ("step_time_s", "bubble_fraction", "stage_bubble", "utilization", "exposed")
 
@@ -48,3 +52,64 @@ def test_the_same_figures_without_events(platform, pipeline):
     for name in _FIGURES:
         assert getattr(got, name) == getattr(ref, name), name
     assert got.peak_memory_bytes == ref.peak_memory_bytes
+
+
+def _transient_plan(pipeline: str, pp: int = 4, dp: int = 2, lookahead: int = 1) -> Plan:
+    return Plan(
+        pp=pp,
+        dp=dp,
+        micro_batch=1,
+        global_batch=dp * 3 * pp,
+        seq=128,
+        schedule="ratrain",
+        shard_optimizer=True,
+        view_policy="transient",
+        view_lookahead=lookahead,
+        offload_activations=pipeline != "1f1b",
+        pipeline=pipeline,
+        model="tiny",
+    )
+
+
+@pytest.mark.parametrize("platform", ["mt3000", "a100-80g", "cpu-local"])
+@pytest.mark.parametrize("pipeline", ["1f1b", "zb-h1", "zb-h2"])
+@pytest.mark.parametrize("lookahead", [1, 2])
+def test_a_step_timed_without_its_view_drops(platform, pipeline, lookahead):
+    """A step timed alone leaves its VIEW_DROPs out where they time nothing (`_untimed`):
+    the same figures as the replay of every action, on one node and across nodes (links
+    shared, a100-80g's 8 GPUs per node: pp=4 x dp=4 spans two) and with ranks sharing
+    cores (cpu-local: every action replayed, by the processor-sharing engine)."""
+    spec, pf = get_preset("tiny"), load(platform)
+    plan = _transient_plan(pipeline, dp=4 if platform == "a100-80g" else 2, lookahead=lookahead)
+    sch = build_schedule(spec, plan)
+    drops = sum(a.op is Op.VIEW_DROP for st in sch.stages for a in st)
+    assert drops
+    every = _timeline(sch, CostModel(spec, plan, pf), False, step_only=False)
+    alone = _timeline(sch, CostModel(spec, plan, pf), False, step_only=True)
+    n = sum(len(c[0]) for c in every[1])
+    sharing = platform == "cpu-local"
+    assert sum(len(c[0]) for c in alone[1]) == (n if sharing else n - drops)
+    assert alone[2] == every[2]  # the step's end
+    assert stage_metrics_flat(alone[1], alone[2]) == stage_metrics_flat(every[1], every[2])
+    with_events = simulate_schedule(sch, CostModel(spec, plan, pf))
+    without = simulate_schedule(sch, CostModel(spec, plan, pf), keep_events=False)
+    for name in _FIGURES:
+        assert getattr(without, name) == getattr(with_events, name), name
+
+
+def test_a_drop_something_waits_for_is_replayed():
+    """Where an action depends on a VIEW_DROP (no lowering makes one), the drop is not left
+    out: `graph` says so (`Needed`) and every action is replayed."""
+    spec, pf = get_preset("tiny"), load("mt3000")
+    plan = _transient_plan("1f1b")
+    sch = build_schedule(spec, plan)
+    stage = sch.stages[0]
+    drop = next(a for a in stage if a.op is Op.VIEW_DROP)
+    later = next(a for a in stage[stage.index(drop) + 1 :] if a.op is Op.F)
+    sch.add_dep(later, drop)
+    with pytest.raises(Needed):
+        graph(sch, frozenset({Op.VIEW_DROP}))
+    every = _timeline(sch, CostModel(spec, plan, pf), False, step_only=False)
+    alone = _timeline(sch, CostModel(spec, plan, pf), False, step_only=True)
+    assert alone[2] == every[2]
+    assert [len(c[0]) for c in alone[1]] == [len(c[0]) for c in every[1]]

@@ -20,6 +20,7 @@ from ratrain.schedule import build_schedule
 from ratrain.schedule.ir import Action, Op, Resource, Schedule
 from ratrain.sim import simulate, steady
 from ratrain.sim.engine import run_flat
+from ratrain.sim.flat import graph
 from ratrain.sim.sharing import _SharingEngine, node_sharing, run_shared
 from ratrain.sim.simulate import _charge_stolen_compute
 from ratrain.sim.steady import MIN_MICROBATCHES, extrapolate
@@ -108,7 +109,7 @@ def _flat(plan, platform=CPU):
     acts = [a for st in sch.stages for a in st]
     costs = [cost.action(a) for a in acts]
     dur, res = [c.time_s for c in costs], [cost.resource(a) for a in acts]
-    _charge_stolen_compute(sch, cost, dur, res)  # as simulate does
+    _charge_stolen_compute(graph(sch), cost, dur, res)  # as simulate does
     return cost, sch, dur, res, costs
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from dataclasses import replace
 from typing import NamedTuple
 
 from ratrain.errors import RatrainError
@@ -28,7 +29,7 @@ from ratrain.schedule.rendezvous import (
     unposted_sends,
 )
 
-__all__ = ["Graph", "graph", "run_plain", "sends_recvs"]
+__all__ = ["Graph", "Needed", "graph", "run_plain", "sends_recvs"]
 
 _GLOBAL = (Op.GRAD_NORM, Op.OVERFLOW)
 # `Action.resource` by op, for a membership test by identity hash in the hot paths.
@@ -54,9 +55,21 @@ class Graph(NamedTuple):
     """Per action: the stage at the other end of a transfer (SEND or RECV), or -1."""
 
 
-def graph(schedule: Schedule) -> Graph:
+class Needed(RatrainError):
+    """An action `graph` was asked to leave out is one another action depends on."""
+
+
+def graph(schedule: Schedule, absent: frozenset = frozenset()) -> Graph:
     """The schedule's dependencies as integer lists, with its checks: every action unique,
-    every dependency in some stage's list, every send matched by a receive."""
+    every dependency in some stage's list, every send matched by a receive.
+
+    `absent`: ops whose actions are left out (their entries in `schedule.deps` too), for
+    actions that time nothing else (`ratrain.sim.simulate`: a VIEW_DROP, which no action
+    waits for); `Needed` where some action depends on one of them."""
+    if absent:
+        schedule = replace(
+            schedule, stages=[[a for a in st if a.op not in absent] for st in schedule.stages]
+        )
     acts = [a for stage in schedule.stages for a in stage]
     n = len(acts)
     gid = {a: i for i, a in enumerate(acts)}
@@ -81,12 +94,16 @@ def graph(schedule: Schedule) -> Graph:
         if i is None:
             i = get(a)
             if i is None:
+                if a.op in absent:
+                    continue
                 raise RatrainError(f"schedule: deps name {a}, which is in no stage's list")
         lst = list(map(get_id, map(id, ds)))
         if None in lst:
             lst = [resolve(d) for d in ds]
             for d, j in zip(ds, lst, strict=True):
                 if j is None:
+                    if d.op in absent:
+                        raise Needed(f"schedule: {a} depends on {d}, which was left out")
                     raise RatrainError(f"schedule: {a} depends on {d}, which is in no stage's list")
         deps[i] = lst
     pairs = sends_recvs(schedule, first)

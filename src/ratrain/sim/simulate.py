@@ -19,7 +19,7 @@ from ratrain.platforms import Platform, load
 from ratrain.schedule.ir import _MB_OPS, Action, Op, Resource, Schedule
 from ratrain.schedule.zerobubble import warmup
 from ratrain.sim.engine import run_flat
-from ratrain.sim.flat import graph, run_plain
+from ratrain.sim.flat import Needed, graph, run_plain
 from ratrain.sim.result import SimEvent, SimResult, stage_metrics_flat
 from ratrain.sim.sharing import node_sharing, run_shared
 
@@ -32,12 +32,21 @@ _ALGORITHM = operator.attrgetter("algorithm")
 
 
 def _timeline(
-    schedule: Schedule, cost: CostModel, keep_events: bool = True
+    schedule: Schedule, cost: CostModel, keep_events: bool = True, step_only: bool = False
 ) -> tuple[list[SimEvent], list, float]:
     """Replay the schedule; return its events (none unless `keep_events`), the per-stage
     columns (actions, resource values, start_s, end_s, issue_s) that `stage_metrics_flat`
-    and `_memory_starts` read, and the step's end."""
-    g = graph(schedule)
+    and `_memory_starts` read, and the step's end.
+
+    `step_only` (no events, no memory to place on the clock): the VIEW_DROPs are left out
+    where they time nothing (`_untimed`); the columns then lack them."""
+    sharing = node_sharing(cost)
+    absent = _untimed(cost) if step_only and sharing is None else frozenset()
+    try:
+        g = graph(schedule, absent)
+    except Needed:  # something waits for a drop: every action is replayed
+        absent = frozenset()
+        g = graph(schedule)
     deadline.check()  # between phases: a planner's deadline (`ratrain.deadline`)
     acts = g.acts
     costs = _costs(cost, acts)
@@ -45,15 +54,16 @@ def _timeline(
     resources = _resources(cost, acts)
     durations = list(map(_TIME_S, costs))
     if cost.platform.collective_compute_s_per_byte:
-        _charge_stolen_compute(schedule, cost, durations, resources)
+        _charge_stolen_compute(g, cost, durations, resources)
     links = _links(schedule, cost, g)
-    sharing = node_sharing(cost)
     if sharing is not None:  # ranks share their node's cores: faster while others wait
         fixed = [c.fixed_s for c in costs]
         issue, start, end = run_shared(schedule, durations, resources, fixed, sharing, links)
     else:
         times = run_plain(g, durations, resources, links)
         if times is None:
+            if absent:  # explained on every action
+                return _timeline(schedule, cost, keep_events)
             run_flat(schedule, durations, resources, links)  # raises, saying where
         issue, start, end = times
     deadline.check()
@@ -80,6 +90,24 @@ def _timeline(
     )
     events = list(map(tuple.__new__, itertools.repeat(SimEvent), fields))
     return events, columns, step_s
+
+
+def _untimed(cost: CostModel) -> frozenset:
+    """The ops whose actions time no other action, where the cost model is
+    `CostModel`'s own: VIEW_DROP. It takes no time (`CostModel._raw_cost`), holds its
+    stage's NONE queue, which no other op uses (`Action.resource`), and no action depends
+    on one in the lowerings (`ratrain.sim.flat.graph` says so where one does: `Needed`). Its
+    end is then the latest of its issue, its use's end and the drop before it, each the
+    end of some other action or 0: leaving drops out changes no other action's times and
+    not the step's end. Their utilization (NONE's) is 0 either way."""
+    if getattr(cost.action, "__func__", None) is not CostModel.action:
+        return frozenset()
+    if getattr(cost.resource, "__func__", None) is not CostModel.resource:
+        return frozenset()
+    return _DROPS
+
+
+_DROPS = frozenset({Op.VIEW_DROP})
 
 
 def _links(schedule: Schedule, cost: CostModel, g) -> LinkUse | None:
@@ -134,22 +162,21 @@ def _probe(op: Op) -> Action:
 
 
 def _charge_stolen_compute(
-    schedule: Schedule, cost: CostModel, durations: list[float], resources: list[Resource]
+    g, cost: CostModel, durations: list[float], resources: list[Resource]
 ) -> None:
     """Add each DP collective's CPU work (`CostModel.stolen_compute_s`) to the next compute
     action of its stage's list: the one the walk runs while the collective is in flight.
     A collective with no compute after it slows nothing (its wall time is its own)."""
-    k = 0
-    for stage in schedule.stages:
+    acts, first = g.acts, g.first
+    for s in range(len(first) - 1):
         pending = 0.0
-        for i, a in enumerate(stage, start=k):
+        for i in range(first[s], first[s + 1]):
             if resources[i] is Resource.COMPUTE:
                 if pending:
                     durations[i] += pending
                     pending = 0.0
             else:
-                pending += cost.stolen_compute_s(a)
-        k += len(stage)
+                pending += cost.stolen_compute_s(acts[i])
 
 
 def _memory(ledger, starts: list[list[float]]):
@@ -170,7 +197,10 @@ def simulate_schedule(
     """Time a given schedule with a given cost model; `ledger` (from `ratrain.memory.replay`)
     adds memory over time, or None to leave memory out; `keep_events=False` leaves the
     per-action events out (a search reads the step's figures only)."""
-    events, columns, step_s = _timeline(schedule, cost, keep_events)
+    # Step only: no events, and no memory to place on the clock (a ledger replayed without
+    # its trace has its peaks alone).
+    step_only = not keep_events and (ledger is None or not any(st.rows for st in ledger.stages))
+    events, columns, step_s = _timeline(schedule, cost, keep_events, step_only=step_only)
     bubble, util, exposed = stage_metrics_flat(columns, step_s)
     plan = cost.plan
     result = SimResult(
