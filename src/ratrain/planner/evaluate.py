@@ -154,7 +154,7 @@ class Evaluator:
             # The step just replayed in full: time it with the same schedule and ledger.
             _, schedule, ledger = self._schedule
             cost = CostModel(self.req.spec, plan, self.req.platform)
-            res = simulate_schedule(schedule, cost, ledger=ledger, keep_events=False)
+            res = simulate_schedule(schedule, cost, ledger=ledger, keep_events=False, drops=False)
         else:
             # Timed without a second ledger replay: the replay above has the full step's
             # peaks (the shortened step's equal them), as the steady-state path uses them.
@@ -211,7 +211,9 @@ class Evaluator:
     def _timed(self, plan: Plan, keep_events: bool):
         cost = CostModel(self.req.spec, plan, self.req.platform)
         schedule = build_schedule(self.req.spec, plan)
-        return simulate_schedule(schedule, cost, keep_events=keep_events)
+        # Its figures alone (and a short step's events for the steady-state checks): the
+        # view drops, which time nothing, left out (`simulate_schedule`'s `drops`).
+        return simulate_schedule(schedule, cost, keep_events=keep_events, drops=False)
 
 
 class _Late(Exception):

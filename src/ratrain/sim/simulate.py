@@ -32,16 +32,16 @@ _ALGORITHM = operator.attrgetter("algorithm")
 
 
 def _timeline(
-    schedule: Schedule, cost: CostModel, keep_events: bool = True, step_only: bool = False
+    schedule: Schedule, cost: CostModel, keep_events: bool = True, drops: bool = True
 ) -> tuple[list[SimEvent], list, float]:
     """Replay the schedule; return its events (none unless `keep_events`), the per-stage
     columns (actions, resource values, start_s, end_s, issue_s) that `stage_metrics_flat`
     and `_memory_starts` read, and the step's end.
 
-    `step_only` (no events, no memory to place on the clock): the VIEW_DROPs are left out
-    where they time nothing (`_untimed`); the columns then lack them."""
+    `drops=False`: the VIEW_DROPs are left out where they time nothing (`_untimed`); the
+    events and columns then lack them."""
     sharing = node_sharing(cost)
-    absent = _untimed(cost) if step_only and sharing is None else frozenset()
+    absent = _untimed(cost) if not drops and sharing is None else frozenset()
     try:
         g = graph(schedule, absent)
     except Needed:  # something waits for a drop: every action is replayed
@@ -63,7 +63,7 @@ def _timeline(
         times = run_plain(g, durations, resources, links)
         if times is None:
             if absent:  # explained on every action
-                return _timeline(schedule, cost, keep_events)
+                return _timeline(schedule, cost, keep_events, drops=True)
             run_flat(schedule, durations, resources, links)  # raises, saying where
         issue, start, end = times
     deadline.check()
@@ -96,10 +96,15 @@ def _untimed(cost: CostModel) -> frozenset:
     """The ops whose actions time no other action, where the cost model is
     `CostModel`'s own: VIEW_DROP. It takes no time (`CostModel._raw_cost`), holds its
     stage's NONE queue, which no other op uses (`Action.resource`), and no action depends
-    on one in the lowerings (`ratrain.sim.flat.graph` says so where one does: `Needed`). Its
-    end is then the latest of its issue, its use's end and the drop before it, each the
-    end of some other action or 0: leaving drops out changes no other action's times and
-    not the step's end. Their utilization (NONE's) is 0 either way."""
+    on one in the lowerings (`ratrain.sim.flat.graph` says so where one does: `Needed`).
+    Leaving drops out then changes no other action's times, nor the step's end. A
+    lowering's drop follows, in its stage's list, the one compute action it depends on (the
+    view's last use: `passes.add_transient_views`, `fsdp`), and a stage runs its compute in
+    list order, so its drops are ready in list order and none waits behind another: each
+    ends at the later of its issue (when the stage's walk passed it) and its use's end,
+    both times of other actions. So a step whose other actions repeat repeats with its
+    drops too (the steady-state checks, `ratrain.sim.steady_one`, read the events of a
+    short step timed without them). Their utilization (NONE's) is 0 either way."""
     if getattr(cost.action, "__func__", None) is not CostModel.action:
         return frozenset()
     if getattr(cost.resource, "__func__", None) is not CostModel.resource:
@@ -192,15 +197,21 @@ def _memory(ledger, starts: list[list[float]]):
 
 @gc_paused()
 def simulate_schedule(
-    schedule: Schedule, cost: CostModel, *, ledger=None, keep_events: bool = True
+    schedule: Schedule,
+    cost: CostModel,
+    *,
+    ledger=None,
+    keep_events: bool = True,
+    drops: bool = True,
 ) -> SimResult:
     """Time a given schedule with a given cost model; `ledger` (from `ratrain.memory.replay`)
     adds memory over time, or None to leave memory out; `keep_events=False` leaves the
-    per-action events out (a search reads the step's figures only)."""
-    # Step only: no events, and no memory to place on the clock (a ledger replayed without
-    # its trace has its peaks alone).
-    step_only = not keep_events and (ledger is None or not any(st.rows for st in ledger.stages))
-    events, columns, step_s = _timeline(schedule, cost, keep_events, step_only=step_only)
+    per-action events out (a search reads the step's figures only); `drops=False` leaves
+    the VIEW_DROPs out where they time nothing (`_untimed`: the same figures; the planner's
+    steps), not where the ledger's trace is placed on the clock (it indexes every action)."""
+    if ledger is not None and any(st.rows for st in ledger.stages):
+        drops = True
+    events, columns, step_s = _timeline(schedule, cost, keep_events, drops)
     bubble, util, exposed = stage_metrics_flat(columns, step_s)
     plan = cost.plan
     result = SimResult(
