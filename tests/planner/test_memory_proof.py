@@ -61,6 +61,7 @@ def test_an_infeasible_request_needs_no_step_time_bound(monkeypatch):
         raise AssertionError("a step-time bound was computed")
 
     monkeypatch.setattr(search_mod, "step_time_lower_bound_s", no_bound)
+    monkeypatch.setattr(search_mod, "plain_bounds_s", no_bound)
     # Ruled out by the fuller per-stage bound, not by the model states alone.
     req = Request(get_preset("qwen2.5-32b"), load("cpu-local"), 256, 1024, 4096)
     res = search(req)

@@ -10,6 +10,7 @@ from ratrain.planner.time_bound import (
     Overheads,
     UnitTimes,
     _plain_bound_s,
+    plain_bounds_s,
     step_time_lower_bound_s,
 )
 
@@ -55,3 +56,20 @@ def test_plain_bound_grows_with_the_work():
     assert _plain_bound_s(split, 16, ut, "1f1b") > _plain_bound_s(split, 8, ut, "1f1b")
     slower = UnitTimes(0.1, 0.2, 1.5, 2.0, 0.5, 1.0, 1.0, 0.3)
     assert _plain_bound_s(split, 8, slower, "1f1b") > _plain_bound_s(split, 8, ut, "1f1b")
+
+
+def test_the_pipelines_bounds_together_are_each_alone():
+    """`plain_bounds_s` (a structure's bounds under 1F1B and the split backwards, the stage
+    times shared): each the general path's value bit for bit, in the order asked."""
+    rng = random.Random("plain-together")
+    for _ in range(300):
+        pp = rng.choice((1, 2, 3, 5, 8, 17, 48))
+        split = tuple(rng.randint(0, 6) for _ in range(pp))
+        m = rng.choice((1, 2, pp, 2 * pp + 1, 2 * pp + 2, rng.randint(1, 300)))
+        ut = _unit_times(rng, True)
+        pipes = tuple(rng.sample(("1f1b", "zb-h1", "zb-h2"), rng.randint(1, 3)))
+        want = [
+            step_time_lower_bound_s(split, m, ut, over=Overheads.none(pp), pipeline=p)
+            for p in pipes
+        ]
+        assert plain_bounds_s(split, m, ut, pipes) == want

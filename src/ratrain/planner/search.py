@@ -75,6 +75,7 @@ from ratrain.planner.time_bound import (
     UnitTimes,
     first_unit_times,
     lowest_unit_times,
+    plain_bounds_s,
     step_time_lower_bound_s,
     unit_times_cheap,
 )
@@ -212,6 +213,8 @@ def _structure_bound_s(
     below every pipeline its knobs try: the smallest of 1F1B's and the zero-bubble ones
     they try. Without the syncs a structure whose knob combinations all wait for a wide DP
     group's syncs would be refined, one at a time, before any was run."""
+    if over is None:  # no overheads: the pipelines' bounds share their stage times
+        return min(plain_bounds_s(st.layer_split, m, ut, ("1f1b", *zb)))
     lb = step_time_lower_bound_s(st.layer_split, m, ut, over=over)
     for pipe in zb:
         lb = min(lb, step_time_lower_bound_s(st.layer_split, m, ut, over=over, pipeline=pipe))

@@ -67,6 +67,7 @@ __all__ = [
     "stage_times",
     "recompute_time_s",
     "step_time_lower_bound_s",
+    "plain_bounds_s",
     "Overheads",
     "StageLoad",
     "grad_sync_s",
@@ -1414,20 +1415,48 @@ def _plain_bound_s(split: tuple[int, ...], m: int, ut: UnitTimes, pipeline: str)
     zero term and the per-stage function call left out (adding 0.0 changes no sum of
     non-negative terms). `tests/planner/test_time_bound_plain.py` checks it is the general
     path's value, bit for bit."""
-    pp = len(split)
-    zb = pipeline in SPLIT_PIPELINES
+    return plain_bounds_s(split, m, ut, (pipeline,))[0]
+
+
+def plain_bounds_s(
+    split: tuple[int, ...], m: int, ut: UnitTimes, pipelines: tuple[str, ...]
+) -> list[float]:
+    """`_plain_bound_s` of each of `pipelines`, in order, with what they share worked out
+    once: the stages' forward seconds, and their backward seconds and microbatch 0's round
+    trips, which 1F1B's bound and the split backward's (zb-h1, zb-h2: B_IN's) read apart.
+    The same values."""
     fwd = _per_stage(split, ut.f_block, ut.f_emb, ut.f_head)
-    if zb:
-        back, ws = _split_times(split, ut)
-        bwd = [bi + bw for bi, bw in zip(back, ws, strict=True)]
-    else:
-        bwd = back = _per_stage(split, ut.b_block, ut.b_emb, ut.b_head)
-    trip = [0.0] * pp
-    for s in range(pp - 2, -1, -1):
-        trip[s] = trip[s + 1] + fwd[s + 1] + back[s + 1]
-    firsts = _first_forwards(pp, m, pipeline)
+    shared: dict[bool, tuple[list[float], list[float], list[float]]] = {}
+    out = []
+    for pipeline in pipelines:
+        zb = pipeline in SPLIT_PIPELINES
+        parts = shared.get(zb)
+        if parts is None:
+            if zb:
+                back, ws = _split_times(split, ut)
+                bwd = [bi + bw for bi, bw in zip(back, ws, strict=True)]
+            else:
+                bwd = back = _per_stage(split, ut.b_block, ut.b_emb, ut.b_head)
+            trip = [0.0] * len(split)
+            for s in range(len(split) - 2, -1, -1):
+                trip[s] = trip[s + 1] + fwd[s + 1] + back[s + 1]
+            parts = shared[zb] = (back, bwd, trip)
+        out.append(_plain_end(fwd, *parts, m, _first_forwards(len(split), m, pipeline), zb))
+    return out
+
+
+def _plain_end(
+    fwd: list[float],
+    back: list[float],
+    bwd: list[float],
+    trip: list[float],
+    m: int,
+    firsts: tuple[int, ...],
+    zb: bool,
+) -> float:
+    """`_plain_bound_s`'s step: the latest of the stages' ends."""
     best = drain = fill = 0.0
-    for s in range(pp):
+    for s in range(len(fwd)):
         f, b, k = fwd[s], bwd[s], firsts[s]
         first_b = fill + max(k * f, f + trip[s])
         lead = first_b + (m - k) * f
