@@ -22,6 +22,10 @@ reference, the geometric mean and max of the answer's step over the reference's 
 many answers are within 5% of it; then the after/before step ratio per job (geometric
 mean, better and worse by over 1%).
 
+`--repeat N` runs each job N times per tree, in rounds that alternate which tree goes
+first; a job's figures are then those of its median run, its wall the median wall. The
+after/before wall ratio per job is reported beside the step's.
+
 Each tree's `src` is byte-compiled first (`compileall`), as `pip install` does and as
 `plan_grid.py` does by default: a tree checked out fresh and run with
 PYTHONDONTWRITEBYTECODE=1 (this project's development machine) otherwise recompiles every
@@ -82,8 +86,26 @@ def _geo(xs: list[float]) -> float:
     return math.exp(statistics.mean(math.log(x) for x in xs)) if xs else float("nan")
 
 
+def _collapsed(rows: list[dict]) -> list[dict]:
+    """One row per tree and job: with `--repeat`, the run of the median wall (the lower
+    median for an even count), its wall the median of the runs', all of them in `walls`."""
+    runs: dict[tuple, list[dict]] = {}
+    for r in rows:
+        runs.setdefault((r["tree"], tuple(r["case"])), []).append(r)
+    out = []
+    for rs in runs.values():
+        if len(rs) == 1:
+            out.append(rs[0])
+            continue
+        walls = [r["wall_s"] for r in rs]
+        mid = sorted(rs, key=lambda r: r["wall_s"])[(len(rs) - 1) // 2]
+        out.append({**mid, "wall_s": statistics.median(walls), "walls": walls})
+    return out
+
+
 def summary(rows: list[dict], ref: dict[tuple, float]) -> list[str]:
     lines = []
+    rows = _collapsed(rows)
     names = list(dict.fromkeys(r["tree"] for r in rows))
     for name in names:
         rs = [r for r in rows if r["tree"] == name]
@@ -128,6 +150,12 @@ def summary(rows: list[dict], ref: dict[tuple, float]) -> list[str]:
                 f"{sum(x < 0.99 for x in ratio)}, worse: {sum(x > 1.01 for x in ratio)} of "
                 f"{len(ratio)}; range {min(ratio):.3f}-{max(ratio):.3f}"
             )
+        walls = [d[b]["wall_s"] / d[a]["wall_s"] for d in by.values() if a in d and b in d]
+        if walls:
+            lines.append(
+                f"{b} / {a} wall per job: median {statistics.median(walls):.3f}, geo-mean "
+                f"{_geo(walls):.3f}, range {min(walls):.3f}-{max(walls):.3f}"
+            )
     return lines
 
 
@@ -141,6 +169,13 @@ def main() -> int:
     ap.add_argument("--reference-only", action="store_true", help="write the reference")
     ap.add_argument("--reference-budget", type=float, default=60.0, help="0: to the end")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per run")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per job and tree, in rounds that alternate which tree goes first; each "
+        "job's figures are its median run's",
+    )
     ap.add_argument("--json", metavar="OUT.json")
     args = ap.parse_args()
     if args.cases:
@@ -167,15 +202,18 @@ def main() -> int:
     ref = {}
     if args.reference:
         ref = {tuple(r["case"]): r["step_s"] for r in json.loads(Path(args.reference).read_text())}
+    if args.repeat < 1:
+        ap.error(f"--repeat must be at least 1, got {args.repeat}")
     rows = []
     for i, case in enumerate(cases):
-        for name, src in trees:
-            rows.append({"tree": name, **_run(src, case, None, args.timeout)})
-        got = " ".join(
-            f"{r['tree']}={r['wall_s']:.2f}s/{r['step_s'] and round(r['step_s'], 4)}"
-            for r in rows[-len(trees) :]
-        )
-        print(i, *case, got, flush=True)
+        for k in range(args.repeat):
+            for name, src in trees if k % 2 == 0 else trees[::-1]:
+                rows.append({"tree": name, "round": k, **_run(src, case, None, args.timeout)})
+            got = " ".join(
+                f"{r['tree']}={r['wall_s']:.2f}s/{r['step_s'] and round(r['step_s'], 4)}"
+                for r in sorted(rows[-len(trees) :], key=lambda r: r["tree"] != "before")
+            )
+            print(i, *case, *([f"round {k}"] if args.repeat > 1 else []), got, flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
     print("\n".join(summary(rows, ref)))
