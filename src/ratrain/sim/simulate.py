@@ -105,14 +105,15 @@ def _untimed(cost: CostModel) -> frozenset:
     both times of other actions. So a step whose other actions repeat repeats with its
     drops too (the steady-state checks, `ratrain.sim.steady_one`, read the events of a
     short step timed without them). Their utilization (NONE's) is 0 either way."""
-    if getattr(cost.action, "__func__", None) is not CostModel.action:
-        return frozenset()
-    if getattr(cost.resource, "__func__", None) is not CostModel.resource:
-        return frozenset()
-    return _DROPS
+    return _DROPS if _own(cost, "action") and _own(cost, "resource") else frozenset()
 
 
 _DROPS = frozenset({Op.VIEW_DROP})
+
+
+def _own(cost: CostModel, name: str) -> bool:
+    """Whether `cost`'s method `name` is `CostModel`'s own, not overridden."""
+    return getattr(getattr(cost, name), "__func__", None) is getattr(CostModel, name)
 
 
 def _links(schedule: Schedule, cost: CostModel, g) -> LinkUse | None:
@@ -139,7 +140,7 @@ def _costs(cost: CostModel, acts: list) -> list:
     where it is not overridden, it is called once per such key, on the key's first action
     and in the order of first occurrence (the calls the plain loop makes that miss its
     cache), and the cached costs are laid out by key."""
-    if getattr(cost.action, "__func__", None) is not CostModel.action:  # overridden
+    if not _own(cost, "action"):
         return [cost.action(a) for a in acts]
     plan = cost.plan
     # What B_IN keeps for a deferred B_W moves under the OFFLOAD's own key (`cost_key`).
@@ -154,7 +155,7 @@ def _costs(cost: CostModel, acts: list) -> list:
 def _resources(cost: CostModel, acts: list) -> list[Resource]:
     """`cost.resource(a)` of every action: looked up per op where the cost model's method
     is `CostModel.resource` (it depends on the op alone)."""
-    if getattr(cost.resource, "__func__", None) is not CostModel.resource:  # overridden
+    if not _own(cost, "resource"):
         return [cost.resource(a) for a in acts]
     by_op = {op: cost.resource(_probe(op)) for op in Op}
     return [by_op[a.op] for a in acts]
